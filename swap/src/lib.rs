@@ -1,0 +1,2 @@
+//! The 2 MiB swap engine: userfaultfd, fault service, eviction, stores.
+#![deny(missing_docs)]
