@@ -1,2 +1,4 @@
 //! The 2 MiB swap engine: userfaultfd, fault service, eviction, stores.
 #![deny(missing_docs)]
+
+pub mod store;

@@ -1,0 +1,102 @@
+//! Stores keep chunk images (one unit each: 2 MiB, or 4 KiB for the
+//! baseline unit) in numbered slots. The engine only sees this trait.
+
+use std::sync::Arc;
+
+/// A store slot number. Slots are reused after [`Store::free`].
+pub type SlotId = u32;
+
+/// One image to write: the unit's guest address (for error messages) and
+/// its bytes (exactly [`Store::unit_bytes`] long, 4 KiB aligned in memory so
+/// that `O_DIRECT` stores can write it without a bounce buffer).
+pub struct WriteRequest<'a> {
+    /// Guest-physical address of the unit, used only to name it in errors.
+    pub gpa: u64,
+    /// The unit's content.
+    pub data: &'a [u8],
+}
+
+/// Why a store operation failed. Every variant names the guest address so
+/// the operator can tell which chunk was affected.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The underlying read or write failed.
+    #[error("swap store I/O error on chunk at guest address {gpa:#x} (slot {slot}): {source}")]
+    Io {
+        /// Guest address of the unit.
+        gpa: u64,
+        /// Slot involved.
+        slot: SlotId,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A read returned fewer bytes than a unit.
+    #[error("swap store short read on chunk at guest address {gpa:#x} (slot {slot}): got {got_bytes} of {want_bytes} bytes")]
+    ShortRead {
+        /// Guest address of the unit.
+        gpa: u64,
+        /// Slot involved.
+        slot: SlotId,
+        /// Bytes the read returned.
+        got_bytes: usize,
+        /// Bytes expected.
+        want_bytes: usize,
+    },
+    /// The content read back does not match the checksum taken at write time.
+    #[error("swap store checksum mismatch on chunk at guest address {gpa:#x} (slot {slot}): stored {expected:#010x}, read {found:#010x}")]
+    Checksum {
+        /// Guest address of the unit.
+        gpa: u64,
+        /// Slot involved.
+        slot: SlotId,
+        /// Checksum recorded at write time.
+        expected: u32,
+        /// Checksum of what was read.
+        found: u32,
+    },
+    /// No free slot (or no space left on the device) for the unit.
+    #[error("swap store is full writing chunk at guest address {gpa:#x}: capacity {capacity_bytes} bytes ({capacity_slots} slots); give a larger store (e.g. --swap-store file:PATH,size=SIZE) or raise --mem-limit")]
+    Full {
+        /// Guest address of the unit.
+        gpa: u64,
+        /// Store capacity in bytes.
+        capacity_bytes: u64,
+        /// Store capacity in slots.
+        capacity_slots: u64,
+    },
+    /// A slot that is not allocated was read or freed (an engine bug).
+    #[error("swap store slot {slot} is not allocated (chunk at guest address {gpa:#x})")]
+    BadSlot {
+        /// Guest address of the unit.
+        gpa: u64,
+        /// Slot involved.
+        slot: SlotId,
+    },
+}
+
+/// A place to keep evicted units. Implementations are shared between the
+/// fault-service and eviction threads, so every method takes `&self`.
+pub trait Store: Send + Sync {
+    /// Size of one unit (slot payload) in bytes.
+    fn unit_bytes(&self) -> usize;
+    /// Number of slots the store can hold.
+    fn capacity_slots(&self) -> u64;
+    /// Short description for logs and stats, e.g. `file:/tmp/x` or `mem:lz4`.
+    fn describe(&self) -> String;
+    /// Writes a batch of units, each into a newly allocated slot, submitted
+    /// together. Returns one result per request, in order; a failed request
+    /// holds no slot.
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>>;
+    /// Reads the unit in `slot` into `buf` (exactly `unit_bytes` long, 4 KiB
+    /// aligned) and verifies its checksum. `gpa` only names the unit in
+    /// errors. Never returns `Ok` with anything but the written bytes.
+    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError>;
+    /// Releases a slot for reuse. Its content is forgotten.
+    fn free(&self, slot: SlotId);
+    /// Slots currently allocated.
+    fn used_slots(&self) -> u64;
+}
+
+/// Shared handle to a store.
+pub type SharedStore = Arc<dyn Store>;
