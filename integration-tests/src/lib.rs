@@ -1,1 +1,205 @@
-//! helpers
+//! Helpers for tests that launch real VMs through the `hugevmm` binary.
+#![deny(missing_docs)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of the `hugevmm` binary built by this workspace.
+///
+/// `cargo test --workspace` builds it because the `vmm` package has an
+/// integration test of its own; it sits next to the test's `deps` folder.
+pub fn hugevmm_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let bin = profile_dir.join("hugevmm");
+    assert!(
+        bin.exists(),
+        "{} does not exist: run the tests with `cargo test --workspace` (which builds it) or `cargo build -p vmm` first",
+        bin.display()
+    );
+    bin
+}
+
+/// Why KVM cannot be used here, or None if it can.
+pub fn kvm_unavailable() -> Option<String> {
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        Ok(_) => None,
+        Err(e) => Some(format!("/dev/kvm cannot be opened: {e}")),
+    }
+}
+
+/// Prints a visible skip line and returns true when KVM is missing.
+pub fn skip_without_kvm(test: &str) -> bool {
+    match kvm_unavailable() {
+        Some(reason) => {
+            eprintln!("SKIP {test}: {reason}");
+            true
+        }
+        None => false,
+    }
+}
+
+/// The result of one `hugevmm` invocation.
+pub struct Run {
+    /// Exit status (None if killed by a signal).
+    pub status: Option<i32>,
+    /// Guest console and anything else on stdout.
+    pub stdout: String,
+    /// VMM messages.
+    pub stderr: String,
+    /// `--stats-json` content when requested.
+    pub stats: Option<serde_json::Value>,
+}
+
+impl Run {
+    /// Panics with the whole output unless the exit status is `want`.
+    pub fn expect_status(&self, want: i32) -> &Self {
+        assert_eq!(
+            self.status,
+            Some(want),
+            "hugevmm exited {:?}, expected {want}\n--- stdout\n{}\n--- stderr\n{}",
+            self.status,
+            self.stdout,
+            self.stderr
+        );
+        self
+    }
+
+    /// A number from the stats object, by JSON pointer (e.g. `/kvm/pages_2m`).
+    pub fn stat(&self, pointer: &str) -> u64 {
+        let stats = self.stats.as_ref().expect("run had no --stats-json");
+        stats
+            .pointer(pointer)
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or_else(|| panic!("stats have no number at {pointer}: {stats}"))
+    }
+}
+
+fn unique_path(tag: &str) -> PathBuf {
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("hugevmm-test-{}-{n}-{tag}", std::process::id()))
+}
+
+/// Runs `hugevmm` with `args`, collecting stats, killing it after `limit`.
+pub fn hugevmm(args: &[&str], limit: Duration) -> Run {
+    let stats_path = unique_path("stats.json");
+    let mut cmd = Command::new(hugevmm_bin());
+    cmd.args(args);
+    let with_stats = args.first() == Some(&"run");
+    if with_stats {
+        cmd.arg("--stats-json").arg(&stats_path);
+    }
+    let output = run_with_limit(cmd, limit);
+    let stats = if with_stats {
+        std::fs::read_to_string(&stats_path)
+            .ok()
+            .map(|s| serde_json::from_str(&s).expect("stats json parses"))
+    } else {
+        None
+    };
+    let _ = std::fs::remove_file(&stats_path);
+    Run {
+        status: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        stats,
+    }
+}
+
+/// Runs a command, killing it if it outlives `limit` (the test then fails
+/// with what it printed so far).
+pub fn run_with_limit(mut cmd: Command, limit: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stdout.read_to_end(&mut v);
+        v
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = stderr.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let status = child.wait().expect("wait");
+            let out = out_reader.join().unwrap();
+            let err = err_reader.join().unwrap();
+            panic!(
+                "{cmd:?} did not finish within {limit:?} ({status})\n--- stdout\n{}\n--- stderr\n{}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out_reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+    }
+}
+
+/// Makes sure `pages` free 2 MiB hugetlb pages exist, reserving them when
+/// running as root. Returns why not otherwise.
+pub fn ensure_hugetlb_pages(pages: u64) -> Result<(), String> {
+    let dir = "/sys/kernel/mm/hugepages/hugepages-2048kB";
+    let read = |f: &str| -> Result<u64, String> {
+        std::fs::read_to_string(format!("{dir}/{f}"))
+            .map_err(|e| format!("cannot read {dir}/{f}: {e}"))?
+            .trim()
+            .parse()
+            .map_err(|e| format!("{dir}/{f}: {e}"))
+    };
+    let free = read("free_hugepages")?;
+    if free >= pages {
+        return Ok(());
+    }
+    let total = read("nr_hugepages")?;
+    let want = total + (pages - free);
+    std::fs::write("/proc/sys/vm/nr_hugepages", want.to_string())
+        .map_err(|e| format!("need {pages} free 2 MiB hugetlb pages, {free} free; cannot reserve more ({e}); run as root or `echo {want} > /proc/sys/vm/nr_hugepages`"))?;
+    let free = read("free_hugepages")?;
+    if free >= pages {
+        Ok(())
+    } else {
+        Err(format!("need {pages} free 2 MiB hugetlb pages; after asking for {want} the kernel has {free} free (memory too fragmented?)"))
+    }
+}
+
+/// Builds a payload from assembly or C sources with the system gcc.
+pub fn gcc_build(sources: &[&Path], extra_args: &[&str], out_name: &str) -> PathBuf {
+    let out = unique_path(out_name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
+    let mut cmd = Command::new(&cc);
+    cmd.args(["-O2", "-static", "-nostdlib", "-ffreestanding", "-fno-pic", "-no-pie", "-fno-stack-protector"])
+        .args(extra_args)
+        .args(sources)
+        .arg("-o")
+        .arg(&out);
+    let output = cmd.output().unwrap_or_else(|e| panic!("cannot run {cc}: {e} (apt-get install gcc)"));
+    assert!(
+        output.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+/// Writes `text` to a fresh temporary file with the given name suffix.
+pub fn temp_file(name: &str, text: &str) -> PathBuf {
+    let path = unique_path(name);
+    std::fs::write(&path, text).expect("write temp file");
+    path
+}

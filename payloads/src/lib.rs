@@ -1,1 +1,268 @@
-//! placeholder
+//! Guest payloads for hugevmm, built from source.
+//!
+//! A payload is a small static x86-64 ELF that hugevmm runs directly on
+//! every vCPU in 64-bit user mode (see `docs/PAYLOAD_PROTOCOL.md`). This
+//! crate ships:
+//!
+//! - the built-in payloads (`src/guest/*.c`), compiled by `build.rs` with the
+//!   system C compiler and embedded in the crate: [`all`], [`find`];
+//! - the payload SDK (`sdk/`: `hvmm.h`, `hvmm.c`, `start.S`, `hvmm.ld`) for
+//!   writing other payloads: [`sdk_dir`], [`compile_command`], [`CFLAGS`].
+
+#![deny(missing_docs)]
+
+use std::path::Path;
+use std::process::Command;
+
+mod gcc;
+
+pub use gcc::CFLAGS;
+
+/// A payload embedded in this crate.
+#[derive(Debug)]
+pub struct Builtin {
+    /// Short name, as given to `hugevmm run --payload NAME`.
+    pub name: &'static str,
+    /// One line: what it does and its `key=value` arguments.
+    pub description: &'static str,
+    /// The ELF image.
+    pub elf: &'static [u8],
+}
+
+macro_rules! builtin {
+    ($name:literal, $description:literal) => {
+        Builtin {
+            name: $name,
+            description: $description,
+            elf: include_bytes!(concat!(env!("OUT_DIR"), "/", $name, ".elf")),
+        }
+    };
+}
+
+static BUILTINS: &[Builtin] = &[
+    builtin!(
+        "hello",
+        "every vCPU prints `hello from vcpu <i> of <n>` and exits 0 (no arguments)"
+    ),
+    builtin!(
+        "seqwrite",
+        "sequential 8-byte writes over each vCPU's share of the working set \
+         (bytes=SIZE, default all free RAM; passes=N, default 1)"
+    ),
+    builtin!(
+        "randwrite",
+        "random 8-byte writes, as many as seqwrite, within each vCPU's share \
+         (bytes=SIZE; passes=N, default 1; seed=N, default 1)"
+    ),
+    builtin!(
+        "verify",
+        "data integrity: vCPUs interleave 4 KiB pages inside 2 MiB chunks, write \
+         and check generations in scrambled orders, exit 1 on a mismatch \
+         (bytes=SIZE; passes=N, default 2; seed=N, default 1)"
+    ),
+    builtin!(
+        "selftest",
+        "VMM test helper (exit=N fault=ud|pf|gp|de vcpu=K print=TEXT args=1)"
+    ),
+];
+
+/// All built-in payloads.
+pub fn all() -> &'static [Builtin] {
+    BUILTINS
+}
+
+/// The built-in payload called `name`.
+pub fn find(name: &str) -> Option<&'static Builtin> {
+    BUILTINS.iter().find(|b| b.name == name)
+}
+
+/// Absolute path of the payload SDK directory (`payloads/sdk`).
+pub fn sdk_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/sdk"))
+}
+
+/// A command that builds a payload from C (or assembly) `sources` into the
+/// ELF `output`, exactly as the built-in payloads are built: `$CC` (default
+/// `gcc`) with [`CFLAGS`], the SDK's include directory, linker script,
+/// `start.S` and `hvmm.c`. Run it and check its status.
+pub fn compile_command(sources: &[&Path], output: &Path) -> Command {
+    gcc::command(&gcc::cc(), sdk_dir(), sources, output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u16_at(b: &[u8], off: usize) -> u16 {
+        u16::from_le_bytes(b[off..off + 2].try_into().unwrap())
+    }
+    fn u32_at(b: &[u8], off: usize) -> u32 {
+        u32::from_le_bytes(b[off..off + 4].try_into().unwrap())
+    }
+    fn u64_at(b: &[u8], off: usize) -> u64 {
+        u64::from_le_bytes(b[off..off + 8].try_into().unwrap())
+    }
+
+    /// Checks the ELF header and program headers against the protocol.
+    fn check_elf(name: &str, elf: &[u8]) {
+        assert!(elf.len() > 64, "{name}: too short");
+        assert_eq!(&elf[..4], b"\x7fELF", "{name}: ELF magic");
+        assert_eq!(elf[4], 2, "{name}: ELFCLASS64");
+        assert_eq!(elf[5], 1, "{name}: little endian");
+        assert_eq!(u16_at(elf, 16), 2, "{name}: ET_EXEC");
+        assert_eq!(u16_at(elf, 18), 62, "{name}: EM_X86_64");
+        let entry = u64_at(elf, 24);
+        let phoff = u64_at(elf, 32) as usize;
+        let phentsize = u16_at(elf, 54) as usize;
+        let phnum = u16_at(elf, 56) as usize;
+        assert_eq!(phentsize, 56, "{name}: phentsize");
+        let mut loads = Vec::new();
+        for i in 0..phnum {
+            let ph = &elf[phoff + i * phentsize..][..phentsize];
+            let p_type = u32_at(ph, 0);
+            let (offset, vaddr, paddr) = (u64_at(ph, 8), u64_at(ph, 16), u64_at(ph, 24));
+            let (filesz, memsz) = (u64_at(ph, 32), u64_at(ph, 40));
+            assert_ne!(p_type, 2, "{name}: PT_DYNAMIC");
+            assert_ne!(p_type, 3, "{name}: PT_INTERP");
+            if p_type == 1 {
+                assert!(paddr >= 0x20_0000, "{name}: PT_LOAD at {paddr:#x}");
+                assert_eq!(paddr, vaddr, "{name}: p_paddr != p_vaddr");
+                assert!(filesz <= memsz, "{name}: filesz > memsz");
+                assert!(
+                    offset + filesz <= elf.len() as u64,
+                    "{name}: segment past EOF"
+                );
+                loads.push((paddr, paddr + memsz));
+            }
+        }
+        assert!(!loads.is_empty(), "{name}: no PT_LOAD");
+        loads.sort();
+        for pair in loads.windows(2) {
+            assert!(pair[0].1 <= pair[1].0, "{name}: overlapping segments");
+        }
+        assert!(
+            loads
+                .iter()
+                .any(|&(start, end)| (start..end).contains(&entry)),
+            "{name}: entry {entry:#x} outside the segments"
+        );
+    }
+
+    #[test]
+    fn builtins_are_valid_payload_elfs() {
+        for b in all() {
+            check_elf(b.name, b.elf);
+            // _start is placed first.
+            assert_eq!(u64_at(b.elf, 24), 0x20_0000, "{}: entry", b.name);
+        }
+    }
+
+    #[test]
+    fn find_by_name() {
+        for b in all() {
+            assert!(std::ptr::eq(find(b.name).unwrap(), b));
+        }
+        assert!(find("nonexistent").is_none());
+        let mut names: Vec<_> = all().iter().map(|b| b.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all().len(), "duplicate names");
+    }
+
+    #[test]
+    fn every_guest_source_is_a_builtin() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guest");
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "c") {
+                let name = path.file_stem().unwrap().to_str().unwrap();
+                assert!(
+                    find(name).is_some(),
+                    "{name}.c is built but not listed in BUILTINS"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sdk_dir_has_the_sdk() {
+        for file in ["hvmm.h", "hvmm.c", "start.S", "hvmm.ld"] {
+            assert!(sdk_dir().join(file).is_file(), "{file} missing");
+        }
+        assert!(sdk_dir().is_absolute());
+    }
+
+    /// Disassembles every built-in and rejects instructions that cannot run
+    /// (or must not be used) at CPL 3 in a hugevmm guest. Skipped when
+    /// objdump is not installed.
+    #[test]
+    fn builtins_use_only_user_mode_instructions() {
+        let dir = std::env::temp_dir().join(format!("payloads-objdump-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for b in all() {
+            let path = dir.join(b.name);
+            std::fs::write(&path, b.elf).unwrap();
+            let out = match Command::new("objdump").arg("-d").arg(&path).output() {
+                Ok(out) if out.status.success() => out,
+                _ => {
+                    eprintln!("objdump unavailable, skipping");
+                    return;
+                }
+            };
+            let text = String::from_utf8(out.stdout).unwrap();
+            for line in text.lines() {
+                // "  addr:\tbytes\tmnemonic operands"
+                let Some(insn) = line.split('\t').nth(2) else {
+                    continue;
+                };
+                let mnemonic = insn.split_whitespace().next().unwrap_or("");
+                let forbidden = insn.contains("%fs:")
+                    || insn.contains("%gs:")
+                    || insn.contains("%ymm")
+                    || insn.contains("%zmm")
+                    || matches!(
+                        mnemonic,
+                        "syscall" | "sysenter" | "int" | "int3" | "into" | "hlt" | "cli" | "sti"
+                    );
+                // selftest's fault=ud and fault=gp do this on purpose.
+                let deliberate =
+                    b.name == "selftest" && (mnemonic == "ud2" || insn.contains("%cr0"));
+                let trap = mnemonic == "ud2" || insn.contains("%cr");
+                assert!(
+                    deliberate || !(forbidden || trap),
+                    "{}: forbidden instruction: {line}",
+                    b.name
+                );
+            }
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn compile_command_builds_an_external_payload() {
+        let dir = std::env::temp_dir().join(format!("payloads-ext-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join("mine.c");
+        std::fs::write(
+            &src,
+            "#include \"hvmm.h\"\n\
+             int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)\n\
+             { hvmm_printf(\"mine %u/%u\\n\", vcpu, info->vcpu_count); return 7; }\n",
+        )
+        .unwrap();
+        let elf = dir.join("mine");
+        let out = compile_command(&[&src], &elf).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.stderr.is_empty(),
+            "warnings: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        check_elf("mine", &std::fs::read(&elf).unwrap());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -1,1 +1,13 @@
-fn main() {}
+//! `hugevmm`: a minimal KVM VMM whose guest RAM lives in 2 MiB mappings.
+
+mod cli;
+mod console;
+mod cpu;
+mod payload;
+mod stats;
+mod vcpu;
+mod vm;
+
+fn main() {
+    std::process::exit(cli::main());
+}

@@ -1,0 +1,227 @@
+//! Real VMs running the built-in payloads and payloads built here with gcc.
+
+use integration_tests::*;
+use std::path::Path;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+#[test]
+fn hello_on_one_and_four_vcpus() {
+    if skip_without_kvm("hello_on_one_and_four_vcpus") {
+        return;
+    }
+    for vcpus in ["1", "4"] {
+        let run = hugevmm(&["run", "--payload", "hello", "--vcpus", vcpus, "--mem", "64M"], LIMIT);
+        run.expect_status(0);
+        let n: usize = vcpus.parse().unwrap();
+        for i in 0..n {
+            let want = format!("hello from vcpu {i} of {n}");
+            assert!(run.stdout.lines().any(|l| l == want), "missing '{want}' in:\n{}", run.stdout);
+        }
+        assert_eq!(run.stdout.lines().count(), n, "one whole line per vCPU:\n{}", run.stdout);
+        assert_eq!(run.stat("/vcpus"), n as u64);
+    }
+}
+
+#[test]
+fn exit_status_of_the_payload_is_the_exit_status_of_hugevmm() {
+    if skip_without_kvm("exit_status") {
+        return;
+    }
+    let run = hugevmm(&["run", "--payload", "selftest", "--payload-args", "exit=7", "--mem", "64M"], LIMIT);
+    run.expect_status(7);
+    assert_eq!(run.stat("/exit_status"), 7);
+}
+
+#[test]
+fn guest_exceptions_are_reported_with_vector_rip_and_cr2() {
+    if skip_without_kvm("guest_exceptions") {
+        return;
+    }
+    let ud = hugevmm(&["run", "--payload", "selftest", "--payload-args", "fault=ud", "--mem", "64M"], LIMIT);
+    assert_ne!(ud.status, Some(0));
+    assert!(ud.stderr.contains("vector 6") && ud.stderr.contains("rip 0x"), "{}", ud.stderr);
+
+    let pf = hugevmm(
+        &["run", "--payload", "selftest", "--payload-args", "fault=pf vcpu=1", "--vcpus", "2", "--mem", "64M"],
+        LIMIT,
+    );
+    assert_ne!(pf.status, Some(0));
+    assert!(pf.stderr.contains("vCPU 1") && pf.stderr.contains("vector 14"), "{}", pf.stderr);
+    assert!(pf.stderr.contains("cr2 0xc0000000"), "{}", pf.stderr);
+}
+
+#[test]
+fn verify_passes_on_two_vcpus() {
+    if skip_without_kvm("verify_passes_on_two_vcpus") {
+        return;
+    }
+    let run = hugevmm(&["run", "--payload", "verify", "--vcpus", "2", "--mem", "512M"], LIMIT);
+    run.expect_status(0);
+    assert_eq!(run.stdout.lines().filter(|l| l.starts_with("verify vcpu=") && l.ends_with(" ok")).count(), 2, "{}", run.stdout);
+}
+
+fn seqwrite_256m(backing: &str) -> Run {
+    let run = hugevmm(
+        &["run", "--payload", "seqwrite", "--payload-args", "bytes=256M", "--vcpus", "2", "--mem", "512M", "--backing", backing],
+        LIMIT,
+    );
+    run.expect_status(0);
+    run
+}
+
+#[test]
+fn seqwrite_on_thp_is_mapped_2mib_by_kvm() {
+    if skip_without_kvm("seqwrite_on_thp") {
+        return;
+    }
+    let run = seqwrite_256m("thp");
+    let touched_chunks = 128;
+    let pages_2m = run.stat("/kvm/pages_2m");
+    eprintln!("thp: pages_2m={pages_2m} of {touched_chunks} touched chunks, pages_4k={}", run.stat("/kvm/pages_4k"));
+    assert!(pages_2m * 10 >= touched_chunks * 9, "pages_2m {pages_2m} < 90% of {touched_chunks}");
+}
+
+#[test]
+fn seqwrite_on_small_pages_has_no_2mib_mappings() {
+    if skip_without_kvm("seqwrite_on_small_pages") {
+        return;
+    }
+    let run = seqwrite_256m("4k");
+    assert_eq!(run.stat("/kvm/pages_2m"), 0);
+    assert!(run.stat("/kvm/pages_4k") >= 128 * 512, "4k mappings cover the working set");
+}
+
+#[test]
+fn seqwrite_on_hugetlb_is_mapped_2mib_by_kvm() {
+    if skip_without_kvm("seqwrite_on_hugetlb") {
+        return;
+    }
+    if let Err(reason) = ensure_hugetlb_pages(256) {
+        eprintln!("SKIP seqwrite_on_hugetlb: {reason}");
+        return;
+    }
+    let run = seqwrite_256m("hugetlb");
+    let pages_2m = run.stat("/kvm/pages_2m");
+    eprintln!("hugetlb: pages_2m={pages_2m}");
+    assert!(pages_2m * 10 >= 128 * 9, "pages_2m {pages_2m} < 90% of 128");
+}
+
+#[test]
+fn hugetlb_without_enough_pages_says_how_to_reserve() {
+    if skip_without_kvm("hugetlb_pool_message") {
+        return;
+    }
+    // 64 GiB of hugetlb pages is more than this kind of machine reserves.
+    let run = hugevmm(&["run", "--payload", "hello", "--mem", "64G", "--backing", "hugetlb"], LIMIT);
+    assert_eq!(run.status, Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("nr_hugepages"), "{}", run.stderr);
+}
+
+#[test]
+fn bad_images_give_clear_errors() {
+    if skip_without_kvm("bad_images") {
+        return;
+    }
+    let junk = temp_file("junk.elf", "this is not an ELF file");
+    let run = hugevmm(&["run", "--payload-file", junk.to_str().unwrap(), "--mem", "64M"], LIMIT);
+    assert_eq!(run.status, Some(1));
+    assert!(run.stderr.contains("not an ELF"), "{}", run.stderr);
+
+    let asm = temp_file("low.S", EXTERNAL_ASM);
+    let low = gcc_build(&[&asm], &["-Wl,-Ttext-segment=0x100000", "-Wl,--build-id=none"], "low.elf");
+    let run = hugevmm(&["run", "--payload-file", low.to_str().unwrap(), "--mem", "64M"], LIMIT);
+    assert_eq!(run.status, Some(1));
+    assert!(run.stderr.contains("below 2 MiB"), "{}", run.stderr);
+}
+
+#[test]
+fn mem_not_multiple_of_2mib_is_refused() {
+    let run = hugevmm(&["run", "--payload", "hello", "--mem", "1001M"], LIMIT);
+    assert_ne!(run.status, Some(0));
+    assert!(run.stderr.contains("multiple of 2 MiB"), "{}", run.stderr);
+}
+
+/// A payload written against the protocol document alone, in plain
+/// assembly with no SDK: prints its vCPU index and the boot info magic
+/// check result, exits 0.
+const EXTERNAL_ASM: &str = r#"
+    .globl _start
+    .text
+_start:
+    movabs $0x4c5941504d4d5648, %rax
+    cmp (%rsi), %rax
+    jne bad
+    cmpl $1, 8(%rsi)
+    jne bad
+    lea msg(%rip), %rbx
+    mov $0x3f8, %dx
+1:  movb (%rbx), %al
+    test %al, %al
+    jz 2f
+    outb %al, %dx
+    inc %rbx
+    jmp 1b
+2:  mov %edi, %eax
+    add $'0', %al
+    outb %al, %dx
+    mov $'\n', %al
+    outb %al, %dx
+    xor %eax, %eax
+    mov $0xf4, %dx
+    outl %eax, %dx
+3:  jmp 3b
+bad:
+    mov $9, %eax
+    mov $0xf4, %dx
+    outl %eax, %dx
+    jmp bad
+    .section .rodata
+msg: .asciz "external payload on vcpu "
+"#;
+
+#[test]
+fn a_payload_built_elsewhere_runs_unchanged() {
+    if skip_without_kvm("external_payload") {
+        return;
+    }
+    let asm = temp_file("ext.S", EXTERNAL_ASM);
+    let elf = gcc_build(&[&asm], &["-Wl,-Ttext-segment=0x400000", "-Wl,--build-id=none"], "ext.elf");
+    let run = hugevmm(&["run", "--payload-file", elf.to_str().unwrap(), "--vcpus", "3", "--mem", "128M"], LIMIT);
+    run.expect_status(0);
+    for i in 0..3 {
+        assert!(run.stdout.contains(&format!("external payload on vcpu {i}")), "{}", run.stdout);
+    }
+}
+
+#[test]
+fn a_payload_built_with_the_sdk_runs_and_sees_its_args() {
+    if skip_without_kvm("sdk_payload") {
+        return;
+    }
+    let sdk = payloads::sdk_dir();
+    let src = temp_file(
+        "sdk_payload.c",
+        r#"#include "hvmm.h"
+int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info) {
+    uint64_t n = 0;
+    if (hvmm_arg_u64(info, "answer", &n) != 1) return 3;
+    hvmm_printf("sdk vcpu=%u answer=%lu\n", vcpu, n);
+    return n == 42 ? 0 : 4;
+}
+"#,
+    );
+    let ld = sdk.join("hvmm.ld");
+    let elf = gcc_build(
+        &[&sdk.join("start.S"), &sdk.join("hvmm.c"), Path::new(&src)],
+        &[&format!("-I{}", sdk.display()), "-T", ld.to_str().unwrap(), "-x", "none"],
+        "sdk.elf",
+    );
+    let run = hugevmm(
+        &["run", "--payload-file", elf.to_str().unwrap(), "--payload-args", "answer=42", "--mem", "64M"],
+        LIMIT,
+    );
+    run.expect_status(0);
+    assert!(run.stdout.contains("sdk vcpu=0 answer=42"), "{}", run.stdout);
+}

@@ -1,0 +1,516 @@
+/*
+ * hvmm.c - the hugevmm payload SDK runtime (see hvmm.h).
+ *
+ * Nothing here keeps mutable global state: every vCPU runs this code at the
+ * same time.
+ */
+#include "hvmm.h"
+
+/* ---------------------------------------------------------------------- */
+/* Entry (called by _start in start.S)                                     */
+/* ---------------------------------------------------------------------- */
+
+int hvmm_start(unsigned vcpu, const struct hvmm_boot_info *info);
+
+int hvmm_start(unsigned vcpu, const struct hvmm_boot_info *info)
+{
+    if (info == NULL || ((uintptr_t)info & 7) != 0) {
+        hvmm_printf("hvmm: vcpu %u: bad boot info pointer %p\n", vcpu,
+                    (const void *)info);
+        return 2;
+    }
+    if (info->magic != HVMM_BOOT_MAGIC) {
+        hvmm_printf("hvmm: vcpu %u: bad boot info magic 0x%lx at %p "
+                    "(expected 0x%llx)\n",
+                    vcpu, info->magic, (const void *)info, HVMM_BOOT_MAGIC);
+        return 2;
+    }
+    if (info->version != HVMM_BOOT_VERSION) {
+        hvmm_printf("hvmm: vcpu %u: boot info version %u, this payload "
+                    "speaks version %u\n",
+                    vcpu, info->version, HVMM_BOOT_VERSION);
+        return 2;
+    }
+    return hvmm_main(vcpu, info);
+}
+
+void hvmm_exit(uint32_t status)
+{
+    /* The VMM stops the vCPU at the first write; loop in case it does not. */
+    for (;;)
+        hvmm_outl(HVMM_PORT_EXIT, status);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Console                                                                 */
+/* ---------------------------------------------------------------------- */
+
+void hvmm_putc(char c)
+{
+    hvmm_outb(HVMM_PORT_CONSOLE, (uint8_t)c);
+}
+
+void hvmm_puts(const char *s)
+{
+    while (*s)
+        hvmm_putc(*s++);
+}
+
+void hvmm_write(const char *s, uint64_t len)
+{
+    for (uint64_t i = 0; i < len; i++)
+        hvmm_putc(s[i]);
+}
+
+/* Formats v in `base` into the end of buf[24]; returns the first digit. */
+static char *format_u64(char *buf_end, uint64_t v, unsigned base, int upper)
+{
+    const char *digits = upper ? "0123456789ABCDEF" : "0123456789abcdef";
+    char *p = buf_end;
+    do {
+        *--p = digits[v % base];
+        v /= base;
+    } while (v != 0);
+    return p;
+}
+
+void hvmm_put_u64(uint64_t v)
+{
+    char buf[24];
+    char *p = format_u64(buf + sizeof(buf), v, 10, 0);
+    hvmm_write(p, (uint64_t)(buf + sizeof(buf) - p));
+}
+
+void hvmm_put_hex(uint64_t v)
+{
+    char buf[24];
+    char *p = format_u64(buf + sizeof(buf), v, 16, 0);
+    hvmm_puts("0x");
+    hvmm_write(p, (uint64_t)(buf + sizeof(buf) - p));
+}
+
+/* Writes `len` digits at p, preceded by an optional sign, padded to width. */
+static void put_padded(const char *p, int len, int negative, int width,
+                       int zero)
+{
+    int pad = width - len - (negative ? 1 : 0);
+    if (!zero)
+        for (; pad > 0; pad--)
+            hvmm_putc(' ');
+    if (negative)
+        hvmm_putc('-');
+    for (; pad > 0; pad--)
+        hvmm_putc('0');
+    hvmm_write(p, (uint64_t)len);
+}
+
+void hvmm_vprintf(const char *fmt, va_list ap)
+{
+    for (; *fmt != '\0'; fmt++) {
+        if (*fmt != '%') {
+            hvmm_putc(*fmt);
+            continue;
+        }
+        fmt++;
+
+        int zero = 0, width = 0, prec = -1, longs = 0;
+        if (*fmt == '0') {
+            zero = 1;
+            fmt++;
+        }
+        while (*fmt >= '0' && *fmt <= '9')
+            width = width * 10 + (*fmt++ - '0');
+        if (*fmt == '.') {
+            fmt++;
+            if (*fmt == '*') {
+                prec = va_arg(ap, int);
+                fmt++;
+            } else {
+                prec = 0;
+                while (*fmt >= '0' && *fmt <= '9')
+                    prec = prec * 10 + (*fmt++ - '0');
+            }
+        }
+        while (*fmt == 'l') {
+            longs++;
+            fmt++;
+        }
+        if (*fmt == 'z') {
+            longs = 1;
+            fmt++;
+        }
+
+        char buf[24];
+        char *end = buf + sizeof(buf);
+        char *p;
+        switch (*fmt) {
+        case 'd':
+        case 'i': {
+            int64_t v = longs ? va_arg(ap, long) : va_arg(ap, int);
+            uint64_t mag = v < 0 ? -(uint64_t)v : (uint64_t)v;
+            p = format_u64(end, mag, 10, 0);
+            put_padded(p, (int)(end - p), v < 0, width, zero);
+            break;
+        }
+        case 'u':
+        case 'x':
+        case 'X': {
+            uint64_t v = longs ? va_arg(ap, unsigned long)
+                               : va_arg(ap, unsigned int);
+            p = format_u64(end, v, *fmt == 'u' ? 10 : 16, *fmt == 'X');
+            put_padded(p, (int)(end - p), 0, width, zero);
+            break;
+        }
+        case 'p': {
+            uint64_t v = (uintptr_t)va_arg(ap, const void *);
+            hvmm_puts("0x");
+            p = format_u64(end, v, 16, 0);
+            put_padded(p, (int)(end - p), 0, width - 2, zero);
+            break;
+        }
+        case 'c':
+            hvmm_putc((char)va_arg(ap, int));
+            break;
+        case 's': {
+            const char *s = va_arg(ap, const char *);
+            if (s == NULL)
+                s = "(null)";
+            int len = 0;
+            while ((prec < 0 || len < prec) && s[len] != '\0')
+                len++;
+            put_padded(s, len, 0, width, 0);
+            break;
+        }
+        case '%':
+            hvmm_putc('%');
+            break;
+        case '\0':
+            return; /* a lone '%' at the end */
+        default:    /* unknown conversion: show it as is */
+            hvmm_putc('%');
+            hvmm_putc(*fmt);
+            break;
+        }
+    }
+}
+
+void hvmm_printf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    hvmm_vprintf(fmt, ap);
+    va_end(ap);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Arguments                                                               */
+/* ---------------------------------------------------------------------- */
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* One `key=value` word of the argument string. */
+struct word {
+    struct hvmm_str key;
+    struct hvmm_str value; /* empty if the word has no '=' */
+};
+
+/* Cursor over the argument words. */
+struct words {
+    const char *p;
+    const char *end;
+};
+
+static void words_init(struct words *w, const struct hvmm_boot_info *info)
+{
+    w->p = (const char *)(uintptr_t)info->arg_ptr;
+    w->end = w->p + info->arg_len;
+}
+
+static int words_next(struct words *w, struct word *out)
+{
+    while (w->p < w->end && is_space(*w->p))
+        w->p++;
+    if (w->p == w->end)
+        return 0;
+    const char *start = w->p;
+    while (w->p < w->end && !is_space(*w->p))
+        w->p++;
+    const char *eq = start;
+    while (eq < w->p && *eq != '=')
+        eq++;
+    out->key.ptr = start;
+    out->key.len = (uint64_t)(eq - start);
+    out->value.ptr = eq < w->p ? eq + 1 : w->p;
+    out->value.len = (uint64_t)(w->p - out->value.ptr);
+    return 1;
+}
+
+int hvmm_str_eq(struct hvmm_str s, const char *lit)
+{
+    uint64_t i = 0;
+    for (; i < s.len; i++)
+        if (lit[i] == '\0' || lit[i] != s.ptr[i])
+            return 0;
+    return lit[i] == '\0';
+}
+
+int hvmm_parse_u64(struct hvmm_str s, uint64_t *out)
+{
+    uint64_t v = 0, i = 0;
+    unsigned base = 10;
+    if (s.len > 2 && s.ptr[0] == '0' && (s.ptr[1] == 'x' || s.ptr[1] == 'X')) {
+        base = 16;
+        i = 2;
+    }
+    if (i == s.len)
+        return -1;
+    for (; i < s.len; i++) {
+        char c = s.ptr[i];
+        unsigned d;
+        if (c >= '0' && c <= '9')
+            d = (unsigned)(c - '0');
+        else if (base == 16 && c >= 'a' && c <= 'f')
+            d = (unsigned)(c - 'a' + 10);
+        else if (base == 16 && c >= 'A' && c <= 'F')
+            d = (unsigned)(c - 'A' + 10);
+        else
+            return -1;
+        if (v > (UINT64_MAX - d) / base)
+            return -1; /* overflow */
+        v = v * base + d;
+    }
+    *out = v;
+    return 0;
+}
+
+int hvmm_parse_size(struct hvmm_str s, uint64_t *out)
+{
+    unsigned shift = 0;
+    if (s.len > 1) {
+        switch (s.ptr[s.len - 1]) {
+        case 'k': case 'K': shift = 10; break;
+        case 'm': case 'M': shift = 20; break;
+        case 'g': case 'G': shift = 30; break;
+        case 't': case 'T': shift = 40; break;
+        default: break;
+        }
+        if (shift != 0)
+            s.len--;
+    }
+    uint64_t v;
+    if (hvmm_parse_u64(s, &v) != 0)
+        return -1;
+    if (shift != 0 && v > (UINT64_MAX >> shift))
+        return -1; /* overflow */
+    *out = v << shift;
+    return 0;
+}
+
+int hvmm_arg_str(const struct hvmm_boot_info *info, const char *key,
+                 struct hvmm_str *out)
+{
+    struct words w;
+    struct word word;
+    int found = HVMM_ARG_ABSENT;
+    words_init(&w, info);
+    while (words_next(&w, &word)) {
+        if (hvmm_str_eq(word.key, key)) {
+            *out = word.value;
+            found = HVMM_ARG_FOUND;
+        }
+    }
+    return found;
+}
+
+int hvmm_arg_u64(const struct hvmm_boot_info *info, const char *key,
+                 uint64_t *out)
+{
+    struct hvmm_str s;
+    int r = hvmm_arg_str(info, key, &s);
+    if (r != HVMM_ARG_FOUND)
+        return r;
+    return hvmm_parse_u64(s, out) == 0 ? HVMM_ARG_FOUND : HVMM_ARG_BAD;
+}
+
+int hvmm_arg_size(const struct hvmm_boot_info *info, const char *key,
+                  uint64_t *out)
+{
+    struct hvmm_str s;
+    int r = hvmm_arg_str(info, key, &s);
+    if (r != HVMM_ARG_FOUND)
+        return r;
+    return hvmm_parse_size(s, out) == 0 ? HVMM_ARG_FOUND : HVMM_ARG_BAD;
+}
+
+static void print_known(const struct hvmm_arg_spec *specs)
+{
+    hvmm_puts("; known:");
+    if (specs[0].key == NULL)
+        hvmm_puts(" (none)");
+    for (; specs->key != NULL; specs++)
+        hvmm_printf(" %s=", specs->key);
+    hvmm_putc('\n');
+}
+
+int hvmm_parse_args(const struct hvmm_boot_info *info, const char *prog,
+                    const struct hvmm_arg_spec *specs, int report)
+{
+    struct words w;
+    struct word word;
+    words_init(&w, info);
+    while (words_next(&w, &word)) {
+        const struct hvmm_arg_spec *spec = specs;
+        while (spec->key != NULL && !hvmm_str_eq(word.key, spec->key))
+            spec++;
+        if (spec->key == NULL) {
+            if (report) {
+                hvmm_printf("%s: unknown argument '%.*s'", prog,
+                            (int)word.key.len, word.key.ptr);
+                print_known(specs);
+            }
+            return -1;
+        }
+
+        const char *expected = NULL;
+        switch (spec->type) {
+        case HVMM_ARG_NUMBER:
+            if (hvmm_parse_u64(word.value, (uint64_t *)spec->out) != 0)
+                expected = "a number: decimal or 0x hex";
+            break;
+        case HVMM_ARG_SIZE:
+            if (hvmm_parse_size(word.value, (uint64_t *)spec->out) != 0)
+                expected = "a size: a number with an optional K/M/G/T suffix";
+            break;
+        case HVMM_ARG_STRING:
+            *(struct hvmm_str *)spec->out = word.value;
+            break;
+        }
+        if (expected != NULL) {
+            if (report) {
+                hvmm_printf("%s: bad value '%.*s' for %s= (expected %s)", prog,
+                            (int)word.value.len, word.value.ptr, spec->key,
+                            expected);
+                print_known(specs);
+            }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Free RAM                                                                */
+/* ---------------------------------------------------------------------- */
+
+static uint64_t range_size(const struct hvmm_range *r)
+{
+    return r->end > r->start ? r->end - r->start : 0;
+}
+
+uint64_t hvmm_free_bytes(const struct hvmm_boot_info *info)
+{
+    uint64_t total = 0;
+    for (uint64_t i = 0; i < info->range_count; i++)
+        total += range_size(&info->ranges[i]);
+    return total;
+}
+
+uint64_t hvmm_free_addr(const struct hvmm_boot_info *info, uint64_t off)
+{
+    for (uint64_t i = 0; i < info->range_count; i++) {
+        uint64_t size = range_size(&info->ranges[i]);
+        if (off < size)
+            return info->ranges[i].start + off;
+        off -= size;
+    }
+    return 0;
+}
+
+void hvmm_free_iter_init(struct hvmm_free_iter *it,
+                         const struct hvmm_boot_info *info, uint64_t off,
+                         uint64_t len)
+{
+    it->info = info;
+    it->range = 0;
+    it->skip = off;
+    it->left = len;
+}
+
+int hvmm_free_iter_next(struct hvmm_free_iter *it, uint64_t *addr,
+                        uint64_t *len)
+{
+    while (it->left != 0 && it->range < it->info->range_count) {
+        const struct hvmm_range *r = &it->info->ranges[it->range++];
+        uint64_t size = range_size(r);
+        if (it->skip >= size) {
+            it->skip -= size;
+            continue;
+        }
+        uint64_t n = size - it->skip;
+        if (n > it->left)
+            n = it->left;
+        *addr = r->start + it->skip;
+        *len = n;
+        it->skip = 0;
+        it->left -= n;
+        return 1;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Memory functions                                                        */
+/* ---------------------------------------------------------------------- */
+
+/* String instructions are used so that gcc cannot turn these loops back
+ * into calls to themselves. The direction flag is clear at entry. */
+
+void *memset(void *dst, int c, size_t n)
+{
+    void *d = dst;
+    __asm__ volatile("rep stosb" : "+D"(d), "+c"(n) : "a"(c) : "memory");
+    return dst;
+}
+
+void *memcpy(void *dst, const void *src, size_t n)
+{
+    void *d = dst;
+    __asm__ volatile("rep movsb" : "+D"(d), "+S"(src), "+c"(n) : : "memory");
+    return dst;
+}
+
+void *memmove(void *dst, const void *src, size_t n)
+{
+    if ((uintptr_t)dst - (uintptr_t)src >= n)
+        return memcpy(dst, src, n); /* no harmful overlap: copy forwards */
+    /* dst overlaps the tail of src: copy backwards. */
+    void *d = (char *)dst + n - 1;
+    const void *s = (const char *)src + n - 1;
+    __asm__ volatile("std\n\trep movsb\n\tcld"
+                     : "+D"(d), "+S"(s), "+c"(n)
+                     :
+                     : "memory");
+    return dst;
+}
+
+int memcmp(const void *a, const void *b, size_t n)
+{
+    const unsigned char *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        if (x[i] != y[i])
+            return x[i] < y[i] ? -1 : 1;
+    return 0;
+}
+
+size_t hvmm_strlen(const char *s)
+{
+    size_t n = 0;
+    while (s[n] != '\0') {
+        hvmm_barrier(); /* keeps gcc from turning the loop into strlen() */
+        n++;
+    }
+    return n;
+}

@@ -1,0 +1,333 @@
+//! Runs the built-in payloads' C code as host processes (see
+//! `tests/host/harness.c`): the SDK, argument handling and the workloads'
+//! logic are tested without a VMM.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+
+static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+
+/// Builds (once) `payload` linked with the host harness.
+fn harness(payload: &str) -> PathBuf {
+    let mut built = BUILT.lock().unwrap();
+    let built = built.get_or_insert_with(HashMap::new);
+    if let Some(path) = built.get(payload) {
+        return path.clone();
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("host-{payload}"));
+    let sdk = payloads::sdk_dir();
+    let output = Command::new(std::env::var_os("CC").unwrap_or_else(|| "gcc".into()))
+        .args([
+            "-std=gnu11",
+            "-O2",
+            "-g",
+            "-Wall",
+            "-Wextra",
+            "-pthread",
+            "-I",
+        ])
+        .arg(sdk)
+        .arg(manifest.join("tests/host/harness.c"))
+        .arg(sdk.join("hvmm.c"))
+        .arg(manifest.join(format!("src/guest/{payload}.c")))
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stderr.is_empty(),
+        "{payload}: {stderr}"
+    );
+    built.insert(payload.to_string(), out.clone());
+    out
+}
+
+struct Run {
+    status: i32,
+    out: String,
+}
+
+impl Run {
+    fn lines_starting(&self, prefix: &str) -> Vec<&str> {
+        self.out.lines().filter(|l| l.starts_with(prefix)).collect()
+    }
+}
+
+fn run(payload: &str, vcpus: u32, layout: &str, args: &str, checks: &[&str]) -> Run {
+    let out = Command::new(harness(payload))
+        .arg(vcpus.to_string())
+        .arg(layout)
+        .arg(args)
+        .args(checks)
+        .output()
+        .unwrap();
+    let run = Run {
+        status: out.status.code().expect("harness killed by a signal"),
+        out: String::from_utf8(out.stdout).unwrap(),
+    };
+    eprintln!(
+        "--- {payload} {vcpus} {layout} '{args}' {checks:?} -> {}\n{}",
+        run.status, run.out
+    );
+    run
+}
+
+/// `key=value` of a line's word `key`.
+fn field(line: &str, key: &str) -> u64 {
+    let word = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|w| w.strip_prefix('=')))
+        .unwrap_or_else(|| panic!("no {key}= in {line}"));
+    match word.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
+        None => word.parse().unwrap(),
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn hello_every_vcpu() {
+    let r = run("hello", 3, "1M", "", &[]);
+    assert_eq!(r.status, 0);
+    for i in 0..3 {
+        assert!(r.out.contains(&format!("hello from vcpu {i} of 3\n")));
+    }
+}
+
+#[test]
+fn unknown_argument_is_reported_once() {
+    let r = run("hello", 3, "1M", "foo=1", &[]);
+    assert_eq!(r.status, 2);
+    assert_eq!(
+        r.lines_starting("hello:"),
+        ["hello: unknown argument 'foo'; known: (none)"]
+    );
+
+    let r = run("seqwrite", 2, "1M", "  passes=1   foo  ", &[]);
+    assert_eq!(r.status, 2);
+    assert_eq!(
+        r.lines_starting("seqwrite:"),
+        ["seqwrite: unknown argument 'foo'; known: bytes= passes="]
+    );
+}
+
+#[test]
+fn malformed_values() {
+    for args in [
+        "bytes=12Q",
+        "bytes=",
+        "bytes=0x",
+        "passes=1K",
+        "bytes=99999999999999999999",
+        "bytes=17179869184T",
+    ] {
+        let r = run("seqwrite", 2, "1M", args, &[]);
+        assert_eq!(r.status, 2, "{args}");
+        let lines = r.lines_starting("seqwrite: bad value");
+        assert_eq!(lines.len(), 1, "{args}");
+        assert!(
+            lines[0].ends_with("; known: bytes= passes="),
+            "{}",
+            lines[0]
+        );
+    }
+    let r = run("selftest", 1, "1M", "fault=xx", &[]);
+    assert_eq!(r.status, 2);
+    assert!(r.out.contains("selftest: bad value 'xx' for fault="));
+    let r = run("selftest", 1, "1M", "exit=0x100000000", &[]);
+    assert_eq!(r.status, 2);
+}
+
+#[test]
+fn working_set_larger_than_free_ram() {
+    for payload in ["seqwrite", "randwrite", "verify"] {
+        let r = run(payload, 2, "1M,4K,1M", "bytes=3M", &[]);
+        assert_eq!(r.status, 2);
+        assert_eq!(
+            r.lines_starting(payload),
+            [format!(
+                "{payload}: bytes=3145728 is more than the free RAM (free_bytes=2097152)"
+            )]
+        );
+    }
+}
+
+#[test]
+fn bad_magic_is_refused() {
+    let r = run("hello", 2, "1M", "", &["badmagic"]);
+    assert_eq!(r.status, 2);
+    assert_eq!(r.lines_starting("hvmm: vcpu").len(), 2, "{}", r.out);
+}
+
+#[test]
+fn seqwrite_covers_exactly_the_working_set() {
+    // Ranges that are not 2 MiB aligned, separated by unmapped gaps.
+    let layout = "3M,12K,5100K,2M,1M";
+    for (vcpus, args, bytes, passes) in [
+        (3, "passes=2", (3 + 1) * MIB + 5100 * 1024, 2),
+        (2, "bytes=0x500008 passes=3", 0x500008, 3),
+        (5, "bytes=7M", 7 * MIB, 1),
+        (1, "bytes=1000", 1000, 1),
+        (4, "bytes=4K", 4096, 1),
+    ] {
+        let check = format!("seq={bytes}:{passes}");
+        let r = run("seqwrite", vcpus, layout, args, &[&check]);
+        assert_eq!(r.status, 0);
+        assert!(r.out.contains("checked\n"));
+        let mut lines = r.lines_starting("seqwrite ");
+        lines.sort_by_key(|l| field(l, "vcpu"));
+        assert_eq!(lines.len(), vcpus as usize);
+        let total: u64 = lines.iter().map(|l| field(l, "bytes")).sum();
+        assert_eq!(total, bytes / 8 * 8 * passes);
+        for l in &lines {
+            assert_eq!(field(l, "passes"), passes);
+            field(l, "cycles");
+        }
+        // Shares are 4 KiB multiples except the last one.
+        for l in &lines[..lines.len() - 1] {
+            assert_eq!(field(l, "bytes") / passes % 4096, 0, "{l}");
+        }
+    }
+}
+
+#[test]
+fn randwrite_stays_in_the_working_set() {
+    let layout = "3M,12K,5100K,2M,1M";
+    let r = run(
+        "randwrite",
+        3,
+        layout,
+        "bytes=6M passes=2 seed=7",
+        &["rand=6M:2"],
+    );
+    assert_eq!(r.status, 0);
+    assert!(r.out.contains("checked\n"));
+    let lines = r.lines_starting("randwrite ");
+    assert_eq!(lines.len(), 3);
+    assert_eq!(
+        lines.iter().map(|l| field(l, "bytes")).sum::<u64>(),
+        12 * MIB
+    );
+    // Random writes hit a good part of the words (1 - 1/e^2 of them).
+    let written = field(r.lines_starting("written_words")[0], "written_words");
+    assert!(written > 6 * MIB / 8 * 8 / 10, "{written}");
+
+    // The default working set is all free RAM.
+    let r = run("randwrite", 2, layout, "", &["rand=9196K:1"]);
+    assert_eq!(r.status, 0);
+}
+
+#[test]
+fn verify_passes_on_good_memory() {
+    let layout = "3M,12K,5100K,2M,1M";
+    let free_pages = (3 * 1024 + 5100 + 1024) / 4;
+    for (vcpus, args, pages, passes) in [
+        (1, "", free_pages, 2),
+        (2, "passes=3 seed=5", free_pages, 3),
+        (3, "bytes=4100K passes=1", 1025, 1),
+        (5, "bytes=8M passes=4 seed=0", 8 * 256, 4),
+        (4, "bytes=8K", 2, 2),
+        (3, "passes=0", free_pages, 0),
+    ] {
+        verify_ok(vcpus, layout, args, pages, passes);
+    }
+    // Many chunks, an odd count, the last one partial.
+    verify_ok(
+        3,
+        "2M,4K,129M,8K,100K",
+        "seed=99 passes=3",
+        (2048 + 129 * 1024 + 100) / 4,
+        3,
+    );
+}
+
+/// Runs verify and checks its report. A page visited twice or never in a
+/// generation (a visiting order that is not a permutation) is a mismatch.
+fn verify_ok(vcpus: u32, layout: &str, args: &str, pages: u64, passes: u64) {
+    let r = run("verify", vcpus, layout, args, &[]);
+    assert_eq!(r.status, 0, "{args}");
+    let lines = r.lines_starting("verify ");
+    assert_eq!(lines.len(), vcpus as usize);
+    for l in &lines {
+        assert!(l.ends_with(" ok"));
+        assert_eq!(field(l, "passes"), passes);
+    }
+    let checked: u64 = lines.iter().map(|l| field(l, "pages")).sum();
+    assert_eq!(checked, pages * (passes + 1), "{args}");
+}
+
+#[test]
+fn verify_detects_a_bad_word() {
+    // Free-space offset 8192 + 4088 is the last word of page 2: vCPU 0 of 2.
+    let r = run("verify", 2, "3M,12K,1M", "", &["poison=12280"]);
+    assert_eq!(r.status, 1);
+    let lines = r.lines_starting("verify: MISMATCH");
+    assert_eq!(lines.len(), 1);
+    assert_eq!(field(lines[0], "vcpu"), 0);
+    assert_eq!(field(lines[0], "expected"), 0);
+    assert_eq!(field(lines[0], "found"), 0x5a5a);
+    assert_eq!(field(lines[0], "gen"), 0);
+    assert!(r.out.contains("vcpu 1 status 0\n"));
+}
+
+#[test]
+fn selftest_exit_print_and_args() {
+    let r = run("selftest", 2, "1M", "exit=7", &[]);
+    assert_eq!(r.status, 7);
+
+    let r = run("selftest", 2, "2M,4K,1M", "print=hi-there args=1", &[]);
+    assert_eq!(r.status, 0);
+    assert_eq!(r.lines_starting("hi-there").len(), 2);
+    for vcpu in 0..2 {
+        let info = r
+            .lines_starting(&format!("selftest vcpu={vcpu} info="))
+            .pop()
+            .unwrap()
+            .to_string();
+        assert_eq!(field(&info, "magic"), 0x4c5941504d4d5648);
+        assert_eq!(field(&info, "version"), 1);
+        assert_eq!(field(&info, "vcpu_count"), 2);
+        assert_eq!(field(&info, "range_count"), 2);
+        assert_eq!(field(&info, "free_bytes"), 3 * MIB);
+        assert_eq!(field(&info, "arg_len"), 21);
+        let ranges = r.lines_starting(&format!("selftest vcpu={vcpu} range="));
+        assert_eq!(ranges.len(), 2);
+        assert_eq!(field(ranges[0], "end") - field(ranges[0], "start"), 2 * MIB);
+        assert_eq!(field(ranges[1], "start") - field(ranges[0], "end"), 4096);
+        assert!(r.out.contains(&format!(
+            "selftest vcpu={vcpu} args=print=hi-there args=1\n"
+        )));
+    }
+}
+
+fn fault_run(kind: &str, extra: &str) -> Run {
+    let r = run("selftest", 2, "1M", &format!("fault={kind} {extra}"), &[]);
+    assert_eq!(r.status, 100, "no exception");
+    r
+}
+
+#[test]
+fn selftest_faults() {
+    for (kind, signal) in [("ud", "ILL"), ("pf", "SEGV"), ("gp", "SEGV"), ("de", "FPE")] {
+        let r = fault_run(kind, "vcpu=1 exit=4");
+        let said = r.lines_starting("selftest vcpu=1 fault=");
+        assert_eq!(said.len(), 1);
+        let exc = r.lines_starting("EXCEPTION");
+        assert_eq!(exc.len(), 1);
+        assert_eq!(field(exc[0], "vcpu"), 1);
+        assert!(exc[0].contains(&format!("signal={signal}")));
+        assert_eq!(field(exc[0], "rip"), field(said[0], "rip"), "{kind}");
+        if kind == "pf" {
+            assert_eq!(field(exc[0], "addr"), 0xc000_0000);
+            assert_eq!(field(said[0], "addr"), 0xc000_0000);
+        }
+        assert!(r.out.contains("vcpu 0 status 4\n"));
+    }
+    let r = fault_run("ud", "");
+    assert_eq!(r.lines_starting("EXCEPTION").len(), 2);
+}

@@ -1,0 +1,141 @@
+//! Command line: parsing, the run command, and turning errors into messages.
+
+use crate::console::ConsoleSink;
+use crate::stats;
+use crate::vm::{self, Payload, RunConfig};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use guestmem::{format_size, parse_size, Backing};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "hugevmm", version, about = "A KVM VMM that keeps guest RAM in 2 MiB mappings")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a payload (a guest program following docs/PAYLOAD_PROTOCOL.md).
+    Run(RunArgs),
+    /// List the built-in payloads.
+    Payloads,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Guest RAM size, a multiple of 2 MiB (e.g. 512M, 4G).
+    #[arg(long, default_value = "512M", value_parser = parse_size_arg)]
+    mem: u64,
+    /// Number of vCPUs (one host thread each).
+    #[arg(long, default_value_t = 1)]
+    vcpus: u32,
+    /// Host backing of guest RAM: thp (2 MiB transparent huge pages),
+    /// hugetlb (2 MiB hugetlbfs pages, needs /proc/sys/vm/nr_hugepages) or
+    /// 4k (small pages, the baseline).
+    #[arg(long, default_value = "thp")]
+    backing: Backing,
+    /// Built-in payload to run (see `hugevmm payloads`).
+    #[arg(long, conflicts_with = "payload_file", required_unless_present = "payload_file")]
+    payload: Option<String>,
+    /// Payload ELF file to run.
+    #[arg(long)]
+    payload_file: Option<PathBuf>,
+    /// Argument string passed verbatim to the payload (`key=value` words).
+    #[arg(long, default_value = "")]
+    payload_args: String,
+    /// Write run statistics as a JSON object to this file.
+    #[arg(long)]
+    stats_json: Option<PathBuf>,
+    /// End the run (exit 124) if the payload has not finished after this many seconds.
+    #[arg(long)]
+    timeout: Option<f64>,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn load_payload(args: &RunArgs) -> Result<Payload> {
+    if let Some(path) = &args.payload_file {
+        let elf = std::fs::read(path).with_context(|| format!("cannot read --payload-file {}", path.display()))?;
+        return Ok(Payload { name: path.display().to_string(), elf });
+    }
+    let name = args.payload.as_deref().unwrap_or_default();
+    let builtin = payloads::find(name).with_context(|| {
+        let names: Vec<&str> = payloads::all().iter().map(|p| p.name).collect();
+        format!("no built-in payload named '{name}'; built-in payloads: {}", names.join(", "))
+    })?;
+    Ok(Payload { name: builtin.name.to_string(), elf: builtin.elf.to_vec() })
+}
+
+fn run_command(args: RunArgs) -> Result<i32> {
+    let payload = load_payload(&args)?;
+    let timeout = match args.timeout {
+        Some(secs) if !(secs.is_finite() && secs > 0.0) => anyhow::bail!("--timeout must be a positive number of seconds"),
+        Some(secs) => Some(Duration::from_secs_f64(secs)),
+        None => None,
+    };
+    let payload_name = payload.name.clone();
+    let config = RunConfig {
+        mem_bytes: args.mem,
+        backing: args.backing,
+        vcpus: args.vcpus,
+        payload,
+        payload_args: args.payload_args.clone(),
+        timeout,
+    };
+    let console: ConsoleSink = Arc::new(Mutex::new(Box::new(std::io::stdout())));
+    let outcome = vm::run(config, console)?;
+    if let Some(failure) = &outcome.failure {
+        eprintln!("hugevmm: {failure}");
+    }
+    let summary = stats::RunSummary {
+        payload: &payload_name,
+        vcpus: args.vcpus,
+        mem_bytes: args.mem,
+        backing: args.backing,
+        outcome: &outcome,
+    };
+    eprintln!(
+        "hugevmm: {} exited {} after {:.3} s on {} vCPUs, {} {} RAM; KVM stage-2 mappings: {} x 4K, {} x 2M, {} x 1G",
+        payload_name,
+        outcome.exit_status,
+        outcome.elapsed.as_secs_f64(),
+        args.vcpus,
+        format_size(args.mem),
+        args.backing,
+        outcome.stage2.pages_4k,
+        outcome.stage2.pages_2m,
+        outcome.stage2.pages_1g
+    );
+    if let Some(path) = &args.stats_json {
+        let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");
+        std::fs::write(path, json + "\n").with_context(|| format!("cannot write --stats-json {}", path.display()))?;
+    }
+    Ok(outcome.exit_status)
+}
+
+/// Runs the CLI and returns the process exit status.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run_command(args),
+        Command::Payloads => {
+            for p in payloads::all() {
+                println!("{:<10} {}", p.name, p.description);
+            }
+            Ok(0)
+        }
+    };
+    match result {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("hugevmm: error: {e:#}");
+            1
+        }
+    }
+}

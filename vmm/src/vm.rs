@@ -1,0 +1,235 @@
+//! One run of a payload: builds the VM, loads the image, runs the vCPUs and
+//! collects the outcome.
+
+use crate::console::ConsoleSink;
+use crate::cpu::{self, EntryState};
+use crate::payload::bootinfo::{self, GpaRange};
+use crate::payload::layout::{BOOT_INFO_GPA, MAX_VCPUS};
+use crate::payload::{elf, tables};
+use crate::vcpu::{self, UnknownAccessLog, VcpuContext, VcpuEvent};
+use anyhow::{bail, Context, Result};
+use guestmem::{format_size, Backing, GuestRam, KvmStats, Layout, StageTwoPages};
+use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
+use kvm_ioctls::Kvm;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// Exit status when the VM failed (guest exception, KVM error).
+pub const EXIT_VM_FAILURE: i32 = 125;
+/// Exit status when `--timeout` expired.
+pub const EXIT_TIMEOUT: i32 = 124;
+
+/// A payload image and where it came from.
+pub struct Payload {
+    /// Name for logs: the built-in's name or the file path.
+    pub name: String,
+    /// The ELF bytes.
+    pub elf: Vec<u8>,
+}
+
+/// What to run.
+pub struct RunConfig {
+    /// Guest RAM size.
+    pub mem_bytes: u64,
+    /// Host backing of guest RAM.
+    pub backing: Backing,
+    /// Number of vCPUs.
+    pub vcpus: u32,
+    /// The payload.
+    pub payload: Payload,
+    /// `--payload-args`, passed verbatim.
+    pub payload_args: String,
+    /// Give up after this long.
+    pub timeout: Option<Duration>,
+}
+
+/// How a run ended.
+pub struct RunOutcome {
+    /// Process exit status to use.
+    pub exit_status: i32,
+    /// Per-vCPU statuses written to the finish port (None: did not finish).
+    pub vcpu_statuses: Vec<Option<u32>>,
+    /// Why the VM failed, if it did.
+    pub failure: Option<String>,
+    /// Wall time from the first vCPU start to the end.
+    pub elapsed: Duration,
+    /// KVM stage-2 mapping counts read before the vCPUs were torn down.
+    pub stage2: StageTwoPages,
+    /// TSC frequency of vCPU 0, for converting payload cycle counts.
+    pub tsc_khz: Option<u32>,
+}
+
+fn open_kvm() -> Result<Kvm> {
+    Kvm::new().map_err(|e| {
+        let hint = match e.errno() {
+            libc::ENOENT => "this host has no KVM: load kvm_intel/kvm_amd, or run on a host with hardware virtualization",
+            libc::EACCES | libc::EPERM => "permission denied: run as root or add your user to the group that owns /dev/kvm (usually `kvm`)",
+            _ => "check that KVM is loaded and usable",
+        };
+        anyhow::anyhow!("cannot open /dev/kvm: {e} ({hint})")
+    })
+}
+
+fn ram_ranges(layout: &Layout) -> Vec<GpaRange> {
+    layout
+        .regions()
+        .iter()
+        .map(|r| GpaRange { start: r.gpa, end: r.gpa + r.len_bytes })
+        .collect()
+}
+
+/// Exit status for the statuses the vCPUs reported: the first non-zero in
+/// vCPU order, squeezed into the 8 bits a process exit status has (a
+/// non-zero status never becomes 0).
+pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
+    match statuses.iter().flatten().find(|s| **s != 0) {
+        None => 0,
+        Some(s) if *s <= 255 => *s as i32,
+        Some(_) => 255,
+    }
+}
+
+/// Runs the payload to completion.
+pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
+    if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
+        bail!("--vcpus {} is out of range: give 1 to {MAX_VCPUS}", config.vcpus);
+    }
+    let layout = Layout::new(config.mem_bytes).context("invalid --mem")?;
+    let ram_desc = describe_ram(&layout);
+    let ranges = ram_ranges(&layout);
+    let image = elf::parse(&config.payload.elf, |start, len| layout.contains(start, len), &ram_desc)
+        .with_context(|| format!("payload {} cannot be loaded", config.payload.name))?;
+    let region = tables::build_vmm_region(config.vcpus, &ranges)?;
+    let used: Vec<GpaRange> = image
+        .segments
+        .iter()
+        .map(|s| GpaRange { start: s.gpa, end: s.end_gpa() })
+        .collect();
+    let free = bootinfo::free_ranges(&ranges, &used);
+    let boot_info = bootinfo::encode(config.vcpus, config.mem_bytes, config.payload_args.as_bytes(), &free)?;
+
+    let kvm = open_kvm()?;
+    let ram = Arc::new(GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?);
+    let vm = kvm.create_vm().context("KVM_CREATE_VM failed")?;
+    // Only needed by VMX hosts for real-mode emulation; harmless elsewhere.
+    let _ = vm.set_tss_address(0xfffb_d000);
+    ram.register_memslots(&vm).context("cannot register guest RAM with KVM")?;
+    let stats = KvmStats::open(&vm).context("cannot open KVM statistics")?;
+
+    ram.write_bytes(0, &region).context("writing the VMM region")?;
+    ram.write_bytes(BOOT_INFO_GPA, &boot_info).context("writing the boot info")?;
+    for segment in &image.segments {
+        let bytes = &config.payload.elf[segment.file_offset..segment.file_offset + segment.file_bytes as usize];
+        // The bss needs no write: guest RAM is fresh anonymous (or hugetlb)
+        // memory, which reads as zero.
+        ram.write_bytes(segment.gpa, bytes)
+            .with_context(|| format!("loading segment at {:#x}", segment.gpa))?;
+    }
+
+    let cpuid = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .context("KVM_GET_SUPPORTED_CPUID failed")?;
+    let (events_tx, events_rx) = mpsc::channel();
+    let unknown = Arc::new(UnknownAccessLog::default());
+    let mut vcpus = Vec::new();
+    let mut tsc_khz = None;
+    for index in 0..config.vcpus {
+        let fd = vm
+            .create_vcpu(u64::from(index))
+            .with_context(|| format!("cannot create vCPU {index}"))?;
+        let state = EntryState {
+            index,
+            vcpu_count: config.vcpus,
+            rip: image.entry,
+            boot_info_gpa: BOOT_INFO_GPA,
+        };
+        cpu::configure(&fd, &cpuid, &state).with_context(|| format!("cannot set up vCPU {index}"))?;
+        if index == 0 {
+            tsc_khz = fd.get_tsc_khz().ok();
+        }
+        vcpus.push(fd);
+    }
+    let started = Instant::now();
+    for (index, fd) in vcpus.into_iter().enumerate() {
+        let ctx = VcpuContext {
+            index: index as u32,
+            ram: ram.clone(),
+            console: console.clone(),
+            unknown: unknown.clone(),
+            events: events_tx.clone(),
+        };
+        std::thread::Builder::new()
+            .name(format!("vcpu{index}"))
+            .spawn(move || vcpu::run(fd, ctx))
+            .context("cannot spawn a vCPU thread")?;
+    }
+    drop(events_tx);
+
+    let mut statuses = vec![None; config.vcpus as usize];
+    let mut failure = None;
+    let mut exit_status = None;
+    let deadline = config.timeout.map(|t| started + t);
+    while statuses.iter().any(Option::is_none) {
+        let event = match deadline {
+            Some(deadline) => match events_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(event) => event,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let waiting: Vec<usize> = (0..statuses.len()).filter(|i| statuses[*i].is_none()).collect();
+                    failure = Some(format!(
+                        "timed out after {:.1} s (--timeout); vCPUs still running: {waiting:?}",
+                        started.elapsed().as_secs_f64()
+                    ));
+                    exit_status = Some(EXIT_TIMEOUT);
+                    break;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+            None => match events_rx.recv() {
+                Ok(event) => event,
+                Err(_) => break,
+            },
+        };
+        match event {
+            VcpuEvent::Finished { index, status } => statuses[index as usize] = Some(status),
+            VcpuEvent::Fatal { index, message } => {
+                failure = Some(format!("vCPU {index}: {message}"));
+                exit_status = Some(EXIT_VM_FAILURE);
+                break;
+            }
+        }
+    }
+    let elapsed = started.elapsed();
+    let stage2 = stats.read().context("cannot read KVM statistics")?;
+    // vCPU threads still running (after a failure or timeout) are left to
+    // the process exit: the VM ends with this run.
+    Ok(RunOutcome {
+        exit_status: exit_status.unwrap_or_else(|| combined_status(&statuses)),
+        vcpu_statuses: statuses,
+        failure,
+        elapsed,
+        stage2,
+        tsc_khz,
+    })
+}
+
+fn describe_ram(layout: &Layout) -> String {
+    let parts: Vec<String> = layout
+        .regions()
+        .iter()
+        .map(|r| format!("[{:#x}, {:#x})", r.gpa, r.gpa + r.len_bytes))
+        .collect();
+    format!("{} at {}", format_size(layout.ram_bytes()), parts.join(" and "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_first_nonzero_and_never_wraps_to_zero() {
+        assert_eq!(combined_status(&[Some(0), Some(0)]), 0);
+        assert_eq!(combined_status(&[Some(0), Some(7), Some(3)]), 7);
+        assert_eq!(combined_status(&[Some(256)]), 255);
+        assert_eq!(combined_status(&[Some(1), None]), 1);
+    }
+}
