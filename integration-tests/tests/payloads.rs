@@ -225,3 +225,23 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info) {
     run.expect_status(0);
     assert!(run.stdout.contains("sdk vcpu=0 answer=42"), "{}", run.stdout);
 }
+
+#[test]
+fn without_dev_kvm_there_is_one_clear_line() {
+    // Hide /dev/kvm in a private mount namespace (needs root and unshare).
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    if !is_root || std::process::Command::new("unshare").arg("--version").output().is_err() {
+        eprintln!("SKIP without_dev_kvm: needs root and unshare(1) to hide /dev/kvm");
+        return;
+    }
+    let bin = hugevmm_bin();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(format!("mount -t tmpfs none /dev && exec {} run --payload hello", bin.display()));
+    let out = run_with_limit(cmd, LIMIT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot open /dev/kvm"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+}
