@@ -107,6 +107,19 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
     uint64_t chunks = (pages + CHUNK_PAGES - 1) / CHUNK_PAGES;
     uint64_t checked = 0;
 
+    /*
+     * Page k lives at free-space offset lead + k * 4096 (wrapping around),
+     * where lead skips to the first 2 MiB-aligned free address: the
+     * payload's chunks then coincide with the VMM's 2 MiB chunks, so the
+     * vCPUs really contend for the same chunk (free ranges other than the
+     * first start and end on 2 MiB boundaries).
+     */
+    uint64_t first_free = info->range_count ? info->ranges[0].start : 0;
+    uint64_t lead = ((first_free + (CHUNK_PAGES * PAGE_SIZE - 1)) &
+                     ~(CHUNK_PAGES * PAGE_SIZE - 1)) - first_free;
+    if (lead >= free_bytes)
+        lead = 0;
+
     uint64_t start = hvmm_rdtsc();
     /* Generations 1..passes check g-1 and write g; pass passes+1 checks. */
     for (uint64_t g = 1; g <= passes + 1; g++) {
@@ -132,7 +145,10 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
             perm_init(&page_order, mine, mix64(order_key ^ c));
             for (uint64_t t = 0; t < mine; t++) {
                 uint64_t k = first + j0 + perm_at(&page_order, t) * n;
-                uint64_t page = hvmm_free_addr(info, k * PAGE_SIZE);
+                uint64_t off = lead + k * PAGE_SIZE;
+                if (off >= free_bytes)
+                    off -= free_bytes;
+                uint64_t page = hvmm_free_addr(info, off);
                 volatile uint64_t *w = (volatile uint64_t *)page;
 
                 for (unsigned i = 0; i < NWORDS; i++) {
