@@ -2,6 +2,7 @@
 
 use crate::console::ConsoleSink;
 use crate::stats;
+use crate::swap_setup::SwapOptions;
 use crate::vm::{self, Payload, RunConfig};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -9,6 +10,8 @@ use guestmem::{format_size, parse_size, Backing};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use swap::engine::SwapUnit;
+use swap::store::StoreSpec;
 
 #[derive(Parser)]
 #[command(name = "hugevmm", version, about = "A KVM VMM that keeps guest RAM in 2 MiB mappings")]
@@ -53,6 +56,22 @@ struct RunArgs {
     /// End the run (exit 124) if the payload has not finished after this many seconds.
     #[arg(long)]
     timeout: Option<f64>,
+    /// Cap resident guest RAM at SIZE, swapping the rest to --swap-store
+    /// (starts the swap engine).
+    #[arg(long, value_parser = parse_size_arg)]
+    mem_limit: Option<u64>,
+    /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
+    /// $TMPDIR or /var/tmp), file:PATH[,size=SIZE], mem:lz4[,size=SIZE],
+    /// mem:zstd[,size=SIZE]. Giving a store starts the swap engine.
+    #[arg(long)]
+    swap_store: Option<StoreSpec>,
+    /// Swap unit: 2m (whole 2 MiB chunks, restored as huge mappings) or 4k
+    /// (per-page baseline).
+    #[arg(long, default_value = "2m")]
+    swap_unit: SwapUnit,
+    /// Threads serving guest memory faults (swap engine).
+    #[arg(long, default_value_t = 1)]
+    fault_threads: usize,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -80,6 +99,12 @@ fn run_command(args: RunArgs) -> Result<i32> {
         None => None,
     };
     let payload_name = payload.name.clone();
+    let swap = (args.mem_limit.is_some() || args.swap_store.is_some()).then(|| SwapOptions {
+        mem_limit_bytes: args.mem_limit,
+        store: args.swap_store.clone().unwrap_or(StoreSpec::Default),
+        unit: args.swap_unit,
+        fault_threads: args.fault_threads.max(1),
+    });
     let config = RunConfig {
         mem_bytes: args.mem,
         backing: args.backing,
@@ -87,6 +112,7 @@ fn run_command(args: RunArgs) -> Result<i32> {
         payload,
         payload_args: args.payload_args.clone(),
         timeout,
+        swap,
     };
     let console: ConsoleSink = Arc::new(Mutex::new(Box::new(std::io::stdout())));
     let outcome = vm::run(config, console)?;
@@ -112,6 +138,26 @@ fn run_command(args: RunArgs) -> Result<i32> {
         outcome.stage2.pages_2m,
         outcome.stage2.pages_1g
     );
+    if let Some(swap) = &outcome.swap {
+        eprintln!(
+            "hugevmm: swap: {} faults ({} store, {} staging, {} zero), {} evictions, {} clean drops, {} zero chunks, {} written, {} read, restored {} huge / {} split, fault latency p50 {} us p99 {} us max {} us, resident max {}",
+            swap.faults.total,
+            swap.faults.store,
+            swap.faults.staging,
+            swap.faults.zero,
+            swap.evictions,
+            swap.clean_drops,
+            swap.zero_chunks,
+            format_size(swap.bytes_written),
+            format_size(swap.bytes_read),
+            swap.restored_huge,
+            swap.restored_split,
+            swap.fault_latency.p50(),
+            swap.fault_latency.p99(),
+            swap.fault_latency.max(),
+            format_size(swap.resident_bytes_max)
+        );
+    }
     if let Some(path) = &args.stats_json {
         let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");
         std::fs::write(path, json + "\n").with_context(|| format!("cannot write --stats-json {}", path.display()))?;

@@ -5,6 +5,7 @@ mod console;
 mod cpu;
 mod payload;
 mod stats;
+mod swap_setup;
 mod vcpu;
 mod vm;
 

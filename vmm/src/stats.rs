@@ -3,6 +3,7 @@
 use crate::vm::RunOutcome;
 use guestmem::Backing;
 use serde_json::{json, Value};
+use swap::engine::SwapStats;
 
 /// Everything the stats object reports about one run.
 pub struct RunSummary<'a> {
@@ -22,7 +23,7 @@ impl RunSummary<'_> {
     /// The JSON object (field names are a stable interface for scripts).
     pub fn to_json(&self) -> Value {
         let o = self.outcome;
-        json!({
+        let mut value = json!({
             "payload": self.payload,
             "elapsed_s": o.elapsed.as_secs_f64(),
             "vcpus": self.vcpus,
@@ -37,6 +38,45 @@ impl RunSummary<'_> {
                 "pages_2m": o.stage2.pages_2m,
                 "pages_1g": o.stage2.pages_1g,
             },
-        })
+        });
+        if let Some(swap) = &o.swap {
+            value["swap"] = swap_json(swap);
+        }
+        value
     }
+}
+
+fn swap_json(s: &SwapStats) -> Value {
+    let h = &s.fault_latency;
+    json!({
+        "unit_bytes": s.unit_bytes,
+        "mem_limit_bytes": s.mem_limit_bytes,
+        "faults": {
+            "total": s.faults.total,
+            "store": s.faults.store,
+            "staging": s.faults.staging,
+            "zero": s.faults.zero,
+        },
+        "wp_faults": s.wp_faults,
+        "evictions": s.evictions,
+        "evict_waits": s.evict_waits,
+        "clean_drops": s.clean_drops,
+        "zero_chunks": s.zero_chunks,
+        "units_written": s.units_written,
+        "bytes_written": s.bytes_written,
+        "bytes_read": s.bytes_read,
+        "restored_huge": s.restored_huge,
+        "restored_split": s.restored_split,
+        "fault_latency_us": {
+            "count": h.count(),
+            "p50": h.p50(),
+            "p90": h.p90(),
+            "p99": h.p99(),
+            "p999": h.p999(),
+            "max": h.max(),
+        },
+        "resident_bytes": s.resident_bytes,
+        "resident_bytes_max": s.resident_bytes_max,
+        "metadata_bytes": s.metadata_bytes,
+    })
 }

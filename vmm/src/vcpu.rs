@@ -16,7 +16,7 @@ pub const CONSOLE_PORT: u16 = 0x3f8;
 /// Finish port (32-bit write of the status).
 pub const FINISH_PORT: u16 = 0xf4;
 
-/// What a vCPU thread reports to the VM.
+/// What vCPU threads and the swap engine report to the run loop.
 #[derive(Debug)]
 pub enum VcpuEvent {
     /// The payload wrote its status to the finish port.
@@ -25,6 +25,12 @@ pub enum VcpuEvent {
         index: u32,
         /// Status written.
         status: u32,
+    },
+    /// The swap engine cannot serve guest memory (store failure); the run
+    /// ends.
+    SwapFatal {
+        /// What happened, naming the chunk's guest address.
+        message: String,
     },
     /// The vCPU cannot continue; the whole run ends.
     Fatal {

@@ -6,6 +6,7 @@ use crate::cpu::{self, EntryState};
 use crate::payload::bootinfo::{self, GpaRange};
 use crate::payload::layout::{BOOT_INFO_GPA, MAX_VCPUS};
 use crate::payload::{elf, tables};
+use crate::swap_setup::{self, SwapOptions};
 use crate::vcpu::{self, UnknownAccessLog, VcpuContext, VcpuEvent};
 use anyhow::{bail, Context, Result};
 use guestmem::{format_size, Backing, GuestRam, KvmStats, Layout, StageTwoPages};
@@ -13,6 +14,7 @@ use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::Kvm;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use swap::engine::SwapStats;
 
 /// Exit status when the VM failed (guest exception, KVM error).
 pub const EXIT_VM_FAILURE: i32 = 125;
@@ -41,6 +43,8 @@ pub struct RunConfig {
     pub payload_args: String,
     /// Give up after this long.
     pub timeout: Option<Duration>,
+    /// Swap engine options; None runs without the engine.
+    pub swap: Option<SwapOptions>,
 }
 
 /// How a run ended.
@@ -57,6 +61,8 @@ pub struct RunOutcome {
     pub stage2: StageTwoPages,
     /// TSC frequency of vCPU 0, for converting payload cycle counts.
     pub tsc_khz: Option<u32>,
+    /// Swap engine figures, read at the same moment as `stage2`.
+    pub swap: Option<SwapStats>,
 }
 
 fn open_kvm() -> Result<Kvm> {
@@ -115,6 +121,11 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let _ = vm.set_tss_address(0xfffb_d000);
     ram.register_memslots(&vm).context("cannot register guest RAM with KVM")?;
     let stats = KvmStats::open(&vm).context("cannot open KVM statistics")?;
+    let (events_tx, events_rx) = mpsc::channel();
+    let engine = match &config.swap {
+        Some(options) => Some(swap_setup::start(&ram, options, events_tx.clone())?),
+        None => None,
+    };
 
     ram.write_bytes(0, &region).context("writing the VMM region")?;
     ram.write_bytes(BOOT_INFO_GPA, &boot_info).context("writing the boot info")?;
@@ -129,7 +140,6 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .context("KVM_GET_SUPPORTED_CPUID failed")?;
-    let (events_tx, events_rx) = mpsc::channel();
     let unknown = Arc::new(UnknownAccessLog::default());
     let mut vcpus = Vec::new();
     let mut tsc_khz = None;
@@ -191,6 +201,11 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         };
         match event {
             VcpuEvent::Finished { index, status } => statuses[index as usize] = Some(status),
+            VcpuEvent::SwapFatal { message } => {
+                failure = Some(format!("swap engine: {message}"));
+                exit_status = Some(EXIT_VM_FAILURE);
+                break;
+            }
             VcpuEvent::Fatal { index, message } => {
                 failure = Some(format!("vCPU {index}: {message}"));
                 exit_status = Some(EXIT_VM_FAILURE);
@@ -199,7 +214,17 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         }
     }
     let elapsed = started.elapsed();
+    let swap_stats = engine.as_ref().map(|e| e.stats());
     let stage2 = stats.read().context("cannot read KVM statistics")?;
+    match engine {
+        // Every vCPU finished: nothing can fault any more.
+        Some(engine) if failure.is_none() => engine.shutdown(),
+        // vCPUs may still be blocked in faults. Unregistering would let
+        // them see empty memory before the process exits; keep the engine
+        // (and its threads) until then.
+        Some(engine) => std::mem::forget(engine),
+        None => {}
+    }
     // vCPU threads still running (after a failure or timeout) are left to
     // the process exit: the VM ends with this run.
     Ok(RunOutcome {
@@ -209,6 +234,7 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         elapsed,
         stage2,
         tsc_khz,
+        swap: swap_stats,
     })
 }
 

@@ -3,6 +3,23 @@
 
 use std::sync::Arc;
 
+pub mod codec;
+pub mod faulty;
+pub mod file;
+pub mod mem;
+mod open_error;
+mod slots;
+pub mod spec;
+#[cfg(test)]
+mod test_support;
+
+pub use codec::Codec;
+pub use faulty::{Faults, FaultyStore};
+pub use file::FileStore;
+pub use mem::MemStore;
+pub use open_error::StoreOpenError;
+pub use spec::{StoreSpec, StoreSpecError};
+
 /// A store slot number. Slots are reused after [`Store::free`].
 pub type SlotId = u32;
 
@@ -96,6 +113,21 @@ pub trait Store: Send + Sync {
     fn free(&self, slot: SlotId);
     /// Slots currently allocated.
     fn used_slots(&self) -> u64;
+    /// Bytes the allocated slots take in the store's medium, for stats: the
+    /// compressed size for a compressed store. The default is
+    /// `used_slots * unit_bytes`, right for stores that keep units as they are.
+    fn stored_bytes(&self) -> u64 {
+        self.used_slots() * self.unit_bytes() as u64
+    }
+    /// Test aid: damages the stored image in `slot` in place, so that the
+    /// next [`Store::read`] of it fails its checksum as real corruption
+    /// would. Used by [`FaultyStore`]. The default reports `Unsupported`.
+    fn corrupt_slot(&self, slot: SlotId) -> std::io::Result<()> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            format!("{} cannot corrupt slot {slot} for tests", self.describe()),
+        ))
+    }
 }
 
 /// Shared handle to a store.

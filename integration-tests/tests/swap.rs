@@ -1,0 +1,131 @@
+//! The swap engine under real VMs: overcommitted guests keep every write,
+//! refaulted chunks come back as 2 MiB KVM mappings, and store failures end
+//! the run with the chunk's address.
+
+use integration_tests::*;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(600);
+
+fn verify_overcommitted(vcpus: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "run", "--payload", "verify", "--vcpus", vcpus, "--mem", "1G", "--mem-limit", "256M", "--payload-args", "passes=2",
+    ];
+    args.extend_from_slice(extra);
+    let run = hugevmm(&args, LIMIT);
+    run.expect_status(0);
+    let evictions = run.stat("/swap/evictions");
+    let store_faults = run.stat("/swap/faults/store");
+    eprintln!(
+        "verify vcpus={vcpus} {extra:?}: evictions={evictions} store_faults={store_faults} p50={}us p99={}us max={}us resident_max={} pages_2m={}",
+        run.stat("/swap/fault_latency_us/p50"),
+        run.stat("/swap/fault_latency_us/p99"),
+        run.stat("/swap/fault_latency_us/max"),
+        run.stat("/swap/resident_bytes_max"),
+        run.stat("/kvm/pages_2m"),
+    );
+    // 1 GiB written twice through a 256 MiB window: most chunks leave and
+    // come back at least once per generation.
+    let unit = run.stat("/swap/unit_bytes");
+    let chunks_per_gib = (1u64 << 30) / unit;
+    assert!(evictions >= chunks_per_gib, "evictions {evictions} < {chunks_per_gib}");
+    assert!(store_faults >= chunks_per_gib / 2, "store faults {store_faults}");
+    assert!(run.stat("/swap/resident_bytes_max") <= 256 << 20, "limit exceeded");
+    run
+}
+
+#[test]
+fn verify_on_two_vcpus_at_4x_overcommit() {
+    if skip_without_kvm("verify_on_two_vcpus_at_4x_overcommit") {
+        return;
+    }
+    verify_overcommitted("2", &[]);
+}
+
+#[test]
+fn verify_on_four_vcpus_at_4x_overcommit_on_each_store() {
+    if skip_without_kvm("verify_on_four_vcpus_each_store") {
+        return;
+    }
+    verify_overcommitted("4", &[]);
+    verify_overcommitted("4", &["--swap-store", "mem:lz4"]);
+    let file = std::env::temp_dir().join(format!("hugevmm-swap-test-{}.img", std::process::id()));
+    let spec = format!("file:{}", file.display());
+    verify_overcommitted("4", &["--swap-store", &spec]);
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn verify_with_the_4k_baseline_unit() {
+    if skip_without_kvm("verify_with_4k_unit") {
+        return;
+    }
+    let run = verify_overcommitted("2", &["--swap-unit", "4k", "--swap-store", "mem:lz4"]);
+    assert_eq!(run.stat("/swap/unit_bytes"), 4096);
+}
+
+/// seqwrite 512 MiB through a 256 MiB limit, twice: the second pass
+/// refaults every chunk from the store.
+fn seqwrite_refaulted(backing: &str) {
+    let run = hugevmm(
+        &[
+            "run", "--payload", "seqwrite", "--vcpus", "2", "--mem", "1G", "--mem-limit", "256M", "--backing", backing,
+            "--payload-args", "bytes=512M passes=2",
+        ],
+        LIMIT,
+    );
+    run.expect_status(0);
+    let resident_chunks = run.stat("/swap/resident_bytes") >> 21;
+    let pages_2m = run.stat("/kvm/pages_2m");
+    let store_faults = run.stat("/swap/faults/store");
+    eprintln!("{backing}: resident_chunks={resident_chunks} pages_2m={pages_2m} store_faults={store_faults} restored_split={}", run.stat("/swap/restored_split"));
+    assert!(store_faults >= 128, "the second pass refaults from the store ({store_faults})");
+    assert!(resident_chunks > 0);
+    assert!(pages_2m * 10 >= resident_chunks * 9, "pages_2m {pages_2m} < 90% of {resident_chunks} resident chunks");
+}
+
+#[test]
+fn refaulted_chunks_are_mapped_2mib_on_thp() {
+    if skip_without_kvm("refaulted_chunks_thp") {
+        return;
+    }
+    seqwrite_refaulted("thp");
+}
+
+#[test]
+fn refaulted_chunks_are_mapped_2mib_on_hugetlb() {
+    if skip_without_kvm("refaulted_chunks_hugetlb") {
+        return;
+    }
+    if let Err(reason) = ensure_hugetlb_pages(512 + 8) {
+        eprintln!("SKIP refaulted_chunks_hugetlb: {reason}");
+        return;
+    }
+    seqwrite_refaulted("hugetlb");
+}
+
+#[test]
+fn a_failing_store_ends_the_run_naming_the_chunk() {
+    if skip_without_kvm("failing_store") {
+        return;
+    }
+    for (fault, words) in [
+        ("read-error-after=20", "i/o error"),
+        ("corrupt-after=20", "checksum"),
+        ("full-after=40", "full"),
+    ] {
+        let spec = format!("faulty:{fault},inner=mem:lz4");
+        let run = hugevmm(
+            &[
+                "run", "--payload", "verify", "--vcpus", "2", "--mem", "512M", "--mem-limit", "64M", "--swap-store", &spec,
+                "--payload-args", "passes=2",
+            ],
+            LIMIT,
+        );
+        assert_eq!(run.status, Some(125), "{fault}: {}", run.stderr);
+        assert!(run.stderr.contains("swap engine"), "{fault}: {}", run.stderr);
+        assert!(run.stderr.contains("guest address 0x"), "{fault}: {}", run.stderr);
+        assert!(run.stderr.to_lowercase().contains(words), "{fault}: {}", run.stderr);
+        assert!(!run.stdout.contains("MISMATCH"), "no zero-filled chunk reached the guest: {}", run.stdout);
+    }
+}

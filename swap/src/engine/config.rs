@@ -1,0 +1,163 @@
+//! What the VMM hands the engine: the region, its memory kind, the unit
+//! size and the knobs.
+
+use std::os::fd::RawFd;
+use std::str::FromStr;
+
+/// Size of the unit the engine swaps and restores whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SwapUnit {
+    /// 2 MiB chunks, restored as one huge mapping (the product).
+    #[default]
+    Huge2M,
+    /// 4 KiB pages (the baseline to compare against).
+    Small4K,
+}
+
+impl SwapUnit {
+    /// Bytes per unit.
+    pub fn bytes(self) -> u64 {
+        match self {
+            SwapUnit::Huge2M => 2 << 20,
+            SwapUnit::Small4K => 4 << 10,
+        }
+    }
+}
+
+impl FromStr for SwapUnit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "2m" | "2mib" | "2097152" => Ok(SwapUnit::Huge2M),
+            "4k" | "4kib" | "4096" => Ok(SwapUnit::Small4K),
+            other => Err(format!(
+                "unknown swap unit {other:?}: use 2m (2 MiB chunks) or 4k (4 KiB pages)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for SwapUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SwapUnit::Huge2M => "2m",
+            SwapUnit::Small4K => "4k",
+        })
+    }
+}
+
+/// How guest RAM is backed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    /// Private anonymous memory (THP when MADV_HUGEPAGE).
+    Anonymous,
+    /// A MAP_SHARED mapping of a `MFD_HUGETLB` memfd (2 MiB pages), mapped
+    /// from file offset 0 (region offset == file offset). The fd stays
+    /// owned by the VMM and must outlive the engine.
+    Hugetlb {
+        /// The memfd backing the region.
+        memfd: RawFd,
+    },
+}
+
+/// The guest RAM the engine manages: one host mapping.
+#[derive(Debug, Clone)]
+pub struct ManagedRegion {
+    /// Host virtual address of the region (2 MiB aligned for 2 MiB units).
+    pub host_base: u64,
+    /// Length (a multiple of the unit).
+    pub len_bytes: u64,
+    /// Backing kind.
+    pub kind: MemoryKind,
+    /// `(gpa, offset in region, len)` triples, only to name guest addresses
+    /// in errors.
+    pub gpa_ranges: Vec<(u64, u64, u64)>,
+}
+
+impl ManagedRegion {
+    /// Guest-physical address of a region offset (the offset itself, marked
+    /// by the caller, when no range covers it).
+    pub fn gpa_of(&self, offset: u64) -> Option<u64> {
+        self.gpa_ranges
+            .iter()
+            .find(|&&(_, start, len)| offset >= start && offset < start + len)
+            .map(|&(gpa, start, _)| gpa + (offset - start))
+    }
+}
+
+/// Engine knobs.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Unit size.
+    pub unit: SwapUnit,
+    /// Cap on guest bytes held in memory (resident + staged + in flight);
+    /// `None`: no cap (faults are still served, whole units at a time).
+    pub mem_limit_bytes: Option<u64>,
+    /// `(offset, len)` ranges never evicted (e.g. the VMM's boot area).
+    pub pinned_offsets: Vec<(u64, u64)>,
+    /// Fault-service threads (at least 1).
+    pub fault_threads: usize,
+    /// Track clean units with synchronous write-protection so that
+    /// unchanged units are dropped without a write.
+    pub track_clean: bool,
+    /// Units written to the store per batch (default: 8 for 2 MiB, 256 for
+    /// 4 KiB units).
+    pub batch_units: Option<usize>,
+    /// Parking-area slots (default: 4 batches).
+    pub parking_units: Option<usize>,
+    /// Pre-filled restore buffers (default: 2 per fault thread + 4).
+    pub buffer_count: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            unit: SwapUnit::Huge2M,
+            mem_limit_bytes: None,
+            pinned_offsets: Vec::new(),
+            fault_threads: 1,
+            track_clean: true,
+            batch_units: None,
+            parking_units: None,
+            buffer_count: None,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Batch size after defaults.
+    pub fn batch_units_or_default(&self) -> usize {
+        self.batch_units
+            .unwrap_or(match self.unit {
+                SwapUnit::Huge2M => 8,
+                SwapUnit::Small4K => 256,
+            })
+            .max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swap_unit_round_trips_through_text() {
+        for unit in [SwapUnit::Huge2M, SwapUnit::Small4K] {
+            assert_eq!(unit.to_string().parse::<SwapUnit>().unwrap(), unit);
+        }
+        assert!("3m".parse::<SwapUnit>().unwrap_err().contains("use 2m"));
+    }
+
+    #[test]
+    fn gpa_of_maps_offsets_through_ranges() {
+        let r = ManagedRegion {
+            host_base: 0,
+            len_bytes: 8 << 20,
+            kind: MemoryKind::Anonymous,
+            gpa_ranges: vec![(0, 0, 2 << 20), (1 << 32, 2 << 20, 6 << 20)],
+        };
+        assert_eq!(r.gpa_of(4096), Some(4096));
+        assert_eq!(r.gpa_of((2 << 20) + 5), Some((1 << 32) + 5));
+        assert_eq!(r.gpa_of(9 << 20), None);
+    }
+}

@@ -1,0 +1,54 @@
+//! Engine errors.
+
+use crate::store::StoreError;
+use crate::uffd::UffdError;
+
+/// Why an engine operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapError {
+    /// The region or configuration cannot be managed as given.
+    #[error("swap engine cannot manage this region: {0}")]
+    Config(String),
+    /// A userfaultfd operation failed.
+    #[error("userfaultfd operation failed for {what}: {source}")]
+    Uffd {
+        /// What the engine was doing (names the unit's guest address).
+        what: String,
+        /// The failed operation.
+        #[source]
+        source: UffdError,
+    },
+    /// The store failed; the affected unit stays in memory or blocked.
+    #[error("swap store failed: {0}; check the store device/file (the VMM should exit: guest memory cannot be restored)")]
+    Store(#[from] StoreError),
+    /// A memory-management syscall failed.
+    #[error("{what} failed: {source}")]
+    Os {
+        /// What was attempted.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The engine is shutting down.
+    #[error("swap engine is shutting down")]
+    ShuttingDown,
+}
+
+impl SwapError {
+    /// Wraps a userfaultfd error with context.
+    pub(crate) fn uffd(what: impl Into<String>, source: UffdError) -> SwapError {
+        SwapError::Uffd {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// Wraps an OS error with context.
+    pub(crate) fn os(what: impl Into<String>, source: std::io::Error) -> SwapError {
+        SwapError::Os {
+            what: what.into(),
+            source,
+        }
+    }
+}

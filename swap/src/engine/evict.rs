@@ -1,0 +1,457 @@
+//! Live eviction: take a unit away from the guest atomically, then decide
+//! what it costs to keep it outside memory.
+//!
+//! Take-away, by backing:
+//! - anonymous (THP and 4 KiB units): UFFDIO_MOVE the unit out of guest RAM
+//!   into a parking slot (a 2 MiB THP moves as one PMD). From that instant
+//!   the guest's next touch faults MISSING and is served from the parking
+//!   slot ([`super::fault`]). Holes the unit had (pages discarded by someone)
+//!   are filled with the zero page in the parking slot, so every thread can
+//!   read the slot without faulting into the userfaultfd.
+//! - hugetlb: write-protect the unit (a write now faults and waits, as the
+//!   unit is `Evicting`), copy it into the parking slot, punch the hole.
+//!
+//! Then:
+//! - clean (the store slot still holds the content): drop it, no write. For
+//!   2 MiB anonymous units the content hash is checked first (see
+//!   [`super::hash`] for the window it closes);
+//! - all zero: drop it, it becomes `Absent` (never written);
+//! - otherwise: `Staged`, and written to the store in batches by the same
+//!   thread; when the write completes the parking slot is released.
+//!
+//! A fault on a staged unit before its write starts gets the parked pages
+//! moved back (no copy, no I/O); during the write it gets a copy (the
+//! pages may be pinned by O_DIRECT) and the write's slot is freed.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use super::hash::scan;
+use super::mapping::{punch_hole, PAGE_BYTES};
+use super::stats::{add, bump};
+use super::{fault, Backing, Shared, SwapError};
+use crate::chunk::{Tag, UnitState};
+use crate::store::WriteRequest;
+use crate::uffd::MoveOptions;
+
+/// What an eviction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EvictReport {
+    /// Units written to the store.
+    pub written_units: u64,
+    /// Clean units dropped without a write.
+    pub clean_dropped_units: u64,
+    /// All-zero units dropped (now absent).
+    pub zero_units: u64,
+    /// Units left resident because the kernel refused to move them (pinned).
+    pub busy_units: u64,
+    /// Bytes written to the store.
+    pub written_bytes: u64,
+}
+
+impl EvictReport {
+    /// Units that left memory.
+    pub fn released_units(&self) -> u64 {
+        self.written_units + self.clean_dropped_units + self.zero_units
+    }
+}
+
+/// The state of an evicted unit once settled outside memory.
+fn settled(from: UnitState, tag: Tag, index: u32) -> UnitState {
+    from.to(tag, index)
+        .with_clean(false)
+        .with_wp(false)
+        .with_huge(false)
+        .with_referenced(false)
+        .with_writing(false)
+}
+
+/// Evicts a set of units and writes them in batches.
+struct Evictor<'a> {
+    s: &'a Shared,
+    batch: Vec<(usize, u32)>,
+    report: EvictReport,
+    residency: Vec<u8>,
+}
+
+impl<'a> Evictor<'a> {
+    fn new(s: &'a Shared) -> Evictor<'a> {
+        Evictor {
+            s,
+            batch: Vec::with_capacity(s.batch_units),
+            report: EvictReport::default(),
+            residency: Vec::new(),
+        }
+    }
+
+    /// A parking slot; flushes this evictor's batch when none is free, so
+    /// evictors holding slots always make progress.
+    fn parking_slot(&mut self) -> Result<u32, SwapError> {
+        loop {
+            if let Some(p) = self.s.parking.try_acquire() {
+                return Ok(p);
+            }
+            if !self.batch.is_empty() {
+                self.flush()?;
+                continue;
+            }
+            if self.s.stopping() {
+                return Err(SwapError::ShuttingDown);
+            }
+            if let Some(p) = self.s.parking.acquire_timeout(Duration::from_millis(10)) {
+                return Ok(p);
+            }
+        }
+    }
+
+    /// Evicts one unit if it is resident and not pinned.
+    fn evict(&mut self, unit: usize) -> Result<(), SwapError> {
+        let s = self.s;
+        let resident = loop {
+            let state = s.table.load(unit);
+            if state.tag() != Tag::Resident || state.pinned() {
+                return Ok(());
+            }
+            let evicting = state
+                .to(Tag::Evicting, state.index())
+                .with_referenced(false);
+            if s.table.transition(unit, state, evicting).is_ok() {
+                break state;
+            }
+        };
+        bump(&s.counters.evictions);
+        let p = match self.parking_slot() {
+            Ok(p) => p,
+            Err(e) => {
+                s.table.finish(unit, resident);
+                return Err(e);
+            }
+        };
+        match self.take_away(unit, resident, p) {
+            Ok(true) => {}
+            Ok(false) => {
+                s.parking.release(p);
+                s.table.finish(unit, resident);
+                self.report.busy_units += 1;
+                bump(&s.counters.evict_busy);
+                return Ok(());
+            }
+            Err(e) => {
+                // The unit may be half moved: leave it Evicting (faults on it
+                // block) and let the VMM exit.
+                s.fatal(e.to_string());
+                return Err(e);
+            }
+        }
+        self.classify(unit, resident, p)
+    }
+
+    /// Moves or copies the unit into parking slot `p`. `Ok(false)`: the
+    /// kernel refused (pinned pages); nothing was taken.
+    fn take_away(&mut self, unit: usize, resident: UnitState, p: u32) -> Result<bool, SwapError> {
+        let s = self.s;
+        let src = s.unit_addr(unit);
+        let dst = s.parking.addr(p);
+        let len = s.unit_bytes;
+        match s.backing {
+            Backing::Thp | Backing::Small => {
+                let options = MoveOptions {
+                    allow_src_holes: true,
+                    dont_wake: false,
+                };
+                let mut tries = 0;
+                loop {
+                    match fault::move_all(s, dst, src, len, options) {
+                        Ok(()) => break,
+                        Err(e)
+                            if e.errno() == Some(libc::EBUSY)
+                                && e.done_bytes() == 0
+                                && tries < 3 =>
+                        {
+                            tries += 1;
+                            std::thread::sleep(Duration::from_micros(100));
+                        }
+                        Err(e) if e.errno() == Some(libc::EBUSY) => {
+                            // Put back what moved, if anything, and give up.
+                            let moved = e.done_bytes();
+                            if moved > 0 {
+                                fault::move_all(
+                                    s,
+                                    src,
+                                    dst,
+                                    moved,
+                                    MoveOptions {
+                                        allow_src_holes: true,
+                                        dont_wake: false,
+                                    },
+                                )
+                                .map_err(|e| {
+                                    SwapError::uffd(
+                                        format!(
+                                            "putting back the partly moved chunk at {}",
+                                            s.unit_name(unit)
+                                        ),
+                                        e,
+                                    )
+                                })?;
+                            }
+                            return Ok(false);
+                        }
+                        Err(e) => {
+                            return Err(SwapError::uffd(
+                                format!("moving out the chunk at {}", s.unit_name(unit)),
+                                e,
+                            ))
+                        }
+                    }
+                }
+                self.fill_holes(p)?;
+            }
+            Backing::Hugetlb { memfd } => {
+                if !resident.wp() {
+                    s.uffd.write_protect(src, len).map_err(|e| {
+                        SwapError::uffd(
+                            format!("write-protecting the chunk at {}", s.unit_name(unit)),
+                            e,
+                        )
+                    })?;
+                }
+                let offset = unit as u64 * len;
+                s.parking
+                    .raw()
+                    .copy_from(s.parking.offset(p), &s.guest, offset, len);
+                punch_hole(memfd, offset, len).map_err(|e| {
+                    SwapError::os(
+                        format!("punching the hugetlb chunk at {}", s.unit_name(unit)),
+                        e,
+                    )
+                })?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Maps the zero page over every page of parking slot `p` that the
+    /// move left empty (the unit had holes).
+    fn fill_holes(&mut self, p: u32) -> Result<(), SwapError> {
+        let s = self.s;
+        s.parking
+            .raw()
+            .residency(s.parking.offset(p), s.unit_bytes, &mut self.residency)
+            .map_err(|e| SwapError::os("mincore on the parking area", e))?;
+        for (i, &present) in self.residency.iter().enumerate() {
+            if present & 1 == 0 {
+                let page = s.parking.addr(p) + i as u64 * PAGE_BYTES;
+                match s.uffd.zeropage(page, PAGE_BYTES, true) {
+                    Ok(()) => {}
+                    // Present after all (mincore reports swapped-out pages as
+                    // absent).
+                    Err(e) if e.is_eexist() => {}
+                    Err(e) => return Err(SwapError::uffd("filling a hole in the parking area", e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides the fate of a unit parked in `p`.
+    fn classify(&mut self, unit: usize, resident: UnitState, p: u32) -> Result<(), SwapError> {
+        let s = self.s;
+        // SAFETY: slot `p` is populated (moved in and holes filled, or
+        // copied) and owned by this thread until released or staged.
+        let data = unsafe { s.parking.raw().slice(s.parking.offset(p), s.unit_bytes) };
+        // Without a recorded hash the write-protection is exact (the unit
+        // was installed write-protected by UFFDIO_COPY): skip the scan.
+        let recorded = s.table.hash(unit);
+        let content = if resident.clean() && recorded.is_none() {
+            None
+        } else {
+            Some(scan(data))
+        };
+        if resident.clean() {
+            let slot = resident.index();
+            let unchanged = match (recorded, content) {
+                (Some(hash), Some(content)) => hash == content.hash,
+                _ => true,
+            };
+            if unchanged {
+                s.parking.release(p);
+                s.table.finish(unit, settled(resident, Tag::Stored, slot));
+                s.limiter.release();
+                self.report.clean_dropped_units += 1;
+                bump(&s.counters.clean_drops);
+                return Ok(());
+            }
+            bump(&s.counters.clean_hash_mismatches);
+            s.store.free(slot);
+        }
+        let content = content.unwrap_or_else(|| scan(data));
+        if content.zero {
+            s.parking.release(p);
+            s.table.finish(unit, settled(resident, Tag::Absent, 0));
+            s.limiter.release();
+            self.report.zero_units += 1;
+            bump(&s.counters.zero_chunks);
+            return Ok(());
+        }
+        s.table.set_hash(unit, content.hash);
+        let staged = settled(resident, Tag::Staged, p).with_huge(resident.huge());
+        s.table.finish(unit, staged);
+        self.batch.push((unit, p));
+        if self.batch.len() >= s.batch_units {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the batch and settles its units.
+    fn flush(&mut self) -> Result<(), SwapError> {
+        let s = self.s;
+        let mut batch = std::mem::take(&mut self.batch);
+        // Claim the staged units for writing; a unit handed back before this
+        // point had its slot released by the fault thread.
+        batch.retain(|&(unit, p)| loop {
+            let state = s.table.load(unit);
+            if state.tag() != Tag::Staged || state.index() != p || state.writing() {
+                return false;
+            }
+            if s.table
+                .transition(unit, state, state.with_writing(true))
+                .is_ok()
+            {
+                return true;
+            }
+        });
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<WriteRequest<'_>> = batch
+            .iter()
+            .map(|&(unit, p)| WriteRequest {
+                gpa: s.unit_gpa(unit),
+                // SAFETY: slot `p` is populated and stays in place while
+                // WRITING is set: the fault path only copies out of it then.
+                data: unsafe { s.parking.raw().slice(s.parking.offset(p), s.unit_bytes) },
+            })
+            .collect();
+        let results = s.store.write_batch(&requests);
+        drop(requests);
+        let mut first_error = None;
+        let mut results = results.into_iter();
+        for &(unit, p) in &batch {
+            match results.next() {
+                Some(Ok(slot)) => self.complete(unit, p, Some(slot)),
+                Some(Err(e)) => {
+                    s.fatal(format!(
+                        "cannot swap out the chunk at {}: {e}",
+                        s.unit_name(unit)
+                    ));
+                    self.complete(unit, p, None);
+                    first_error.get_or_insert(SwapError::Store(e));
+                }
+                None => {
+                    s.fatal(format!(
+                        "store {} returned no result for the chunk at {}",
+                        s.store.describe(),
+                        s.unit_name(unit)
+                    ));
+                    self.complete(unit, p, None);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Settles a written unit (`slot`), or keeps it staged after a failed
+    /// write (`None`).
+    fn complete(&mut self, unit: usize, p: u32, slot: Option<u32>) {
+        let s = self.s;
+        loop {
+            let state = s.table.load(unit);
+            let ours = state.tag() == Tag::Staged && state.index() == p && state.writing();
+            if ours {
+                let next = match slot {
+                    Some(slot) => settled(state, Tag::Stored, slot),
+                    None => state.with_writing(false),
+                };
+                if s.table.transition(unit, state, next).is_err() {
+                    continue;
+                }
+                if slot.is_some() {
+                    s.parking.release(p);
+                    s.limiter.release();
+                    self.report.written_units += 1;
+                    self.report.written_bytes += s.unit_bytes;
+                    bump(&s.counters.units_written);
+                    add(&s.counters.bytes_written, s.unit_bytes);
+                }
+                return;
+            }
+            // Handed back during the write: the stored copy is not needed.
+            // Wait until the fault thread finished copying out of `p`.
+            if let Some(slot) = slot {
+                s.store.free(slot);
+            }
+            let state = s
+                .table
+                .wait_while(unit, &|st| st.tag() == Tag::Loading, &|| s.stopping());
+            if state.tag() != Tag::Loading {
+                s.parking.release(p);
+            }
+            // else: shutting down while a fault thread may still copy out of
+            // `p`; leave the slot allocated.
+            return;
+        }
+    }
+}
+
+/// Evicts every resident unit of `units` and waits until their writes (and
+/// writes of units other evictors staged there) completed.
+pub(crate) fn evict_range(s: &Shared, units: Range<usize>) -> Result<EvictReport, SwapError> {
+    let mut evictor = Evictor::new(s);
+    for unit in units.clone() {
+        if s.stopping() {
+            return Err(SwapError::ShuttingDown);
+        }
+        let state = s.table.wait_settled(unit, &|| s.stopping());
+        if state.tag() == Tag::Resident {
+            evictor.evict(unit)?;
+        }
+    }
+    evictor.flush()?;
+    for unit in units {
+        // A unit another evictor failed to write stays staged for good.
+        while matches!(s.table.load(unit).tag(), Tag::Staged | Tag::Evicting)
+            && !s.stopping()
+            && !s.failed()
+        {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(evictor.report)
+}
+
+/// Evicts up to `want` units chosen by the policy; returns how many left
+/// memory. Errors were already reported to the VMM.
+pub(crate) fn evict_for_room(s: &Shared, want: usize) -> u64 {
+    let mut victims = Vec::with_capacity(want);
+    s.policy.pick(&s.table, want, &mut victims);
+    let mut evictor = Evictor::new(s);
+    for unit in victims {
+        if evictor.evict(unit).is_err() {
+            break;
+        }
+    }
+    let _ = evictor.flush();
+    evictor.report.released_units()
+}
+
+/// True when no unit is being evicted or written by anyone (so waiting for
+/// memory to free up would wait forever).
+pub(crate) fn nothing_in_flight(s: &Shared) -> bool {
+    let counts = s.table.count_tags();
+    counts[Tag::Staged as usize] == 0 && counts[Tag::Evicting as usize] == 0
+}

@@ -1,0 +1,533 @@
+//! Fault service: read userfaultfd messages and restore the faulting unit
+//! whole, from the store, from the parking area, or as zero.
+//!
+//! Install paths by backing:
+//! - THP (anonymous, 2 MiB): fill a THP buffer and UFFDIO_MOVE it onto the
+//!   unit, so the host maps one PMD and KVM then maps 2 MiB. (UFFDIO_COPY on
+//!   anonymous memory would install 4 KiB pages.)
+//! - hugetlb (2 MiB): UFFDIO_COPY of 2 MiB installs one huge page; with
+//!   clean tracking it is installed write-protected in the same call.
+//! - small (4 KiB units): UFFDIO_COPY (write-protected when clean) or
+//!   UFFDIO_ZEROPAGE of the page.
+//!
+//! A fault thread never reads or writes an empty page of a registered range
+//! (guest RAM or the parking area): it would fault into its own
+//! userfaultfd and deadlock. It reads only buffers (unregistered) and
+//! parked units (populated by construction, see `evict`).
+//!
+//! Several messages for one unit (several vCPUs, or a write-protect and a
+//! missing fault) are resolved once: the first thread claims the unit
+//! (`Loading`), later ones wait for it and then find it resident; the
+//! install already woke every thread blocked on the unit's range.
+
+use std::time::Instant;
+
+use super::mapping::PAGE_BYTES;
+use super::stats::{add, bump};
+use super::{evict, Backing, Shared};
+use crate::chunk::{Tag, UnitState};
+use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, UffdEvent};
+
+/// Outcome of handling one fault message.
+enum Outcome {
+    /// The faulting thread was woken.
+    Woken,
+    /// The faulting thread stays blocked (fatal store error, or shutdown).
+    Blocked,
+}
+
+/// Body of a fault-service thread.
+pub(crate) fn run(s: &Shared) {
+    let mut events = Vec::with_capacity(8);
+    while !s.stopping() {
+        match s.uffd.poll_readable(100) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                s.fatal(format!("swap fault service stopped: {e}"));
+                return;
+            }
+        }
+        events.clear();
+        if let Err(e) = s.uffd.read_events(&mut events, 8) {
+            s.fatal(format!("swap fault service stopped: {e}"));
+            return;
+        }
+        let read_at = Instant::now();
+        for event in events.drain(..) {
+            // Other events (fork, remap, remove, unmap) are not enabled in
+            // the handshake; if one shows up there is nothing to resolve.
+            let UffdEvent::PageFault { address, kind, .. } = event else {
+                continue;
+            };
+            bump(&s.counters.faults_total);
+            match handle(s, address, kind) {
+                Ok(Outcome::Woken) => {
+                    s.counters
+                        .record_latency_us(read_at.elapsed().as_micros() as u64);
+                }
+                Ok(Outcome::Blocked) => {}
+                Err(e) => s.fatal(e),
+            }
+        }
+    }
+}
+
+fn page_of(address: u64) -> u64 {
+    address & !(PAGE_BYTES - 1)
+}
+
+/// Resolves one fault. Errors are fatal messages for the VMM.
+fn handle(s: &Shared, address: u64, kind: FaultKind) -> Result<Outcome, String> {
+    let guest = &s.guest;
+    if address < guest.base() || address >= guest.base() + guest.len() {
+        let parking = s.parking.raw();
+        if address >= parking.base() && address < parking.base() + parking.len() {
+            // Only an engine bug touches an empty parking page; map zero so
+            // the toucher does not hang.
+            let _ = s.uffd.zeropage(page_of(address), PAGE_BYTES, false);
+        } else {
+            let _ = s.uffd.wake(page_of(address), PAGE_BYTES);
+        }
+        return Ok(Outcome::Woken);
+    }
+    let unit = ((address - guest.base()) / s.unit_bytes) as usize;
+    loop {
+        let state = s.table.load(unit);
+        match state.tag() {
+            Tag::Loading | Tag::Evicting => {
+                let settled = s.table.wait_settled(unit, &|| s.stopping());
+                if settled.tag().in_flight() {
+                    return Ok(Outcome::Blocked);
+                }
+            }
+            Tag::Absent | Tag::Stored => {
+                claim_memory(s);
+                let loading = state.to(Tag::Loading, state.index());
+                if s.table.transition(unit, state, loading).is_err() {
+                    s.limiter.release();
+                    continue;
+                }
+                return if state.tag() == Tag::Absent {
+                    restore_zero(s, unit, loading)
+                } else {
+                    restore_from_store(s, unit, loading, state.index())
+                };
+            }
+            Tag::Staged => {
+                let loading = state.to(Tag::Loading, state.index());
+                if s.table.transition(unit, state, loading).is_err() {
+                    continue;
+                }
+                return hand_back(s, unit, loading);
+            }
+            Tag::Resident => {
+                let loading = state.to(Tag::Loading, state.index());
+                if s.table.transition(unit, state, loading).is_err() {
+                    continue;
+                }
+                return resident_fault(s, unit, state, kind, address);
+            }
+        }
+    }
+}
+
+/// Reserves one unit of memory, evicting first when at the limit.
+fn claim_memory(s: &Shared) {
+    if s.limiter.try_reserve() {
+        return;
+    }
+    bump(&s.counters.evict_waits);
+    loop {
+        let released = evict::evict_for_room(s, 1);
+        if s.limiter.try_reserve() {
+            return;
+        }
+        if (released == 0 && evict::nothing_in_flight(s)) || s.stopping() {
+            // Nothing can be evicted (all pinned, or the limit is below
+            // what is in use by in-flight restores): go over rather than
+            // deadlock the guest.
+            s.limiter.force_reserve();
+            return;
+        }
+        if released == 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The published state of a freshly restored unit.
+fn restored(loading: UnitState, huge: bool, clean_slot: Option<u32>, wp: bool) -> UnitState {
+    loading
+        .to(Tag::Resident, clean_slot.unwrap_or(0))
+        .with_huge(huge)
+        .with_clean(clean_slot.is_some())
+        .with_wp(wp)
+        .with_writing(false)
+        .with_referenced(true)
+}
+
+fn count_install(s: &Shared, huge: bool) {
+    bump(if huge {
+        &s.counters.restored_huge
+    } else {
+        &s.counters.restored_split
+    });
+}
+
+/// UFFDIO_MOVE of a whole range, continuing after partial progress.
+pub(crate) fn move_all(
+    s: &Shared,
+    dst: u64,
+    src: u64,
+    len: u64,
+    options: MoveOptions,
+) -> Result<(), UffdError> {
+    let mut done = 0;
+    loop {
+        match s
+            .uffd
+            .move_pages(dst + done, src + done, len - done, options)
+        {
+            Ok(()) => return Ok(()),
+            Err(e) if e.errno() == Some(libc::EAGAIN) => {
+                done += e.done_bytes();
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// UFFDIO_COPY of a whole range, continuing after partial progress.
+fn copy_all(
+    s: &Shared,
+    dst: u64,
+    src: u64,
+    len: u64,
+    options: CopyOptions,
+) -> Result<(), UffdError> {
+    let mut done = 0;
+    loop {
+        match s.uffd.copy(dst + done, src + done, len - done, options) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.errno() == Some(libc::EAGAIN) => {
+                done += e.done_bytes();
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Installs a filled THP buffer (from the pool) on the unit, leaving the
+/// faulting threads asleep (see [`wake_unit`]). An EEXIST means the unit was populated by someone else: the
+/// caller's data would be lost, which the state machine rules out, so it is
+/// reported as an error.
+fn install_thp_buffer(
+    s: &Shared,
+    unit: usize,
+    buf: super::buffers::Buffer,
+) -> Result<bool, String> {
+    let dst = s.unit_addr(unit);
+    let huge = buf.huge;
+    match move_all(
+        s,
+        dst,
+        buf.addr,
+        s.unit_bytes,
+        MoveOptions {
+            allow_src_holes: false,
+            dont_wake: true,
+        },
+    ) {
+        Ok(()) => {
+            s.buffers.put_moved(buf);
+            Ok(huge)
+        }
+        Err(e) => {
+            s.buffers.put_used(buf);
+            Err(format!(
+                "cannot install the chunk at {}: {e}",
+                s.unit_name(unit)
+            ))
+        }
+    }
+}
+
+fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, String> {
+    let dst = s.unit_addr(unit);
+    let huge = match s.backing {
+        // A freshly touched pool buffer is zero.
+        Backing::Thp => install_thp_buffer(s, unit, s.buffers.take())?,
+        Backing::Hugetlb { .. } => {
+            let zero = s.zero_source.as_ref().map_or(0, |z| z.range().base());
+            copy_all(
+                s,
+                dst,
+                zero,
+                s.unit_bytes,
+                CopyOptions {
+                    write_protect: false,
+                    dont_wake: true,
+                },
+            )
+            .map_err(|e| format!("cannot zero-fill the chunk at {}: {e}", s.unit_name(unit)))?;
+            true
+        }
+        Backing::Small => {
+            s.uffd
+                .zeropage(dst, s.unit_bytes, true)
+                .map_err(|e| format!("cannot zero-fill the page at {}: {e}", s.unit_name(unit)))?;
+            false
+        }
+    };
+    count_install(s, huge);
+    bump(&s.counters.faults_zero);
+    s.table.finish(unit, restored(loading, huge, None, false));
+    wake_unit(s, unit)
+}
+
+fn restore_from_store(
+    s: &Shared,
+    unit: usize,
+    loading: UnitState,
+    slot: u32,
+) -> Result<Outcome, String> {
+    let buf = s.buffers.take();
+    let offset = s.buffers.offset_of(&buf);
+    // SAFETY: the buffer is ours until given back, lies in unregistered
+    // memory populated by the pool, and nothing else accesses it.
+    let data = unsafe { s.buffers.raw().slice_mut(offset, s.unit_bytes) };
+    if let Err(e) = s.store.read(slot, s.unit_gpa(unit), data) {
+        s.buffers.put_used(buf);
+        // Never zero-fill: the unit stays Loading, its faulting threads stay
+        // blocked, and the VMM exits.
+        s.fatal(format!(
+            "cannot restore the swapped-out chunk at {}: {e}",
+            s.unit_name(unit)
+        ));
+        return Ok(Outcome::Blocked);
+    }
+    add(&s.counters.bytes_read, s.unit_bytes);
+    bump(&s.counters.faults_store);
+    let dst = s.unit_addr(unit);
+    let clean = s.track_clean;
+    let huge = match s.backing {
+        Backing::Thp => {
+            // MOVE cannot install write-protected (it clears uffd-wp), so
+            // keep the faulting threads asleep until the unit is protected.
+            // A vCPU touching the unit for the first time inside this
+            // window is caught by the content hash (see `hash`).
+            let huge = install_thp_buffer(s, unit, buf)?;
+            if clean {
+                s.uffd.write_protect(dst, s.unit_bytes).map_err(|e| {
+                    format!(
+                        "cannot write-protect the chunk at {}: {e}",
+                        s.unit_name(unit)
+                    )
+                })?;
+            }
+            huge
+        }
+        Backing::Hugetlb { .. } | Backing::Small => {
+            let result = copy_all(
+                s,
+                dst,
+                buf.addr,
+                s.unit_bytes,
+                CopyOptions {
+                    write_protect: clean,
+                    dont_wake: true,
+                },
+            );
+            s.buffers.put_used(buf);
+            result
+                .map_err(|e| format!("cannot install the chunk at {}: {e}", s.unit_name(unit)))?;
+            matches!(s.backing, Backing::Hugetlb { .. })
+        }
+    };
+    count_install(s, huge);
+    let slot_kept = if clean {
+        Some(slot)
+    } else {
+        s.store.free(slot);
+        None
+    };
+    s.table
+        .finish(unit, restored(loading, huge, slot_kept, clean));
+    wake_unit(s, unit)
+}
+
+/// Gives a staged unit back to the guest without I/O. If its store write is
+/// in flight (`WRITING`), the parked pages may be pinned by O_DIRECT and
+/// the writer still owns the parking slot, so the content is copied into a
+/// fresh buffer instead of moved; the writer releases the slot once this
+/// unit is no longer `Loading`.
+fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, String> {
+    let p = loading.index();
+    let writing = loading.writing();
+    let dst = s.unit_addr(unit);
+    let src = s.parking.addr(p);
+    let fail = |e: UffdError| {
+        format!(
+            "cannot hand back the staged chunk at {}: {e}",
+            s.unit_name(unit)
+        )
+    };
+    let huge = match s.backing {
+        Backing::Thp => {
+            let moved = !writing
+                && match move_all(
+                    s,
+                    dst,
+                    src,
+                    s.unit_bytes,
+                    MoveOptions {
+                        allow_src_holes: false,
+                        dont_wake: true,
+                    },
+                ) {
+                    Ok(()) => true,
+                    // Pinned by someone (e.g. device I/O): fall back to a copy.
+                    Err(e) if e.errno() == Some(libc::EBUSY) && e.done_bytes() == 0 => false,
+                    Err(e) => return Err(fail(e)),
+                };
+            if moved {
+                loading.huge()
+            } else {
+                let buf = s.buffers.take();
+                s.buffers.raw().copy_from(
+                    s.buffers.offset_of(&buf),
+                    s.parking.raw(),
+                    s.parking.offset(p),
+                    s.unit_bytes,
+                );
+                install_thp_buffer(s, unit, buf)?
+            }
+        }
+        Backing::Small => {
+            let moved = !writing
+                && match move_all(
+                    s,
+                    dst,
+                    src,
+                    s.unit_bytes,
+                    MoveOptions {
+                        allow_src_holes: false,
+                        dont_wake: true,
+                    },
+                ) {
+                    Ok(()) => true,
+                    Err(e) if e.errno() == Some(libc::EBUSY) && e.done_bytes() == 0 => false,
+                    Err(e) => return Err(fail(e)),
+                };
+            if !moved {
+                copy_all(
+                    s,
+                    dst,
+                    src,
+                    s.unit_bytes,
+                    CopyOptions {
+                        write_protect: false,
+                        dont_wake: true,
+                    },
+                )
+                .map_err(fail)?;
+            }
+            false
+        }
+        Backing::Hugetlb { .. } => {
+            copy_all(
+                s,
+                dst,
+                src,
+                s.unit_bytes,
+                CopyOptions {
+                    write_protect: false,
+                    dont_wake: true,
+                },
+            )
+            .map_err(fail)?;
+            true
+        }
+    };
+    if !writing {
+        s.parking.release(p);
+    }
+    count_install(s, huge);
+    bump(&s.counters.faults_staging);
+    s.table.finish(unit, restored(loading, huge, None, false));
+    wake_unit(s, unit)
+}
+
+/// A fault on a unit that is already resident (now claimed as `Loading`
+/// by this thread so no evictor moves it meanwhile).
+fn resident_fault(
+    s: &Shared,
+    unit: usize,
+    resident: UnitState,
+    kind: FaultKind,
+    address: u64,
+) -> Result<Outcome, String> {
+    let dst = s.unit_addr(unit);
+    let mut next = resident.with_waiters(false);
+    let result = match kind {
+        FaultKind::WriteProtect => {
+            bump(&s.counters.wp_faults);
+            if resident.wp() {
+                // First write since the restore: the store copy goes stale.
+                // Unprotecting the whole unit keeps its PMD.
+                if resident.clean() {
+                    s.store.free(resident.index());
+                }
+                next = resident
+                    .to(Tag::Resident, 0)
+                    .with_clean(false)
+                    .with_wp(false)
+                    .with_referenced(true);
+            }
+            s.uffd.write_unprotect(dst, s.unit_bytes, true)
+        }
+        FaultKind::Missing => match s.backing {
+            Backing::Thp | Backing::Small => {
+                // Usually a message for a unit another thread already
+                // restored (EEXIST). It can also be a real hole, left by
+                // someone discarding guest pages: those read as zero.
+                match s.uffd.zeropage(page_of(address), PAGE_BYTES, true) {
+                    Err(e) if e.is_eexist() => {
+                        bump(&s.counters.stale_faults);
+                        Ok(())
+                    }
+                    other => other,
+                }
+            }
+            Backing::Hugetlb { .. } => {
+                bump(&s.counters.stale_faults);
+                Ok(())
+            }
+        },
+        FaultKind::Minor => Ok(()),
+    };
+    s.table.finish(unit, next);
+    result.map_err(|e| {
+        format!(
+            "cannot resolve a fault on the resident chunk at {}: {e}",
+            s.unit_name(unit)
+        )
+    })?;
+    wake_unit(s, unit)
+}
+
+/// Wakes every thread blocked on the unit. Installs run with DONTWAKE and
+/// the wake comes after the new state is published, so a woken thread
+/// (and anyone it talks to) sees the state its fault produced.
+fn wake_unit(s: &Shared, unit: usize) -> Result<Outcome, String> {
+    s.uffd.wake(s.unit_addr(unit), s.unit_bytes).map_err(|e| {
+        format!(
+            "cannot wake the threads faulting on {}: {e}",
+            s.unit_name(unit)
+        )
+    })?;
+    Ok(Outcome::Woken)
+}

@@ -1,0 +1,261 @@
+//! Safe wrappers over the memory-management syscalls the engine uses:
+//! anonymous mappings, madvise, mincore, hole punching.
+//!
+//! Guest RAM, the parking area and the buffer pool are never accessed
+//! through Rust references that outlive a call: the kernel moves pages in
+//! and out of them behind our back (UFFDIO_MOVE, MADV_DONTNEED), so they
+//! are described by [`RawRange`], whose constructor is where the caller
+//! promises that.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// 2 MiB, the PMD size on x86-64.
+pub const HUGE_PAGE_BYTES: u64 = 2 << 20;
+/// The base page size.
+pub const PAGE_BYTES: u64 = 4096;
+
+/// An address range of this process managed through raw pointers only.
+#[derive(Debug, Clone, Copy)]
+pub struct RawRange {
+    base: u64,
+    len: u64,
+}
+
+impl RawRange {
+    /// Describes `[base, base+len)`.
+    ///
+    /// # Safety
+    ///
+    /// The range must be mapped for as long as the value is used, and no
+    /// Rust reference to it may be live while the kernel can change it
+    /// (discard, move): the engine reads and writes it only via short-lived
+    /// slices it creates itself while it owns the unit.
+    pub unsafe fn new(base: u64, len: u64) -> RawRange {
+        RawRange { base, len }
+    }
+
+    /// Start address.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn check(&self, offset: u64, len: u64) {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "range {offset:#x}+{len:#x} outside {:#x}",
+            self.len
+        );
+    }
+
+    fn advise(&self, offset: u64, len: u64, advice: libc::c_int) -> io::Result<()> {
+        self.check(offset, len);
+        // SAFETY: the range lies inside memory the constructor's caller
+        // vouched for; madvise changes page state, never Rust-visible
+        // references (none are live, see `new`).
+        let ret = unsafe {
+            libc::madvise(
+                (self.base + offset) as *mut libc::c_void,
+                len as usize,
+                advice,
+            )
+        };
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Frees the pages of a sub-range (anonymous memory reads as empty
+    /// afterwards; in a userfaultfd range the next touch faults MISSING).
+    pub fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.advise(offset, len, libc::MADV_DONTNEED)
+    }
+
+    /// Asks for transparent huge pages on a sub-range.
+    pub fn advise_hugepage(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.advise(offset, len, libc::MADV_HUGEPAGE)
+    }
+
+    /// Asks for small pages only on a sub-range.
+    pub fn advise_nohugepage(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.advise(offset, len, libc::MADV_NOHUGEPAGE)
+    }
+
+    /// Synchronously collapses a fully populated 2 MiB sub-range into a
+    /// huge page (succeeds at once if it already is one).
+    pub fn collapse(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.advise(offset, len, libc::MADV_COLLAPSE)
+    }
+
+    /// Fills `out` with one byte per page of the sub-range, bit 0 set when
+    /// the page is present. Never faults pages in.
+    pub fn residency(&self, offset: u64, len: u64, out: &mut Vec<u8>) -> io::Result<()> {
+        self.check(offset, len);
+        let pages = len.div_ceil(PAGE_BYTES) as usize;
+        out.clear();
+        out.resize(pages, 0);
+        // SAFETY: `out` has one byte per page of the range, as mincore
+        // writes; the range is mapped (see `new`).
+        let ret = unsafe {
+            libc::mincore(
+                (self.base + offset) as *mut libc::c_void,
+                len as usize,
+                out.as_mut_ptr(),
+            )
+        };
+        if ret < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Writes one byte into every page of a sub-range so that all of it is
+    /// populated (a THP-eligible range gets a huge page on the first touch).
+    ///
+    /// Must only be called on ranges no userfaultfd is registered on, or
+    /// the calling thread could fault into its own userfaultfd.
+    pub fn touch(&self, offset: u64, len: u64) {
+        self.check(offset, len);
+        let mut addr = self.base + offset;
+        while addr < self.base + offset + len {
+            // SAFETY: the address lies in mapped, writable memory (see
+            // `new`); a volatile write of a zero byte into memory that
+            // nobody else uses at this time (the caller owns it).
+            unsafe { std::ptr::write_volatile(addr as *mut u8, 0) };
+            addr += PAGE_BYTES;
+        }
+    }
+
+    /// Pointer to `offset` (for the few places that build short-lived
+    /// slices while they own the memory).
+    pub fn ptr(&self, offset: u64) -> *mut u8 {
+        self.check(offset, 0);
+        (self.base + offset) as *mut u8
+    }
+
+    /// Copies `len` bytes at `src_offset` of `src` into `self` at
+    /// `dst_offset`. Both must be populated (no userfaultfd faults).
+    pub fn copy_from(&self, dst_offset: u64, src: &RawRange, src_offset: u64, len: u64) {
+        self.check(dst_offset, len);
+        src.check(src_offset, len);
+        // SAFETY: both ranges are mapped and populated, owned by the caller
+        // for the duration, and belong to distinct units so they do not
+        // overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.ptr(src_offset), self.ptr(dst_offset), len as usize)
+        };
+    }
+
+    /// A shared view of a populated sub-range the caller owns.
+    ///
+    /// # Safety
+    ///
+    /// The sub-range must be populated (no holes in a userfaultfd range) and
+    /// must not be moved, discarded or written until the slice is dropped.
+    pub unsafe fn slice(&self, offset: u64, len: u64) -> &[u8] {
+        self.check(offset, len);
+        // SAFETY: the caller guarantees the bytes are mapped, populated and
+        // unchanged while the slice lives.
+        unsafe { std::slice::from_raw_parts(self.ptr(offset), len as usize) }
+    }
+
+    /// A mutable view of a populated sub-range the caller owns exclusively.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RawRange::slice`], and no other access may happen while the
+    /// slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, offset: u64, len: u64) -> &mut [u8] {
+        self.check(offset, len);
+        // SAFETY: the caller guarantees exclusive access to mapped memory.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr(offset), len as usize) }
+    }
+}
+
+/// An anonymous private mapping owned by the engine, aligned to 2 MiB.
+#[derive(Debug)]
+pub struct AnonMapping {
+    range: RawRange,
+    map_base: u64,
+    map_len: u64,
+}
+
+impl AnonMapping {
+    /// Maps `len` bytes (rounded up to 2 MiB) of anonymous memory aligned to
+    /// 2 MiB.
+    pub fn new(len: u64) -> io::Result<AnonMapping> {
+        let len = len.div_ceil(HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES;
+        let map_len = len + HUGE_PAGE_BYTES;
+        // SAFETY: a fresh anonymous mapping chosen by the kernel; no
+        // existing memory is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let map_base = ptr as u64;
+        let base = map_base.div_ceil(HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES;
+        // SAFETY: the mapping was just created and is owned by this value
+        // until drop; nothing references it yet.
+        let range = unsafe { RawRange::new(base, len) };
+        Ok(AnonMapping {
+            range,
+            map_base,
+            map_len,
+        })
+    }
+
+    /// The aligned usable range.
+    pub fn range(&self) -> &RawRange {
+        &self.range
+    }
+}
+
+impl Drop for AnonMapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping created in `new`, which no one
+        // uses any more (the owner is being dropped).
+        unsafe { libc::munmap(self.map_base as *mut libc::c_void, self.map_len as usize) };
+    }
+}
+
+/// Punches a hole in a (hugetlbfs) file, keeping its size: the pages are
+/// freed and the next touch of a mapping faults MISSING.
+pub fn punch_hole(fd: RawFd, offset: u64, len: u64) -> io::Result<()> {
+    // SAFETY: fallocate on a caller-provided fd only changes that file.
+    let ret = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

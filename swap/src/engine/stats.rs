@@ -1,0 +1,278 @@
+//! Swap counters and the fault-latency histogram.
+//!
+//! Counters are relaxed atomics bumped on the hot path; [`SwapStats`] is a
+//! plain snapshot for the VMM's metrics and the benchmarks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Linear sub-buckets per power of two (3 bits: <= 12.5 % bucket width).
+const SUB_BITS: u32 = 3;
+const SUB_BUCKETS: u64 = 1 << SUB_BITS;
+/// Enough buckets for 2^40 µs (12 days).
+const BUCKETS: usize = (SUB_BUCKETS + (40 - SUB_BITS as u64) * SUB_BUCKETS) as usize;
+
+fn bucket_of(value_us: u64) -> usize {
+    if value_us < SUB_BUCKETS {
+        return value_us as usize;
+    }
+    let exp = 63 - value_us.leading_zeros();
+    let sub = (value_us >> (exp - SUB_BITS)) & (SUB_BUCKETS - 1);
+    let index = SUB_BUCKETS + u64::from(exp - SUB_BITS) * SUB_BUCKETS + sub;
+    (index as usize).min(BUCKETS - 1)
+}
+
+/// Smallest value (µs) that lands in bucket `index`.
+fn bucket_low_us(index: usize) -> u64 {
+    let index = index as u64;
+    if index < SUB_BUCKETS {
+        return index;
+    }
+    let exp = (index - SUB_BUCKETS) / SUB_BUCKETS + u64::from(SUB_BITS);
+    let sub = (index - SUB_BUCKETS) % SUB_BUCKETS;
+    (1 << exp) + (sub << (exp - u64::from(SUB_BITS)))
+}
+
+/// A snapshot of the fault-latency histogram: log-linear buckets in µs
+/// (8 linear buckets per power of two), measured from reading the fault
+/// message to waking the faulting thread.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyHistogram {
+    counts: Vec<u64>,
+    max_us: u64,
+}
+
+impl LatencyHistogram {
+    /// Number of recorded faults.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// `(low_us, high_us_exclusive, count)` for every non-empty bucket, for
+    /// plots.
+    pub fn buckets(&self) -> Vec<(u64, u64, u64)> {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(i, &c)| (bucket_low_us(i), bucket_low_us(i + 1), c))
+            .collect()
+    }
+
+    /// The `q` quantile (0..=1) in µs: the upper edge of the bucket holding
+    /// it, capped at the maximum seen. 0 when empty.
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        let total = self.count();
+        if total == 0 {
+            return 0;
+        }
+        let rank = ((q.clamp(0.0, 1.0) * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return (bucket_low_us(i + 1).saturating_sub(1)).min(self.max_us);
+            }
+        }
+        self.max_us
+    }
+
+    /// Median, µs.
+    pub fn p50(&self) -> u64 {
+        self.quantile_us(0.5)
+    }
+    /// 90th percentile, µs.
+    pub fn p90(&self) -> u64 {
+        self.quantile_us(0.9)
+    }
+    /// 99th percentile, µs.
+    pub fn p99(&self) -> u64 {
+        self.quantile_us(0.99)
+    }
+    /// 99.9th percentile, µs.
+    pub fn p999(&self) -> u64 {
+        self.quantile_us(0.999)
+    }
+    /// Largest latency seen, µs.
+    pub fn max(&self) -> u64 {
+        self.max_us
+    }
+}
+
+/// Fault counts by what served them.
+#[derive(Debug, Clone, Default)]
+pub struct FaultCounts {
+    /// Every fault message handled (including write-protect faults and
+    /// messages for units another thread had already restored).
+    pub total: u64,
+    /// Restores read from the store.
+    pub store: u64,
+    /// Restores handed back from the parking area (no I/O).
+    pub staging: u64,
+    /// Restores of never-written units (zero fill).
+    pub zero: u64,
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Default)]
+pub struct SwapStats {
+    /// Fault counts.
+    pub faults: FaultCounts,
+    /// Units taken away from the guest (any outcome).
+    pub evictions: u64,
+    /// Evicted units whose store copy was still valid (no write).
+    pub clean_drops: u64,
+    /// Evicted units found all zero (no write, become absent).
+    pub zero_chunks: u64,
+    /// Units written to the store.
+    pub units_written: u64,
+    /// Bytes written to the store.
+    pub bytes_written: u64,
+    /// Bytes read from the store.
+    pub bytes_read: u64,
+    /// Restores installed as one huge mapping.
+    pub restored_huge: u64,
+    /// Restores installed as small pages.
+    pub restored_split: u64,
+    /// Latency of every fault.
+    pub fault_latency: LatencyHistogram,
+    /// Guest bytes held in memory now (resident + staged + in flight).
+    pub resident_bytes: u64,
+    /// Largest `resident_bytes` seen.
+    pub resident_bytes_max: u64,
+    /// Bytes of per-unit metadata.
+    pub metadata_bytes: u64,
+    /// Write-protect faults (first write to a clean unit).
+    pub wp_faults: u64,
+    /// Faults that had to evict synchronously to stay under the limit.
+    pub evict_waits: u64,
+    /// Clean units whose content hash no longer matched (written in the
+    /// window between restore and write-protect); written instead of
+    /// dropped.
+    pub clean_hash_mismatches: u64,
+    /// Evictions given up because the kernel refused to move the unit
+    /// (pinned pages); the unit stays resident.
+    pub evict_busy: u64,
+    /// Fault messages for units already resident (woken only).
+    pub stale_faults: u64,
+    /// Bytes of one swap unit.
+    pub unit_bytes: u64,
+    /// The memory limit, if any.
+    pub mem_limit_bytes: Option<u64>,
+}
+
+/// The live counters.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub faults_total: AtomicU64,
+    pub faults_store: AtomicU64,
+    pub faults_staging: AtomicU64,
+    pub faults_zero: AtomicU64,
+    pub evictions: AtomicU64,
+    pub clean_drops: AtomicU64,
+    pub zero_chunks: AtomicU64,
+    pub units_written: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub restored_huge: AtomicU64,
+    pub restored_split: AtomicU64,
+    pub wp_faults: AtomicU64,
+    pub evict_waits: AtomicU64,
+    pub clean_hash_mismatches: AtomicU64,
+    pub evict_busy: AtomicU64,
+    pub stale_faults: AtomicU64,
+    latency: AtomicHistogram,
+}
+
+/// Adds one to a counter.
+pub(crate) fn bump(counter: &AtomicU64) {
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Adds `n` to a counter.
+pub(crate) fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+struct AtomicHistogram {
+    counts: Box<[AtomicU64]>,
+    max_us: AtomicU64,
+}
+
+impl Default for AtomicHistogram {
+    fn default() -> Self {
+        AtomicHistogram {
+            counts: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            max_us: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Counters {
+    /// Records one fault's latency.
+    pub fn record_latency_us(&self, us: u64) {
+        self.latency.counts[bucket_of(us)].fetch_add(1, Ordering::Relaxed);
+        self.latency.max_us.fetch_max(us, Ordering::Relaxed);
+    }
+
+    /// Fills the counter fields of a snapshot.
+    pub fn snapshot(&self) -> SwapStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        SwapStats {
+            faults: FaultCounts {
+                total: get(&self.faults_total),
+                store: get(&self.faults_store),
+                staging: get(&self.faults_staging),
+                zero: get(&self.faults_zero),
+            },
+            evictions: get(&self.evictions),
+            clean_drops: get(&self.clean_drops),
+            zero_chunks: get(&self.zero_chunks),
+            units_written: get(&self.units_written),
+            bytes_written: get(&self.bytes_written),
+            bytes_read: get(&self.bytes_read),
+            restored_huge: get(&self.restored_huge),
+            restored_split: get(&self.restored_split),
+            fault_latency: LatencyHistogram {
+                counts: self.latency.counts.iter().map(get).collect(),
+                max_us: get(&self.latency.max_us),
+            },
+            wp_faults: get(&self.wp_faults),
+            evict_waits: get(&self.evict_waits),
+            clean_hash_mismatches: get(&self.clean_hash_mismatches),
+            evict_busy: get(&self.evict_busy),
+            stale_faults: get(&self.stale_faults),
+            ..SwapStats::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_contiguous_and_monotonic() {
+        for v in 0..100_000u64 {
+            let b = bucket_of(v);
+            assert!(
+                bucket_low_us(b) <= v && v < bucket_low_us(b + 1),
+                "value {v} bucket {b}"
+            );
+        }
+    }
+
+    #[test]
+    fn quantiles_come_from_bucket_edges() {
+        let c = Counters::default();
+        for v in 1..=1000 {
+            c.record_latency_us(v);
+        }
+        let h = c.snapshot().fault_latency;
+        assert_eq!(h.count(), 1000);
+        assert_eq!(h.max(), 1000);
+        let p50 = h.p50();
+        assert!((500..=575).contains(&p50), "p50 {p50}");
+        assert!(h.p99() >= 990 && h.p99() <= 1000);
+        assert!(h.p999() <= h.max());
+    }
+}

@@ -1,0 +1,324 @@
+//! A test aid: a store wrapper that fails on purpose, so that tests (this
+//! crate's, other crates', and integration tests driving `hugevmm run
+//! --swap-store faulty:...`) can check that store failures reach the
+//! operator as errors naming the chunk, never as silently zeroed memory.
+//! Not meant for production use.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::{SharedStore, SlotId, Store, StoreError, WriteRequest};
+
+/// Which failures a [`FaultyStore`] injects. Counts are of units (one
+/// request of a batch is one write), and "after N" means the first N succeed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Reads after the first N fail with an I/O error (`EIO`).
+    pub read_error_after: Option<u64>,
+    /// Reads after the first N find their slot corrupted in the inner store,
+    /// so the inner store's checksum check fails.
+    pub corrupt_after: Option<u64>,
+    /// Writes after the first N fail with an I/O error (`EIO`).
+    pub write_error_after: Option<u64>,
+    /// Writes that would make more than N slots used fail with `Full`.
+    pub full_after_slots: Option<u64>,
+}
+
+/// A store that forwards to an inner store and injects [`Faults`].
+pub struct FaultyStore {
+    inner: SharedStore,
+    faults: Faults,
+    reads: AtomicU64,
+    writes: AtomicU64,
+    /// Slots already damaged: damaging twice could undo the damage.
+    corrupted: Mutex<HashSet<SlotId>>,
+}
+
+impl std::fmt::Debug for FaultyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultyStore")
+            .field("inner", &self.inner.describe())
+            .field("faults", &self.faults)
+            .finish()
+    }
+}
+
+impl FaultyStore {
+    /// Wraps `inner`.
+    pub fn new(inner: SharedStore, faults: Faults) -> Self {
+        Self {
+            inner,
+            faults,
+            reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            corrupted: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The faults injected.
+    pub fn faults(&self) -> Faults {
+        self.faults
+    }
+
+    fn corrupted(&self) -> std::sync::MutexGuard<'_, HashSet<SlotId>> {
+        self.corrupted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn injected(what: &str) -> io::Error {
+        io::Error::other(format!(
+            "injected {what} error (faulty test store): {}",
+            io::Error::from_raw_os_error(libc::EIO)
+        ))
+    }
+}
+
+/// `n` (0-based count of an operation) is past the first `after` ones.
+fn tripped(after: Option<u64>, n: u64) -> bool {
+    after.is_some_and(|after| n >= after)
+}
+
+impl Store for FaultyStore {
+    fn unit_bytes(&self) -> usize {
+        self.inner.unit_bytes()
+    }
+
+    fn capacity_slots(&self) -> u64 {
+        let inner = self.inner.capacity_slots();
+        self.faults.full_after_slots.map_or(inner, |n| n.min(inner))
+    }
+
+    fn describe(&self) -> String {
+        let Faults {
+            read_error_after,
+            corrupt_after,
+            write_error_after,
+            full_after_slots,
+        } = self.faults;
+        let mut parts = Vec::new();
+        for (key, value) in [
+            ("read-error-after", read_error_after),
+            ("corrupt-after", corrupt_after),
+            ("write-error-after", write_error_after),
+            ("full-after", full_after_slots),
+        ] {
+            if let Some(v) = value {
+                parts.push(format!("{key}={v}"));
+            }
+        }
+        parts.push(format!("inner={}", self.inner.describe()));
+        format!("faulty:{}", parts.join(","))
+    }
+
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>> {
+        let mut results: Vec<Option<Result<SlotId, StoreError>>> =
+            Vec::with_capacity(requests.len());
+        let mut forwarded: Vec<WriteRequest<'_>> = Vec::new();
+        let mut used = self.inner.used_slots();
+        for req in requests {
+            let n = self.writes.fetch_add(1, Ordering::Relaxed);
+            if tripped(self.faults.write_error_after, n) {
+                results.push(Some(Err(StoreError::Io {
+                    gpa: req.gpa,
+                    slot: 0,
+                    source: Self::injected("write"),
+                })));
+            } else if tripped(self.faults.full_after_slots, used) {
+                let capacity_slots = self.capacity_slots();
+                results.push(Some(Err(StoreError::Full {
+                    gpa: req.gpa,
+                    capacity_bytes: capacity_slots * self.unit_bytes() as u64,
+                    capacity_slots,
+                })));
+            } else {
+                used += 1;
+                forwarded.push(WriteRequest {
+                    gpa: req.gpa,
+                    data: req.data,
+                });
+                results.push(None);
+            }
+        }
+        let mut inner_results = self.inner.write_batch(&forwarded).into_iter();
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    inner_results
+                        .next()
+                        .expect("one inner result per forwarded request")
+                })
+            })
+            .collect()
+    }
+
+    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let n = self.reads.fetch_add(1, Ordering::Relaxed);
+        if tripped(self.faults.read_error_after, n) {
+            return Err(StoreError::Io {
+                gpa,
+                slot,
+                source: Self::injected("read"),
+            });
+        }
+        if tripped(self.faults.corrupt_after, n) && self.corrupted().insert(slot) {
+            self.inner
+                .corrupt_slot(slot)
+                .map_err(|source| StoreError::Io { gpa, slot, source })?;
+        }
+        self.inner.read(slot, gpa, buf)
+    }
+
+    fn free(&self, slot: SlotId) {
+        // A rewritten slot starts out intact again.
+        self.corrupted().remove(&slot);
+        self.inner.free(slot)
+    }
+
+    fn used_slots(&self) -> u64 {
+        self.inner.used_slots()
+    }
+
+    fn stored_bytes(&self) -> u64 {
+        self.inner.stored_bytes()
+    }
+
+    fn corrupt_slot(&self, slot: SlotId) -> io::Result<()> {
+        self.inner.corrupt_slot(slot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockio::AlignedBuf;
+    use crate::store::codec::Codec;
+    use crate::store::mem::MemStore;
+    use crate::store::test_support::{check_round_trip, unit_image};
+    use std::sync::Arc;
+
+    const MIB2: usize = 2 << 20;
+
+    fn faulty(faults: Faults) -> FaultyStore {
+        FaultyStore::new(
+            Arc::new(MemStore::new(Codec::Lz4, MIB2, 16, None).unwrap()),
+            faults,
+        )
+    }
+
+    fn write(store: &FaultyStore, gpa: u64, seed: u64) -> Result<SlotId, StoreError> {
+        let img = unit_image(seed, MIB2);
+        store
+            .write_batch(&[WriteRequest { gpa, data: &img }])
+            .pop()
+            .unwrap()
+    }
+
+    #[test]
+    fn no_faults_is_transparent() {
+        let store = faulty(Faults::default());
+        check_round_trip(&store, 10);
+        assert_eq!(store.describe(), "faulty:inner=mem:lz4");
+    }
+
+    #[test]
+    fn read_error_after_n_reads_names_the_chunk() {
+        let store = faulty(Faults {
+            read_error_after: Some(2),
+            ..Faults::default()
+        });
+        let slot = write(&store, 0x1_4000_0000, 1).unwrap();
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        store.read(slot, 0x1_4000_0000, &mut buf).unwrap();
+        store.read(slot, 0x1_4000_0000, &mut buf).unwrap();
+        let err = store.read(slot, 0x1_4000_0000, &mut buf).unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::Io {
+                gpa: 0x1_4000_0000,
+                ..
+            }
+        ));
+        assert!(err.to_string().contains("0x140000000"), "{err}");
+    }
+
+    #[test]
+    fn corruption_trips_the_inner_checksum() {
+        let store = faulty(Faults {
+            corrupt_after: Some(1),
+            ..Faults::default()
+        });
+        let slot = write(&store, 0x60_0000, 2).unwrap();
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        store.read(slot, 0x60_0000, &mut buf).unwrap();
+        for _ in 0..2 {
+            assert!(matches!(
+                store.read(slot, 0x60_0000, &mut buf),
+                Err(StoreError::Checksum { gpa: 0x60_0000, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn corruption_works_on_a_file_store_too() {
+        let dir = crate::blockio::tests::test_dir();
+        let inner =
+            Arc::new(crate::store::FileStore::temporary(&dir, MIB2, 4 * MIB2 as u64).unwrap());
+        let store = FaultyStore::new(
+            inner,
+            Faults {
+                corrupt_after: Some(0),
+                ..Faults::default()
+            },
+        );
+        let slot = write(&store, 0xa0_0000, 7).unwrap();
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        for _ in 0..2 {
+            assert!(matches!(
+                store.read(slot, 0xa0_0000, &mut buf),
+                Err(StoreError::Checksum { gpa: 0xa0_0000, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn write_error_after_n_writes() {
+        let store = faulty(Faults {
+            write_error_after: Some(1),
+            ..Faults::default()
+        });
+        let img = unit_image(3, MIB2);
+        let res = store.write_batch(&[
+            WriteRequest { gpa: 0, data: &img },
+            WriteRequest {
+                gpa: 0x20_0000,
+                data: &img,
+            },
+        ]);
+        assert!(res[0].is_ok());
+        assert!(matches!(res[1], Err(StoreError::Io { gpa: 0x20_0000, .. })));
+        assert_eq!(store.used_slots(), 1, "a failed write holds no slot");
+    }
+
+    #[test]
+    fn full_after_n_slots_and_space_comes_back_on_free() {
+        let store = faulty(Faults {
+            full_after_slots: Some(2),
+            ..Faults::default()
+        });
+        assert_eq!(store.capacity_slots(), 2);
+        let a = write(&store, 0, 4).unwrap();
+        write(&store, 0x20_0000, 5).unwrap();
+        assert!(matches!(
+            write(&store, 0x40_0000, 6),
+            Err(StoreError::Full {
+                capacity_slots: 2,
+                gpa: 0x40_0000,
+                ..
+            })
+        ));
+        store.free(a);
+        write(&store, 0x40_0000, 6).unwrap();
+    }
+}

@@ -1,0 +1,618 @@
+//! The file store: a raw image of unit-sized slots in a file or block
+//! device, read and written `O_DIRECT` through [`crate::blockio`].
+//!
+//! Slot `n` lives at byte `n * unit_bytes`. The image holds no metadata: the
+//! slot table and one crc32 per slot stay in memory, since the image only
+//! has to outlive swapping within one run of the VMM.
+//!
+//! The file is not preallocated; it grows as higher slots are first written.
+//! The default capacity is the guest's whole RAM, and reserving that much
+//! disk up front for a store that may never hold more than a few chunks would
+//! make large overcommit experiments fail for no reason. The cost is that a
+//! full filesystem shows up late, as `ENOSPC` on a write, which becomes
+//! [`StoreError::Full`] for that unit. Freed slots keep their blocks (no hole
+//! punching): the allocator hands out the lowest free slot next, so they are
+//! reused soon, and overwriting allocated blocks is the cheapest write.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use super::open_error::check_unit_bytes;
+use super::slots::SlotTable;
+use super::{SlotId, Store, StoreError, StoreOpenError, WriteRequest};
+use crate::blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
+
+/// Unit-sized slots in a file or block device; see the module docs.
+#[derive(Debug)]
+pub struct FileStore {
+    block: BlockFile,
+    unit_bytes: usize,
+    capacity_slots: u64,
+    slots: Mutex<Slots>,
+    description: String,
+}
+
+/// The allocator and the checksums, under one lock because a slot's checksum
+/// is only meaningful while it is allocated.
+#[derive(Debug)]
+struct Slots {
+    table: SlotTable,
+    /// crc32 of each slot's unit as written, indexed by slot; grows with the
+    /// highest slot written.
+    crcs: Vec<u32>,
+}
+
+impl FileStore {
+    /// Creates (or truncates) `path`, mode 0600, as a store of `unit_bytes`
+    /// slots holding up to `capacity_bytes`. A block device is used as it
+    /// is, and the capacity is cut to the device's size.
+    pub fn create(
+        path: &Path,
+        unit_bytes: usize,
+        capacity_bytes: u64,
+    ) -> Result<Self, StoreOpenError> {
+        Self::create_with(path, unit_bytes, capacity_bytes, &BlockOptions::default())
+    }
+
+    /// [`Self::create`] with explicit block options (engine, rings).
+    pub fn create_with(
+        path: &Path,
+        unit_bytes: usize,
+        capacity_bytes: u64,
+        opts: &BlockOptions,
+    ) -> Result<Self, StoreOpenError> {
+        check_unit_bytes(unit_bytes)?;
+        let block = BlockFile::create(path, opts)?;
+        let description = format!("file:{} ({})", path.display(), block.engine_name());
+        Self::from_block(block, unit_bytes, capacity_bytes, description)
+    }
+
+    /// A store in an unnamed file that disappears with the store (mode
+    /// 0600). Tries `dir`, then `/var/tmp`, then the current directory,
+    /// because `dir` (typically `$TMPDIR` or `/tmp`) may be a filesystem that
+    /// refuses `O_DIRECT`. [`Store::describe`] names the directory used and
+    /// why any before it was skipped.
+    pub fn temporary(
+        dir: &Path,
+        unit_bytes: usize,
+        capacity_bytes: u64,
+    ) -> Result<Self, StoreOpenError> {
+        Self::temporary_with(dir, unit_bytes, capacity_bytes, &BlockOptions::default())
+    }
+
+    /// [`Self::temporary`] with explicit block options.
+    pub fn temporary_with(
+        dir: &Path,
+        unit_bytes: usize,
+        capacity_bytes: u64,
+        opts: &BlockOptions,
+    ) -> Result<Self, StoreOpenError> {
+        check_unit_bytes(unit_bytes)?;
+        let mut candidates = vec![dir.to_path_buf(), PathBuf::from("/var/tmp")];
+        if let Ok(cwd) = std::env::current_dir() {
+            candidates.push(cwd);
+        }
+        let mut skipped: Vec<String> = Vec::new();
+        for (i, candidate) in candidates.iter().enumerate() {
+            if candidates[..i].contains(candidate) {
+                continue;
+            }
+            match BlockFile::temporary_in(candidate, opts) {
+                Ok(block) => {
+                    let mut description = format!(
+                        "file:{} (unlinked temporary; {}",
+                        candidate.display(),
+                        block.engine_name()
+                    );
+                    for note in &skipped {
+                        description.push_str("; ");
+                        description.push_str(note);
+                    }
+                    description.push(')');
+                    return Self::from_block(block, unit_bytes, capacity_bytes, description);
+                }
+                Err(BlockIoError::DirectIoUnsupported { .. }) => {
+                    skipped.push(format!("{} refused O_DIRECT", candidate.display()));
+                }
+                Err(e) => {
+                    let reason = match &e {
+                        BlockIoError::Open { source, .. } => source.to_string(),
+                        other => other.to_string(),
+                    };
+                    skipped.push(format!("{}: {reason}", candidate.display()));
+                }
+            }
+        }
+        Err(StoreOpenError::NoTemporaryDir {
+            tried: skipped.join("; "),
+        })
+    }
+
+    /// A store over an already open block file; `description` is what
+    /// [`Store::describe`] returns. The capacity is cut to a block device's
+    /// size, and to 2^32 slots (the [`SlotId`] range).
+    pub fn from_block(
+        block: BlockFile,
+        unit_bytes: usize,
+        capacity_bytes: u64,
+        description: String,
+    ) -> Result<Self, StoreOpenError> {
+        check_unit_bytes(unit_bytes)?;
+        let mut capacity_bytes = capacity_bytes;
+        let mut what = "size".to_string();
+        if block.is_block_device() {
+            let device_bytes = block.len_bytes()?;
+            if device_bytes < capacity_bytes {
+                capacity_bytes = device_bytes;
+                what = format!("device {}", block.path().display());
+            }
+        }
+        let capacity_slots = (capacity_bytes / unit_bytes as u64).min(u64::from(SlotId::MAX) + 1);
+        if capacity_slots == 0 {
+            return Err(StoreOpenError::TooSmall {
+                what,
+                capacity_bytes,
+                unit_bytes,
+            });
+        }
+        if !is_aligned(unit_bytes as u64, block.offset_align_bytes()) {
+            return Err(StoreOpenError::BadUnit { unit_bytes });
+        }
+        Ok(Self {
+            block,
+            unit_bytes,
+            capacity_slots,
+            slots: Mutex::new(Slots {
+                table: SlotTable::new(capacity_slots),
+                crcs: Vec::new(),
+            }),
+            description,
+        })
+    }
+
+    /// The underlying block file (for its engine name or path).
+    pub fn block(&self) -> &BlockFile {
+        &self.block
+    }
+
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        // The table is updated by single statements, so a panic elsewhere
+        // while it was held cannot leave it half changed.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn offset(&self, slot: SlotId) -> u64 {
+        u64::from(slot) * self.unit_bytes as u64
+    }
+
+    fn is_aligned(&self, buf: &[u8]) -> bool {
+        is_aligned(buf.as_ptr() as u64, self.block.mem_align_bytes())
+    }
+
+    fn full(&self, gpa: u64) -> StoreError {
+        StoreError::Full {
+            gpa,
+            capacity_bytes: self.capacity_slots * self.unit_bytes as u64,
+            capacity_slots: self.capacity_slots,
+        }
+    }
+
+    fn wrong_length(&self, gpa: u64, slot: SlotId, len: usize) -> StoreError {
+        StoreError::Io {
+            gpa,
+            slot,
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "buffer of {len} bytes given for a {}-byte unit (an engine bug)",
+                    self.unit_bytes
+                ),
+            ),
+        }
+    }
+
+    /// Maps a block error of `slot` to the store's error, keeping the file
+    /// and offset in the message.
+    fn store_error(&self, gpa: u64, slot: SlotId, err: BlockIoError) -> StoreError {
+        match err {
+            BlockIoError::ShortRead {
+                got_bytes,
+                want_bytes,
+                ..
+            } => StoreError::ShortRead {
+                gpa,
+                slot,
+                got_bytes,
+                want_bytes,
+            },
+            BlockIoError::Io { ref source, .. }
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENOSPC) | Some(libc::EDQUOT)
+                ) =>
+            {
+                self.full(gpa)
+            }
+            other => {
+                let kind = match &other {
+                    BlockIoError::Io { source, .. } => source.kind(),
+                    _ => io::ErrorKind::Other,
+                };
+                StoreError::Io {
+                    gpa,
+                    slot,
+                    source: io::Error::new(kind, other),
+                }
+            }
+        }
+    }
+}
+
+impl Store for FileStore {
+    fn unit_bytes(&self) -> usize {
+        self.unit_bytes
+    }
+
+    fn capacity_slots(&self) -> u64 {
+        self.capacity_slots
+    }
+
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>> {
+        let mut results: Vec<Option<Result<SlotId, StoreError>>> =
+            requests.iter().map(|_| None).collect();
+        let mut allocated: Vec<(usize, SlotId)> = Vec::with_capacity(requests.len());
+        {
+            let mut slots = self.slots();
+            for (i, req) in requests.iter().enumerate() {
+                if req.data.len() != self.unit_bytes {
+                    results[i] = Some(Err(self.wrong_length(req.gpa, 0, req.data.len())));
+                    continue;
+                }
+                match slots.table.alloc() {
+                    Some(slot) => allocated.push((i, slot)),
+                    None => results[i] = Some(Err(self.full(req.gpa))),
+                }
+            }
+        }
+        let crcs: Vec<u32> = allocated
+            .iter()
+            .map(|&(i, _)| crc32fast::hash(requests[i].data))
+            .collect();
+        // The trait promises aligned data, so a copy is the rare exception.
+        let bounces: Vec<Option<AlignedBuf>> = allocated
+            .iter()
+            .map(|&(i, _)| {
+                let data = requests[i].data;
+                (!self.is_aligned(data)).then(|| {
+                    let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
+                    b.copy_from_slice(data);
+                    b
+                })
+            })
+            .collect();
+        let mut ops: Vec<BlockOp<'_>> = allocated
+            .iter()
+            .zip(&bounces)
+            .map(|(&(i, slot), bounce)| BlockOp::Write {
+                offset: self.offset(slot),
+                buf: bounce.as_deref().unwrap_or(requests[i].data),
+            })
+            .collect();
+        let outcomes = self.block.submit(&mut ops);
+        drop(ops);
+        {
+            let mut slots = self.slots();
+            for ((&(i, slot), crc), outcome) in allocated.iter().zip(&crcs).zip(outcomes) {
+                results[i] = Some(match outcome {
+                    Ok(()) => {
+                        let idx = slot as usize;
+                        if slots.crcs.len() <= idx {
+                            slots.crcs.resize(idx + 1, 0);
+                        }
+                        slots.crcs[idx] = *crc;
+                        Ok(slot)
+                    }
+                    Err(e) => {
+                        slots.table.free(slot);
+                        Err(self.store_error(requests[i].gpa, slot, e))
+                    }
+                });
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every request has a result"))
+            .collect()
+    }
+
+    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if buf.len() != self.unit_bytes {
+            return Err(self.wrong_length(gpa, slot, buf.len()));
+        }
+        let expected = {
+            let slots = self.slots();
+            if !slots.table.is_used(slot) {
+                return Err(StoreError::BadSlot { gpa, slot });
+            }
+            slots.crcs.get(slot as usize).copied().unwrap_or(0)
+        };
+        let offset = self.offset(slot);
+        if self.is_aligned(buf) {
+            self.block
+                .read_at(offset, buf)
+                .map_err(|e| self.store_error(gpa, slot, e))?;
+        } else {
+            let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
+            self.block
+                .read_at(offset, &mut bounce)
+                .map_err(|e| self.store_error(gpa, slot, e))?;
+            buf.copy_from_slice(&bounce);
+        }
+        let found = crc32fast::hash(buf);
+        if found != expected {
+            return Err(StoreError::Checksum {
+                gpa,
+                slot,
+                expected,
+                found,
+            });
+        }
+        Ok(())
+    }
+
+    fn free(&self, slot: SlotId) {
+        // Freeing a free slot is an engine bug with nothing to undo here.
+        self.slots().table.free(slot);
+    }
+
+    fn used_slots(&self) -> u64 {
+        self.slots().table.used_slots()
+    }
+
+    fn corrupt_slot(&self, slot: SlotId) -> io::Result<()> {
+        if !self.slots().table.is_used(slot) {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("slot {slot} is not allocated"),
+            ));
+        }
+        let mut image = AlignedBuf::new(self.unit_bytes, self.block.mem_align_bytes().max(4096));
+        self.block.read_at(self.offset(slot), &mut image)?;
+        image[self.unit_bytes / 2] ^= 0x5a;
+        self.block.write_at(self.offset(slot), &image)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockio::{tests::with_ramfs, Engine};
+    use crate::store::test_support::{
+        check_concurrent, check_round_trip, check_slot_reuse, unit_image,
+    };
+    use std::os::unix::fs::FileExt;
+
+    const MIB2: usize = 2 << 20;
+    const KIB4: usize = 4096;
+
+    fn test_dir() -> PathBuf {
+        crate::blockio::tests::test_dir()
+    }
+
+    fn temp(unit: usize, slots: u64, engine: Engine) -> FileStore {
+        let opts = BlockOptions {
+            engine,
+            ..BlockOptions::default()
+        };
+        FileStore::temporary_with(&test_dir(), unit, slots * unit as u64, &opts).unwrap()
+    }
+
+    #[test]
+    fn round_trip_both_units_both_engines() {
+        for engine in [Engine::IoUring, Engine::Sync] {
+            check_round_trip(&temp(MIB2, 64, engine), 40);
+            check_round_trip(&temp(KIB4, 4096, engine), 1000);
+        }
+    }
+
+    #[test]
+    fn slots_are_reused_after_free() {
+        check_slot_reuse(&temp(MIB2, 8, Engine::IoUring));
+        check_slot_reuse(&temp(KIB4, 8, Engine::Sync));
+    }
+
+    #[test]
+    fn concurrent_readers_and_a_batch_writer() {
+        check_concurrent(std::sync::Arc::new(temp(MIB2, 64, Engine::IoUring)));
+        check_concurrent(std::sync::Arc::new(temp(KIB4, 2048, Engine::Sync)));
+    }
+
+    fn created(name: &str, unit: usize, slots: u64) -> (FileStore, PathBuf) {
+        let path = test_dir().join(format!(".filestore-{name}-{}", std::process::id()));
+        let store = FileStore::create(&path, unit, slots * unit as u64).unwrap();
+        (store, path)
+    }
+
+    #[test]
+    fn create_makes_a_private_file_and_describes_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let (store, path) = created("mode", KIB4, 4);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(mode, 0o600);
+        assert!(store
+            .describe()
+            .starts_with(&format!("file:{}", path.display())));
+        assert_eq!(store.capacity_slots(), 4);
+    }
+
+    #[test]
+    fn corruption_behind_the_stores_back_is_a_checksum_error() {
+        let (store, path) = created("crc", MIB2, 4);
+        let a = unit_image(1, MIB2);
+        let b = unit_image(2, MIB2);
+        let slots: Vec<SlotId> = store
+            .write_batch(&[
+                WriteRequest {
+                    gpa: 0x20_0000,
+                    data: &a,
+                },
+                WriteRequest {
+                    gpa: 0x40_0000,
+                    data: &b,
+                },
+            ])
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let plain = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        plain
+            .write_all_at(b"garbage", store.offset(slots[1]) + 12345)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        store.read(slots[0], 0x20_0000, &mut buf).unwrap();
+        match store.read(slots[1], 0x40_0000, &mut buf) {
+            Err(e @ StoreError::Checksum { gpa: 0x40_0000, .. }) => {
+                assert!(e.to_string().contains("0x400000"), "{e}");
+            }
+            other => panic!("expected a checksum error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn truncated_file_is_a_short_read() {
+        let (store, path) = created("short", MIB2, 4);
+        let a = unit_image(3, MIB2);
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: 0x60_0000,
+            data: &a,
+        }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        let plain = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        plain.set_len(MIB2 as u64 / 2).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        match store.read(slot, 0x60_0000, &mut buf) {
+            Err(StoreError::ShortRead {
+                gpa: 0x60_0000,
+                got_bytes,
+                want_bytes,
+                ..
+            }) => {
+                assert_eq!(got_bytes, MIB2 / 2);
+                assert_eq!(want_bytes, MIB2);
+            }
+            other => panic!("expected a short read, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tiny_capacity_is_full() {
+        let store = temp(MIB2, 2, Engine::IoUring);
+        let a = unit_image(4, MIB2);
+        let reqs: Vec<WriteRequest> = (0..3)
+            .map(|k| WriteRequest {
+                gpa: k << 21,
+                data: &a,
+            })
+            .collect();
+        let res = store.write_batch(&reqs);
+        assert!(res[0].is_ok() && res[1].is_ok());
+        match &res[2] {
+            Err(StoreError::Full {
+                gpa,
+                capacity_slots: 2,
+                capacity_bytes,
+            }) => {
+                assert_eq!(*gpa, 2 << 21);
+                assert_eq!(*capacity_bytes, 2 * MIB2 as u64);
+            }
+            other => panic!("expected Full, got {other:?}"),
+        }
+        assert_eq!(store.used_slots(), 2);
+        assert!(matches!(
+            FileStore::temporary(&test_dir(), MIB2, MIB2 as u64 - 1),
+            Err(StoreOpenError::TooSmall { .. })
+        ));
+        assert!(matches!(
+            FileStore::temporary(&test_dir(), 1000, 1 << 30),
+            Err(StoreOpenError::BadUnit { unit_bytes: 1000 })
+        ));
+    }
+
+    #[test]
+    fn read_of_a_free_slot_is_bad_slot() {
+        let store = temp(KIB4, 4, Engine::IoUring);
+        let mut buf = AlignedBuf::new(KIB4, 4096);
+        assert!(matches!(
+            store.read(2, 0x1000, &mut buf),
+            Err(StoreError::BadSlot {
+                slot: 2,
+                gpa: 0x1000
+            })
+        ));
+    }
+
+    #[test]
+    fn unaligned_caller_buffers_still_work() {
+        let store = temp(KIB4, 4, Engine::IoUring);
+        let mut backing = vec![0u8; 2 * KIB4 + 1];
+        let img = unit_image(5, KIB4);
+        backing[1..KIB4 + 1].copy_from_slice(&img);
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: 0,
+            data: &backing[1..KIB4 + 1],
+        }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        let mut out = vec![0u8; KIB4 + 1];
+        store.read(slot, 0, &mut out[1..]).unwrap();
+        assert_eq!(&out[1..], &img[..]);
+    }
+
+    #[test]
+    fn corrupt_slot_hook_damages_the_image() {
+        let store = temp(MIB2, 2, Engine::IoUring);
+        let a = unit_image(6, MIB2);
+        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        store.corrupt_slot(slot).unwrap();
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        assert!(matches!(
+            store.read(slot, 0, &mut buf),
+            Err(StoreError::Checksum { .. })
+        ));
+    }
+
+    #[test]
+    fn temporary_skips_directories_that_refuse_o_direct() {
+        let described = with_ramfs(|ramfs_dir| {
+            FileStore::temporary(ramfs_dir, MIB2, 4 * MIB2 as u64).map(|s| s.describe())
+        });
+        match described {
+            Some(Ok(d)) => {
+                assert!(d.contains("refused O_DIRECT"), "{d}");
+                assert!(d.contains("/var/tmp"), "{d}");
+            }
+            Some(Err(e)) => panic!("temporary store failed: {e}"),
+            None => eprintln!("skipped: cannot mount ramfs here"),
+        }
+        let store =
+            FileStore::temporary(Path::new("/nonexistent-dir"), MIB2, 4 * MIB2 as u64).unwrap();
+        let d = store.describe();
+        assert!(d.starts_with("file:/var/tmp (unlinked temporary;"), "{d}");
+        assert!(d.contains("/nonexistent-dir: No such file"), "{d}");
+    }
+}

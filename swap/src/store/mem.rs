@@ -1,0 +1,450 @@
+//! The compressed in-memory store (zram-like): each slot holds one unit
+//! compressed with LZ4 or zstd, on the heap.
+//!
+//! Slots are spread over independently locked shards, and a lock is held
+//! only to take or place a slot's reference-counted image: compression and
+//! decompression run outside every lock, so readers and writers on different
+//! threads do not wait for each other's CPU work.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::codec::Codec;
+use super::open_error::check_unit_bytes;
+use super::slots::SlotTable;
+use super::{SlotId, Store, StoreError, StoreOpenError, WriteRequest};
+
+/// Shards of the slot map: enough that a fault-service thread, an eviction
+/// thread and prefetchers rarely meet on one lock.
+const SHARDS: usize = 16;
+
+/// A stored unit.
+struct Entry {
+    /// The compressed unit, or the unit itself when compression did not
+    /// make it smaller (random data).
+    data: Arc<[u8]>,
+    /// Whether `data` is the unit uncompressed.
+    raw: bool,
+    /// crc32 of the uncompressed unit.
+    crc: u32,
+}
+
+/// Compressed units in memory; see the module docs.
+pub struct MemStore {
+    codec: Codec,
+    unit_bytes: usize,
+    budget_bytes: Option<u64>,
+    table: Mutex<SlotTable>,
+    /// Slot `s` is at `shards[s % SHARDS][s / SHARDS]`.
+    shards: Box<[Mutex<Vec<Option<Entry>>>]>,
+    stored_bytes: AtomicU64,
+}
+
+impl std::fmt::Debug for MemStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemStore")
+            .field("codec", &self.codec)
+            .field("unit_bytes", &self.unit_bytes)
+            .field("budget_bytes", &self.budget_bytes)
+            .field("stored_bytes", &self.stored_bytes())
+            .finish()
+    }
+}
+
+impl MemStore {
+    /// A store of `unit_bytes` units with room for `capacity_slots` of them,
+    /// whose compressed images may take at most `budget_bytes` in total
+    /// (`None`: no limit beyond the slot count).
+    pub fn new(
+        codec: Codec,
+        unit_bytes: usize,
+        capacity_slots: u64,
+        budget_bytes: Option<u64>,
+    ) -> Result<Self, StoreOpenError> {
+        check_unit_bytes(unit_bytes)?;
+        if capacity_slots == 0 {
+            return Err(StoreOpenError::TooSmall {
+                what: "slot count".to_string(),
+                capacity_bytes: 0,
+                unit_bytes,
+            });
+        }
+        if budget_bytes == Some(0) {
+            return Err(StoreOpenError::TooSmall {
+                what: "memory budget".to_string(),
+                capacity_bytes: 0,
+                unit_bytes,
+            });
+        }
+        Ok(Self {
+            codec,
+            unit_bytes,
+            budget_bytes,
+            table: Mutex::new(SlotTable::new(capacity_slots)),
+            shards: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
+            stored_bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// The compression algorithm.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// Heap bytes the stored images take (compressed sizes, not counting
+    /// the per-slot bookkeeping): what the store costs the host, to compare
+    /// with `used_slots * unit_bytes` for the compression ratio.
+    pub fn stored_bytes(&self) -> u64 {
+        self.stored_bytes.load(Ordering::Relaxed)
+    }
+
+    fn table(&self) -> MutexGuard<'_, SlotTable> {
+        // Single-statement updates: a panic elsewhere cannot leave it torn.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn shard(&self, slot: SlotId) -> (MutexGuard<'_, Vec<Option<Entry>>>, usize) {
+        let guard = self.shards[slot as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        (guard, slot as usize / SHARDS)
+    }
+
+    fn full(&self, gpa: u64) -> StoreError {
+        let capacity_slots = self.table().capacity_slots();
+        StoreError::Full {
+            gpa,
+            capacity_bytes: self
+                .budget_bytes
+                .unwrap_or(capacity_slots * self.unit_bytes as u64),
+            capacity_slots,
+        }
+    }
+
+    /// Compresses one unit and places it in a new slot.
+    fn write_one(&self, req: &WriteRequest<'_>) -> Result<SlotId, StoreError> {
+        if req.data.len() != self.unit_bytes {
+            return Err(StoreError::Io {
+                gpa: req.gpa,
+                slot: 0,
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "buffer of {} bytes given for a {}-byte unit (an engine bug)",
+                        req.data.len(),
+                        self.unit_bytes
+                    ),
+                ),
+            });
+        }
+        let crc = crc32fast::hash(req.data);
+        let packed = self
+            .codec
+            .compress(req.data)
+            .map_err(|source| StoreError::Io {
+                gpa: req.gpa,
+                slot: 0,
+                source,
+            })?;
+        let (data, raw): (Arc<[u8]>, bool) = if packed.len() < self.unit_bytes {
+            (Arc::from(packed), false)
+        } else {
+            (Arc::from(req.data), true)
+        };
+        let len = data.len() as u64;
+        let before = self.stored_bytes.fetch_add(len, Ordering::Relaxed);
+        if self
+            .budget_bytes
+            .is_some_and(|budget| before + len > budget)
+        {
+            self.stored_bytes.fetch_sub(len, Ordering::Relaxed);
+            return Err(self.full(req.gpa));
+        }
+        let Some(slot) = self.table().alloc() else {
+            self.stored_bytes.fetch_sub(len, Ordering::Relaxed);
+            return Err(self.full(req.gpa));
+        };
+        let (mut shard, idx) = self.shard(slot);
+        if shard.len() <= idx {
+            shard.resize_with(idx + 1, || None);
+        }
+        shard[idx] = Some(Entry { data, raw, crc });
+        Ok(slot)
+    }
+}
+
+impl Store for MemStore {
+    fn unit_bytes(&self) -> usize {
+        self.unit_bytes
+    }
+
+    fn capacity_slots(&self) -> u64 {
+        self.table().capacity_slots()
+    }
+
+    fn describe(&self) -> String {
+        match self.budget_bytes {
+            Some(b) => format!("mem:{} (budget {} MiB)", self.codec, b >> 20),
+            None => format!("mem:{}", self.codec),
+        }
+    }
+
+    /// Compresses the batch on the calling thread, one unit after another.
+    fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>> {
+        requests.iter().map(|req| self.write_one(req)).collect()
+    }
+
+    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let (data, raw, expected) = {
+            let (shard, idx) = self.shard(slot);
+            match shard.get(idx).and_then(Option::as_ref) {
+                Some(e) => (Arc::clone(&e.data), e.raw, e.crc),
+                None => return Err(StoreError::BadSlot { gpa, slot }),
+            }
+        };
+        if buf.len() != self.unit_bytes {
+            return Err(StoreError::Io {
+                gpa,
+                slot,
+                source: io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "buffer of {} bytes given for a {}-byte unit (an engine bug)",
+                        buf.len(),
+                        self.unit_bytes
+                    ),
+                ),
+            });
+        }
+        if raw {
+            buf.copy_from_slice(&data);
+        } else {
+            let got = self
+                .codec
+                .decompress_into(&data, buf)
+                .map_err(|source| StoreError::Io { gpa, slot, source })?;
+            if got != self.unit_bytes {
+                return Err(StoreError::ShortRead {
+                    gpa,
+                    slot,
+                    got_bytes: got,
+                    want_bytes: self.unit_bytes,
+                });
+            }
+        }
+        let found = crc32fast::hash(buf);
+        if found != expected {
+            return Err(StoreError::Checksum {
+                gpa,
+                slot,
+                expected,
+                found,
+            });
+        }
+        Ok(())
+    }
+
+    fn free(&self, slot: SlotId) {
+        // The image goes before the slot number is released, so that a
+        // writer reusing the number cannot have its new image dropped here.
+        let entry = {
+            let (mut shard, idx) = self.shard(slot);
+            shard.get_mut(idx).and_then(Option::take)
+        };
+        if let Some(e) = entry {
+            self.stored_bytes
+                .fetch_sub(e.data.len() as u64, Ordering::Relaxed);
+            self.table().free(slot);
+        }
+    }
+
+    fn used_slots(&self) -> u64 {
+        self.table().used_slots()
+    }
+
+    fn stored_bytes(&self) -> u64 {
+        MemStore::stored_bytes(self)
+    }
+
+    /// Decompresses the image, flips a byte and compresses it again, keeping
+    /// the old checksum: the next read then decompresses fine and fails the
+    /// checksum, as real corruption of the unit would.
+    fn corrupt_slot(&self, slot: SlotId) -> io::Result<()> {
+        let (mut shard, idx) = self.shard(slot);
+        let Some(entry) = shard.get_mut(idx).and_then(Option::as_mut) else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("slot {slot} is not allocated"),
+            ));
+        };
+        let mut unit = vec![0u8; self.unit_bytes];
+        if entry.raw {
+            unit.copy_from_slice(&entry.data);
+        } else {
+            self.codec.decompress_into(&entry.data, &mut unit)?;
+        }
+        unit[self.unit_bytes / 2] ^= 0x5a;
+        let packed: Arc<[u8]> = if entry.raw {
+            Arc::from(unit)
+        } else {
+            Arc::from(self.codec.compress(&unit)?)
+        };
+        let old_len = entry.data.len() as u64;
+        self.stored_bytes
+            .fetch_add(packed.len() as u64, Ordering::Relaxed);
+        self.stored_bytes.fetch_sub(old_len, Ordering::Relaxed);
+        entry.data = packed;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockio::AlignedBuf;
+    use crate::store::test_support::{
+        check_concurrent, check_round_trip, check_slot_reuse, unit_image,
+    };
+
+    const MIB2: usize = 2 << 20;
+    const KIB4: usize = 4096;
+
+    #[test]
+    fn round_trip_both_units_both_codecs() {
+        for codec in [Codec::Lz4, Codec::Zstd] {
+            check_round_trip(&MemStore::new(codec, MIB2, 64, None).unwrap(), 40);
+            check_round_trip(&MemStore::new(codec, KIB4, 4096, None).unwrap(), 1000);
+        }
+    }
+
+    #[test]
+    fn slots_are_reused_after_free() {
+        check_slot_reuse(&MemStore::new(Codec::Lz4, MIB2, 8, None).unwrap());
+        check_slot_reuse(&MemStore::new(Codec::Zstd, KIB4, 8, None).unwrap());
+    }
+
+    #[test]
+    fn concurrent_readers_and_a_batch_writer() {
+        check_concurrent(Arc::new(MemStore::new(Codec::Lz4, MIB2, 64, None).unwrap()));
+        check_concurrent(Arc::new(
+            MemStore::new(Codec::Zstd, KIB4, 2048, None).unwrap(),
+        ));
+    }
+
+    #[test]
+    fn stored_bytes_counts_compressed_images() {
+        let store = MemStore::new(Codec::Lz4, MIB2, 8, None).unwrap();
+        let img = unit_image(1, MIB2);
+        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &img }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        let stored = store.stored_bytes();
+        assert!(stored > 0 && stored < MIB2 as u64 * 3 / 4, "{stored}");
+        // Random data does not compress and is kept as it is.
+        let mut random = vec![0u8; MIB2];
+        let mut x = 0x1234_5678_9abc_def1u64;
+        for b in random.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        let raw_slot = store.write_batch(&[WriteRequest {
+            gpa: 1 << 21,
+            data: &random,
+        }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        assert_eq!(store.stored_bytes(), stored + MIB2 as u64);
+        let mut out = AlignedBuf::new(MIB2, 4096);
+        store.read(raw_slot, 1 << 21, &mut out).unwrap();
+        assert!(out[..] == random[..]);
+        store.free(slot);
+        store.free(raw_slot);
+        assert_eq!(store.stored_bytes(), 0);
+    }
+
+    #[test]
+    fn budget_makes_the_store_full() {
+        let img = unit_image(2, MIB2);
+        let one = Codec::Zstd.compress(&img).unwrap().len() as u64;
+        let store = MemStore::new(Codec::Zstd, MIB2, 64, Some(2 * one + one / 2)).unwrap();
+        let reqs: Vec<WriteRequest> = (0..3)
+            .map(|k| WriteRequest {
+                gpa: k << 21,
+                data: &img,
+            })
+            .collect();
+        let res = store.write_batch(&reqs);
+        assert!(res[0].is_ok() && res[1].is_ok());
+        assert!(
+            matches!(res[2], Err(StoreError::Full { gpa: 0x40_0000, .. })),
+            "{:?}",
+            res[2]
+        );
+        assert_eq!(store.used_slots(), 2);
+        // The slot count limits too.
+        let store = MemStore::new(Codec::Lz4, KIB4, 1, None).unwrap();
+        let small = unit_image(3, KIB4);
+        let res = store.write_batch(&[
+            WriteRequest {
+                gpa: 0,
+                data: &small,
+            },
+            WriteRequest {
+                gpa: 0x1000,
+                data: &small,
+            },
+        ]);
+        assert!(res[0].is_ok());
+        assert!(matches!(
+            res[1],
+            Err(StoreError::Full {
+                capacity_slots: 1,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn corruption_is_a_checksum_error() {
+        for codec in [Codec::Lz4, Codec::Zstd] {
+            let store = MemStore::new(codec, MIB2, 4, None).unwrap();
+            let img = unit_image(4, MIB2);
+            let slot = store.write_batch(&[WriteRequest {
+                gpa: 0x80_0000,
+                data: &img,
+            }])[0]
+                .as_ref()
+                .copied()
+                .unwrap();
+            store.corrupt_slot(slot).unwrap();
+            let mut out = AlignedBuf::new(MIB2, 4096);
+            assert!(
+                matches!(
+                    store.read(slot, 0x80_0000, &mut out),
+                    Err(StoreError::Checksum { gpa: 0x80_0000, .. })
+                ),
+                "{codec}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_slot_and_bad_unit() {
+        let store = MemStore::new(Codec::Lz4, KIB4, 4, None).unwrap();
+        let mut out = vec![0u8; KIB4];
+        assert!(matches!(
+            store.read(3, 0, &mut out),
+            Err(StoreError::BadSlot { slot: 3, .. })
+        ));
+        assert!(matches!(
+            MemStore::new(Codec::Lz4, 100, 4, None),
+            Err(StoreOpenError::BadUnit { unit_bytes: 100 })
+        ));
+        assert_eq!(store.describe(), "mem:lz4");
+    }
+}

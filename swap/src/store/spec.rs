@@ -1,0 +1,429 @@
+//! The `--swap-store` value: which store to open, parsed from text.
+//!
+//! Forms:
+//!
+//! - `default`: an unlinked temporary file store in `$TMPDIR` (else
+//!   `/var/tmp`), falling back as [`FileStore::temporary`] describes.
+//! - `file:PATH[,size=SIZE]`: a file (created or truncated) or block device.
+//!   SIZE caps the store; it defaults to the guest's RAM size. PATH cannot
+//!   contain a comma.
+//! - `mem:lz4[,size=SIZE]`, `mem:zstd[,size=SIZE]`: compressed memory. SIZE
+//!   is the budget of compressed bytes; without it, only the slot count
+//!   (guest RAM / unit) limits the store.
+//! - `faulty:[KEY=N,...,]inner=SPEC` (for tests): [`FaultyStore`] around
+//!   SPEC (default `mem:lz4`), KEY one of `read-error-after`,
+//!   `corrupt-after`, `write-error-after`, `full-after`. `inner=` takes the
+//!   rest of the value, so it comes last.
+//!
+//! SIZE is a number of bytes with an optional `K`, `M`, `G` or `T` suffix
+//! (powers of 1024; `KiB`/`KB` spellings accepted).
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use super::codec::Codec;
+use super::faulty::{Faults, FaultyStore};
+use super::file::FileStore;
+use super::mem::MemStore;
+use super::{SharedStore, StoreOpenError};
+
+const VALID_FORMS: &str = "default, file:PATH[,size=SIZE], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
+
+/// A parsed `--swap-store` value; see the module docs for the forms.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum StoreSpec {
+    /// The embedded temporary file store.
+    #[default]
+    Default,
+    /// A file or block device.
+    File {
+        /// Where.
+        path: PathBuf,
+        /// Cap on the store's size; `None`: the guest RAM size.
+        size_bytes: Option<u64>,
+    },
+    /// Compressed memory.
+    Mem {
+        /// Compression.
+        codec: Codec,
+        /// Budget of compressed bytes; `None`: no byte limit.
+        size_bytes: Option<u64>,
+    },
+    /// A test aid: `inner` with failures injected.
+    Faulty {
+        /// What fails.
+        faults: Faults,
+        /// The store that does the work.
+        inner: Box<StoreSpec>,
+    },
+}
+
+/// A `--swap-store` value that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid swap store {spec:?}: {reason}; valid forms: {valid}")]
+pub struct StoreSpecError {
+    /// The text given.
+    pub spec: String,
+    /// What is wrong with it.
+    pub reason: String,
+    /// The forms that would parse.
+    pub valid: &'static str,
+}
+
+impl StoreSpec {
+    /// Opens the store for units of `unit_bytes`. `default_capacity_bytes`
+    /// (normally the guest RAM size) sizes a file store without `size=`
+    /// and sets the slot count of a memory store.
+    pub fn open(
+        &self,
+        unit_bytes: usize,
+        default_capacity_bytes: u64,
+    ) -> Result<SharedStore, StoreOpenError> {
+        Ok(match self {
+            StoreSpec::Default => {
+                let dir = std::env::var_os("TMPDIR")
+                    .filter(|d| !d.is_empty())
+                    .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
+                Arc::new(FileStore::temporary(
+                    &dir,
+                    unit_bytes,
+                    default_capacity_bytes,
+                )?)
+            }
+            StoreSpec::File { path, size_bytes } => Arc::new(FileStore::create(
+                path,
+                unit_bytes,
+                size_bytes.unwrap_or(default_capacity_bytes),
+            )?),
+            StoreSpec::Mem { codec, size_bytes } => {
+                let slots = (default_capacity_bytes / unit_bytes.max(1) as u64).max(1);
+                Arc::new(MemStore::new(*codec, unit_bytes, slots, *size_bytes)?)
+            }
+            StoreSpec::Faulty { faults, inner } => Arc::new(FaultyStore::new(
+                inner.open(unit_bytes, default_capacity_bytes)?,
+                *faults,
+            )),
+        })
+    }
+}
+
+impl FromStr for StoreSpec {
+    type Err = StoreSpecError;
+
+    fn from_str(s: &str) -> Result<Self, StoreSpecError> {
+        let fail = |reason: String| StoreSpecError {
+            spec: s.to_string(),
+            reason,
+            valid: VALID_FORMS,
+        };
+        let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
+        match kind {
+            "default" if !s.contains(':') => Ok(StoreSpec::Default),
+            "default" => Err(fail("default takes no options".into())),
+            "file" => {
+                let mut parts = rest.split(',');
+                let path = parts.next().unwrap_or("");
+                if path.is_empty() {
+                    return Err(fail("file: needs a path".into()));
+                }
+                let size_bytes = parse_size_options(parts).map_err(fail)?;
+                Ok(StoreSpec::File {
+                    path: PathBuf::from(path),
+                    size_bytes,
+                })
+            }
+            "mem" => {
+                let mut parts = rest.split(',');
+                let codec = match parts.next().unwrap_or("") {
+                    "lz4" => Codec::Lz4,
+                    "zstd" => Codec::Zstd,
+                    other => return Err(fail(format!("unknown codec {other:?}, use lz4 or zstd"))),
+                };
+                let size_bytes = parse_size_options(parts).map_err(fail)?;
+                Ok(StoreSpec::Mem { codec, size_bytes })
+            }
+            "faulty" => parse_faulty(rest).map_err(|reason| {
+                fail(format!(
+                    "{reason} (test form: faulty:[read-error-after=N,][corrupt-after=N,][write-error-after=N,][full-after=N,]inner=SPEC)"
+                ))
+            }),
+            _ => Err(fail(format!("unknown store kind {kind:?}"))),
+        }
+    }
+}
+
+/// The `size=SIZE` option list of `file:` and `mem:`.
+fn parse_size_options<'a>(parts: impl Iterator<Item = &'a str>) -> Result<Option<u64>, String> {
+    let mut size = None;
+    for part in parts {
+        match part.split_once('=') {
+            Some(("size", value)) => size = Some(parse_size(value)?),
+            _ => {
+                return Err(format!(
+                    "unknown option {part:?}, the only option is size=SIZE"
+                ))
+            }
+        }
+    }
+    Ok(size)
+}
+
+fn parse_faulty(rest: &str) -> Result<StoreSpec, String> {
+    let mut faults = Faults::default();
+    let mut inner = "mem:lz4";
+    let mut remaining = rest;
+    while !remaining.is_empty() {
+        if let Some(spec) = remaining.strip_prefix("inner=") {
+            inner = spec;
+            break;
+        }
+        let (part, tail) = remaining.split_once(',').unwrap_or((remaining, ""));
+        remaining = tail;
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("expected KEY=N, got {part:?}"))?;
+        let n: u64 = value
+            .parse()
+            .map_err(|_| format!("{key} needs a whole number, got {value:?}"))?;
+        let field = match key {
+            "read-error-after" => &mut faults.read_error_after,
+            "corrupt-after" => &mut faults.corrupt_after,
+            "write-error-after" => &mut faults.write_error_after,
+            "full-after" => &mut faults.full_after_slots,
+            _ => return Err(format!("unknown fault {key:?}")),
+        };
+        *field = Some(n);
+    }
+    let inner: StoreSpec = inner
+        .parse()
+        .map_err(|e: StoreSpecError| format!("inner store: {}", e.reason))?;
+    Ok(StoreSpec::Faulty {
+        faults,
+        inner: Box::new(inner),
+    })
+}
+
+/// Bytes from `512`, `64K`, `8G`, `1GiB`, ... (powers of 1024).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let bad = || format!("bad size {text:?}, expected e.g. 512M or 8G");
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let shift = match suffix.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift).ok_or_else(bad)
+}
+
+impl fmt::Display for StoreSpec {
+    /// Prints the spec in the form it parses from.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let size = |f: &mut fmt::Formatter<'_>, size_bytes: &Option<u64>| match size_bytes {
+            Some(b) => write!(f, ",size={b}"),
+            None => Ok(()),
+        };
+        match self {
+            StoreSpec::Default => f.write_str("default"),
+            StoreSpec::File { path, size_bytes } => {
+                write!(f, "file:{}", path.display())?;
+                size(f, size_bytes)
+            }
+            StoreSpec::Mem { codec, size_bytes } => {
+                write!(f, "mem:{codec}")?;
+                size(f, size_bytes)
+            }
+            StoreSpec::Faulty { faults, inner } => {
+                f.write_str("faulty:")?;
+                for (key, value) in [
+                    ("read-error-after", faults.read_error_after),
+                    ("corrupt-after", faults.corrupt_after),
+                    ("write-error-after", faults.write_error_after),
+                    ("full-after", faults.full_after_slots),
+                ] {
+                    if let Some(n) = value {
+                        write!(f, "{key}={n},")?;
+                    }
+                }
+                write!(f, "inner={inner}")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blockio::AlignedBuf;
+    use crate::store::test_support::unit_image;
+    use crate::store::{StoreError, WriteRequest};
+
+    fn parse(s: &str) -> StoreSpec {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn valid_forms() {
+        assert_eq!(parse("default"), StoreSpec::Default);
+        assert_eq!(
+            parse("file:/var/tmp/swap.img"),
+            StoreSpec::File {
+                path: "/var/tmp/swap.img".into(),
+                size_bytes: None
+            }
+        );
+        assert_eq!(
+            parse("file:/dev/vdb,size=8G"),
+            StoreSpec::File {
+                path: "/dev/vdb".into(),
+                size_bytes: Some(8 << 30)
+            }
+        );
+        assert_eq!(
+            parse("mem:lz4"),
+            StoreSpec::Mem {
+                codec: Codec::Lz4,
+                size_bytes: None
+            }
+        );
+        assert_eq!(
+            parse("mem:zstd,size=512M"),
+            StoreSpec::Mem {
+                codec: Codec::Zstd,
+                size_bytes: Some(512 << 20)
+            }
+        );
+        assert_eq!(
+            parse("faulty:read-error-after=3,inner=mem:zstd,size=1G"),
+            StoreSpec::Faulty {
+                faults: Faults {
+                    read_error_after: Some(3),
+                    ..Faults::default()
+                },
+                inner: Box::new(StoreSpec::Mem {
+                    codec: Codec::Zstd,
+                    size_bytes: Some(1 << 30)
+                })
+            }
+        );
+        assert_eq!(
+            parse("faulty:corrupt-after=0,write-error-after=1,full-after=2"),
+            StoreSpec::Faulty {
+                faults: Faults {
+                    corrupt_after: Some(0),
+                    write_error_after: Some(1),
+                    full_after_slots: Some(2),
+                    ..Faults::default()
+                },
+                inner: Box::new(StoreSpec::Mem {
+                    codec: Codec::Lz4,
+                    size_bytes: None
+                })
+            }
+        );
+    }
+
+    #[test]
+    fn display_round_trips() {
+        for s in [
+            "default",
+            "file:/var/tmp/x,size=1073741824",
+            "mem:lz4",
+            "mem:zstd,size=4096",
+            "faulty:read-error-after=3,full-after=9,inner=file:/var/tmp/y",
+        ] {
+            assert_eq!(parse(s).to_string(), s);
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("3m"), Ok(3 << 20));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("1T"), Ok(1 << 40));
+        for bad in ["", "G", "1.5G", "12X", "-1", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_valid_forms() {
+        for (bad, why) in [
+            ("", "unknown store kind"),
+            ("disk:/x", "unknown store kind"),
+            ("default:x", "takes no options"),
+            ("file:", "needs a path"),
+            ("file:/x,size=", "bad size"),
+            ("file:/x,sz=1G", "unknown option"),
+            ("mem:lz5", "unknown codec"),
+            ("mem:lz4,size=lots", "bad size"),
+            ("faulty:read-error-after=x", "whole number"),
+            ("faulty:explode=1", "unknown fault"),
+            ("faulty:inner=mem:none", "inner store"),
+        ] {
+            let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
+            assert!(err.contains(why), "{bad:?}: {err}");
+            assert!(
+                err.contains("file:PATH[,size=SIZE], mem:lz4"),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn open_each_kind() {
+        let unit = 2 << 20;
+        let guest = 64 << 20;
+        let mem = parse("mem:zstd,size=8M").open(unit, guest).unwrap();
+        assert_eq!(mem.capacity_slots(), 32);
+        assert!(mem.describe().starts_with("mem:zstd"));
+        let default = parse("default").open(unit, guest).unwrap();
+        assert_eq!(default.capacity_slots(), 32);
+        assert!(
+            default.describe().starts_with("file:"),
+            "{}",
+            default.describe()
+        );
+        let dir = crate::blockio::tests::test_dir();
+        let path = dir.join(format!(".spec-open-{}", std::process::id()));
+        let file = parse(&format!("file:{},size=8M", path.display()))
+            .open(unit, guest)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(file.capacity_slots(), 4);
+        let Err(err) = parse(&format!("file:{},size=1M", path.display())).open(unit, guest) else {
+            panic!("a 1 MiB file store of 2 MiB units must not open");
+        };
+        let _ = std::fs::remove_file(&path);
+        assert!(matches!(err, StoreOpenError::TooSmall { .. }), "{err}");
+    }
+
+    #[test]
+    fn faulty_spec_opens_a_store_that_fails() {
+        let store = parse("faulty:read-error-after=0,inner=mem:lz4")
+            .open(2 << 20, 8 << 20)
+            .unwrap();
+        let img = unit_image(1, 2 << 20);
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: 0x20_0000,
+            data: &img,
+        }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        let mut buf = AlignedBuf::new(2 << 20, 4096);
+        let err = store.read(slot, 0x20_0000, &mut buf).unwrap_err();
+        assert!(matches!(err, StoreError::Io { gpa: 0x20_0000, .. }));
+        assert!(err.to_string().contains("0x200000"));
+    }
+}

@@ -1,0 +1,158 @@
+//! Checks every store must pass, shared by the stores' unit tests.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{SlotId, Store, WriteRequest};
+use crate::blockio::AlignedBuf;
+
+/// A deterministic, guest-like unit: per 4 KiB page, about half zero, a
+/// quarter text-like, a quarter random; every page starts with the seed so
+/// that no two seeds give the same unit.
+pub(crate) fn unit_image(seed: u64, len: usize) -> AlignedBuf {
+    const WORDS: [&str; 8] = [
+        "the ", "kernel ", "page ", "swap ", "chunk ", "guest ", "memory ", "\n",
+    ];
+    let mut buf = AlignedBuf::new(len, 4096);
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for page in buf.chunks_mut(4096) {
+        match next() % 4 {
+            0 | 1 => {}
+            2 => {
+                let mut at = 0;
+                while at < page.len() {
+                    let w = WORDS[(next() % 8) as usize].as_bytes();
+                    let n = w.len().min(page.len() - at);
+                    page[at..at + n].copy_from_slice(&w[..n]);
+                    at += n;
+                }
+            }
+            _ => {
+                for word in page.chunks_mut(8) {
+                    word.copy_from_slice(&next().to_le_bytes()[..word.len()]);
+                }
+            }
+        }
+        page[..8].copy_from_slice(&seed.to_le_bytes());
+    }
+    buf
+}
+
+fn write_all(store: &dyn Store, seeds: &[u64]) -> Vec<SlotId> {
+    let unit = store.unit_bytes();
+    let images: Vec<AlignedBuf> = seeds.iter().map(|&s| unit_image(s, unit)).collect();
+    let mut slots = Vec::new();
+    for (batch_seeds, batch) in seeds.chunks(16).zip(images.chunks(16)) {
+        let reqs: Vec<WriteRequest<'_>> = batch_seeds
+            .iter()
+            .zip(batch)
+            .map(|(&s, img)| WriteRequest {
+                gpa: s * unit as u64,
+                data: img,
+            })
+            .collect();
+        for r in store.write_batch(&reqs) {
+            slots.push(r.expect("write"));
+        }
+    }
+    slots
+}
+
+fn check_slot(store: &dyn Store, slot: SlotId, seed: u64, buf: &mut [u8]) {
+    let unit = store.unit_bytes();
+    store
+        .read(slot, seed * unit as u64, buf)
+        .unwrap_or_else(|e| panic!("read of slot {slot}: {e}"));
+    assert!(
+        buf[..] == unit_image(seed, unit)[..],
+        "slot {slot} holds the wrong unit"
+    );
+}
+
+/// Writes `count` units in batches, reads them all back, frees them all.
+pub(crate) fn check_round_trip(store: &dyn Store, count: u64) {
+    let seeds: Vec<u64> = (1..=count).collect();
+    let slots = write_all(store, &seeds);
+    let mut distinct = slots.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), slots.len(), "slots handed out twice");
+    assert_eq!(store.used_slots(), count);
+    assert!(store.stored_bytes() > 0);
+    let mut buf = AlignedBuf::new(store.unit_bytes(), 4096);
+    for (&slot, &seed) in slots.iter().zip(&seeds).rev() {
+        check_slot(store, slot, seed, &mut buf);
+    }
+    for slot in slots {
+        store.free(slot);
+    }
+    assert_eq!(store.used_slots(), 0);
+    assert_eq!(store.stored_bytes(), 0);
+}
+
+/// A freed slot is handed out again and the others keep their content.
+pub(crate) fn check_slot_reuse(store: &dyn Store) {
+    let slots = write_all(store, &[1, 2, 3]);
+    store.free(slots[1]);
+    let again = write_all(store, &[4]);
+    assert_eq!(again[0], slots[1], "the lowest free slot is reused");
+    let mut buf = AlignedBuf::new(store.unit_bytes(), 4096);
+    check_slot(store, slots[0], 1, &mut buf);
+    check_slot(store, again[0], 4, &mut buf);
+    check_slot(store, slots[2], 3, &mut buf);
+    for s in [slots[0], again[0], slots[2]] {
+        store.free(s);
+    }
+}
+
+/// Three threads read and check prefilled slots while a fourth writes
+/// batches; then everything written is checked.
+pub(crate) fn check_concurrent(store: Arc<dyn Store>) {
+    let prefilled: Vec<(SlotId, u64)> = write_all(&*store, &(1..=16).collect::<Vec<_>>())
+        .into_iter()
+        .zip(1..)
+        .collect();
+    let prefilled = Arc::new(prefilled);
+    let writer = {
+        let store = Arc::clone(&store);
+        std::thread::spawn(move || {
+            let mut written = HashMap::new();
+            for round in 0..4u64 {
+                let seeds: Vec<u64> = (0..8).map(|k| 100 + round * 8 + k).collect();
+                for (slot, seed) in write_all(&*store, &seeds).into_iter().zip(seeds) {
+                    written.insert(slot, seed);
+                }
+            }
+            written
+        })
+    };
+    let readers: Vec<_> = (0..3)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            let prefilled = Arc::clone(&prefilled);
+            std::thread::spawn(move || {
+                let mut buf = AlignedBuf::new(store.unit_bytes(), 4096);
+                for k in 0..40 {
+                    let (slot, seed) = prefilled[(k * 5 + t) % prefilled.len()];
+                    check_slot(&*store, slot, seed, &mut buf);
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().expect("reader");
+    }
+    let written = writer.join().expect("writer");
+    assert_eq!(written.len(), 32);
+    let mut buf = AlignedBuf::new(store.unit_bytes(), 4096);
+    for (&slot, &seed) in &written {
+        check_slot(&*store, slot, seed, &mut buf);
+    }
+    assert_eq!(store.used_slots(), 48);
+}
