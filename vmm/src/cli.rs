@@ -72,6 +72,18 @@ struct RunArgs {
     /// Threads serving guest memory faults (swap engine).
     #[arg(long, default_value_t = 1)]
     fault_threads: usize,
+    /// Write a sample of the run's figures (resident memory, faults, KVM
+    /// mappings) every --stats-interval milliseconds to this file, one JSON
+    /// object per line.
+    #[arg(long)]
+    stats_timeline: Option<PathBuf>,
+    /// Sampling interval for --stats-timeline, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    stats_interval: u64,
+    /// After the payload finished, evict all guest RAM to the store and
+    /// report how long it took (`pageout` in --stats-json).
+    #[arg(long)]
+    pageout: bool,
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -113,6 +125,11 @@ fn run_command(args: RunArgs) -> Result<i32> {
         payload_args: args.payload_args.clone(),
         timeout,
         swap,
+        sample_interval: args
+            .stats_timeline
+            .as_ref()
+            .map(|_| Duration::from_millis(args.stats_interval.max(1))),
+        pageout_at_exit: args.pageout,
     };
     let console: ConsoleSink = Arc::new(Mutex::new(Box::new(std::io::stdout())));
     let outcome = vm::run(config, console)?;
@@ -157,6 +174,25 @@ fn run_command(args: RunArgs) -> Result<i32> {
             swap.fault_latency.max(),
             format_size(swap.resident_bytes_max)
         );
+    }
+    if let Some(p) = &outcome.pageout {
+        eprintln!(
+            "hugevmm: pageout: {} resident -> {} in {:.3} ms ({} units written, {} clean, {} zero)",
+            format_size(p.resident_bytes_before),
+            format_size(p.resident_bytes_after),
+            p.elapsed.as_secs_f64() * 1e3,
+            p.report.written_units,
+            p.report.clean_dropped_units,
+            p.report.zero_units
+        );
+    }
+    if let Some(path) = &args.stats_timeline {
+        let mut text = String::new();
+        for sample in &outcome.timeline {
+            text += &stats::sample_json(sample).to_string();
+            text.push('\n');
+        }
+        std::fs::write(path, text).with_context(|| format!("cannot write --stats-timeline {}", path.display()))?;
     }
     if let Some(path) = &args.stats_json {
         let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");

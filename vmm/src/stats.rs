@@ -1,6 +1,6 @@
 //! The end-of-run statistics object written by `--stats-json`.
 
-use crate::vm::RunOutcome;
+use crate::vm::{RunOutcome, Sample};
 use guestmem::Backing;
 use serde_json::{json, Value};
 use swap::engine::SwapStats;
@@ -42,6 +42,18 @@ impl RunSummary<'_> {
         if let Some(swap) = &o.swap {
             value["swap"] = swap_json(swap);
         }
+        if let Some(p) = &o.pageout {
+            value["pageout"] = json!({
+                "resident_bytes_before": p.resident_bytes_before,
+                "resident_bytes_after": p.resident_bytes_after,
+                "elapsed_ms": p.elapsed.as_secs_f64() * 1e3,
+                "written_units": p.report.written_units,
+                "clean_dropped_units": p.report.clean_dropped_units,
+                "zero_units": p.report.zero_units,
+                "busy_units": p.report.busy_units,
+                "written_bytes": p.report.written_bytes,
+            });
+        }
         value
     }
 }
@@ -79,4 +91,20 @@ fn swap_json(s: &SwapStats) -> Value {
         "resident_bytes_max": s.resident_bytes_max,
         "metadata_bytes": s.metadata_bytes,
     })
+}
+
+/// One `--stats-timeline` line.
+pub fn sample_json(sample: &Sample) -> Value {
+    let mut value = json!({
+        "t_s": sample.t_s,
+        "kvm": {
+            "pages_4k": sample.stage2.pages_4k,
+            "pages_2m": sample.stage2.pages_2m,
+            "pages_1g": sample.stage2.pages_1g,
+        },
+    });
+    if let Some(swap) = &sample.swap {
+        value["swap"] = swap_json(swap);
+    }
+    value
 }

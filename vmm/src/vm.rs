@@ -14,7 +14,7 @@ use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::Kvm;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
-use swap::engine::SwapStats;
+use swap::engine::{EvictReport, SwapStats};
 
 /// Exit status when the VM failed (guest exception, KVM error).
 pub const EXIT_VM_FAILURE: i32 = 125;
@@ -45,6 +45,34 @@ pub struct RunConfig {
     pub timeout: Option<Duration>,
     /// Swap engine options; None runs without the engine.
     pub swap: Option<SwapOptions>,
+    /// Sample the run's figures this often while the guest runs.
+    pub sample_interval: Option<Duration>,
+    /// After the payload finished, evict all guest RAM and time it.
+    pub pageout_at_exit: bool,
+}
+
+/// The run's figures at one moment (`--stats-timeline`).
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// Seconds since the vCPUs started.
+    pub t_s: f64,
+    /// KVM stage-2 mapping counts.
+    pub stage2: StageTwoPages,
+    /// Swap engine counters, if it runs.
+    pub swap: Option<SwapStats>,
+}
+
+/// A timed "swap out everything" after the payload (`--pageout`).
+#[derive(Debug, Clone)]
+pub struct Pageout {
+    /// Resident guest RAM before.
+    pub resident_bytes_before: u64,
+    /// Resident guest RAM after.
+    pub resident_bytes_after: u64,
+    /// Wall time of the eviction, writes included.
+    pub elapsed: Duration,
+    /// What the engine did.
+    pub report: EvictReport,
 }
 
 /// How a run ended.
@@ -63,6 +91,10 @@ pub struct RunOutcome {
     pub tsc_khz: Option<u32>,
     /// Swap engine figures, read at the same moment as `stage2`.
     pub swap: Option<SwapStats>,
+    /// Samples taken while the guest ran (`sample_interval`).
+    pub timeline: Vec<Sample>,
+    /// The timed eviction after the payload, if asked for.
+    pub pageout: Option<Pageout>,
 }
 
 fn open_kvm() -> Result<Kvm> {
@@ -99,6 +131,9 @@ pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
 pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
         bail!("--vcpus {} is out of range: give 1 to {MAX_VCPUS}", config.vcpus);
+    }
+    if config.pageout_at_exit && config.swap.is_none() {
+        bail!("--pageout needs the swap engine: give --swap-store or --mem-limit");
     }
     let layout = Layout::new(config.mem_bytes).context("invalid --mem")?;
     let ram_desc = describe_ram(&layout);
@@ -178,19 +213,36 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let mut statuses = vec![None; config.vcpus as usize];
     let mut failure = None;
     let mut exit_status = None;
+    let mut timeline = Vec::new();
     let deadline = config.timeout.map(|t| started + t);
+    let mut next_sample = config.sample_interval.map(|i| started + i);
     while statuses.iter().any(Option::is_none) {
-        let event = match deadline {
-            Some(deadline) => match events_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        let wake = [deadline, next_sample].into_iter().flatten().min();
+        let event = match wake {
+            Some(wake) => match events_rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
                 Ok(event) => event,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let waiting: Vec<usize> = (0..statuses.len()).filter(|i| statuses[*i].is_none()).collect();
-                    failure = Some(format!(
-                        "timed out after {:.1} s (--timeout); vCPUs still running: {waiting:?}",
-                        started.elapsed().as_secs_f64()
-                    ));
-                    exit_status = Some(EXIT_TIMEOUT);
-                    break;
+                    let now = Instant::now();
+                    if let (Some(at), Some(interval)) = (next_sample, config.sample_interval) {
+                        if now >= at {
+                            timeline.push(Sample {
+                                t_s: started.elapsed().as_secs_f64(),
+                                swap: engine.as_ref().map(|e| e.stats()),
+                                stage2: stats.read().unwrap_or_default(),
+                            });
+                            next_sample = Some(at + interval);
+                        }
+                    }
+                    if deadline.is_some_and(|d| now >= d) {
+                        let waiting: Vec<usize> = (0..statuses.len()).filter(|i| statuses[*i].is_none()).collect();
+                        failure = Some(format!(
+                            "timed out after {:.1} s (--timeout); vCPUs still running: {waiting:?}",
+                            started.elapsed().as_secs_f64()
+                        ));
+                        exit_status = Some(EXIT_TIMEOUT);
+                        break;
+                    }
+                    continue;
                 }
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             },
@@ -216,6 +268,21 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let elapsed = started.elapsed();
     let swap_stats = engine.as_ref().map(|e| e.stats());
     let stage2 = stats.read().context("cannot read KVM statistics")?;
+    let pageout = match (&engine, config.pageout_at_exit && failure.is_none()) {
+        (Some(engine), true) => {
+            let resident_bytes_before = engine.stats().resident_bytes;
+            let t0 = Instant::now();
+            let report = engine.evict_all().context("--pageout: evicting guest RAM failed")?;
+            let elapsed = t0.elapsed();
+            Some(Pageout {
+                resident_bytes_before,
+                resident_bytes_after: engine.stats().resident_bytes,
+                elapsed,
+                report,
+            })
+        }
+        _ => None,
+    };
     match engine {
         // Every vCPU finished: nothing can fault any more.
         Some(engine) if failure.is_none() => engine.shutdown(),
@@ -235,6 +302,8 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         stage2,
         tsc_khz,
         swap: swap_stats,
+        timeline,
+        pageout,
     })
 }
 
