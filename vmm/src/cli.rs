@@ -26,6 +26,8 @@ enum Command {
     Run(RunArgs),
     /// List the built-in payloads.
     Payloads,
+    /// Run a benchmark suite (see README, "Results").
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -206,6 +208,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => run_command(args),
+        Command::Bench(args) => crate::bench::run(args),
         Command::Payloads => {
             for p in payloads::all() {
                 println!("{:<10} {}", p.name, p.description);

@@ -1,5 +1,6 @@
 //! `hugevmm`: a minimal KVM VMM whose guest RAM lives in 2 MiB mappings.
 
+mod bench;
 mod cli;
 mod console;
 mod cpu;
