@@ -12,7 +12,10 @@ use std::time::{Duration, Instant};
 /// integration test of its own; it sits next to the test's `deps` folder.
 pub fn hugevmm_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
     let bin = profile_dir.join("hugevmm");
     assert!(
         bin.exists(),
@@ -24,7 +27,11 @@ pub fn hugevmm_bin() -> PathBuf {
 
 /// Why KVM cannot be used here, or None if it can.
 pub fn kvm_unavailable() -> Option<String> {
-    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+    {
         Ok(_) => None,
         Err(e) => Some(format!("/dev/kvm cannot be opened: {e}")),
     }
@@ -183,12 +190,22 @@ pub fn gcc_build(sources: &[&Path], extra_args: &[&str], out_name: &str) -> Path
     let out = unique_path(out_name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".into());
     let mut cmd = Command::new(&cc);
-    cmd.args(["-O2", "-static", "-nostdlib", "-ffreestanding", "-fno-pic", "-no-pie", "-fno-stack-protector"])
-        .args(extra_args)
-        .args(sources)
-        .arg("-o")
-        .arg(&out);
-    let output = cmd.output().unwrap_or_else(|e| panic!("cannot run {cc}: {e} (apt-get install gcc)"));
+    cmd.args([
+        "-O2",
+        "-static",
+        "-nostdlib",
+        "-ffreestanding",
+        "-fno-pic",
+        "-no-pie",
+        "-fno-stack-protector",
+    ])
+    .args(extra_args)
+    .args(sources)
+    .arg("-o")
+    .arg(&out);
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cc}: {e} (apt-get install gcc)"));
     assert!(
         output.status.success(),
         "{cmd:?} failed:\n{}",

@@ -12,14 +12,34 @@ fn hello_on_one_and_four_vcpus() {
         return;
     }
     for vcpus in ["1", "4"] {
-        let run = hugevmm(&["run", "--payload", "hello", "--vcpus", vcpus, "--mem", "64M"], LIMIT);
+        let run = hugevmm(
+            &[
+                "run",
+                "--payload",
+                "hello",
+                "--vcpus",
+                vcpus,
+                "--mem",
+                "64M",
+            ],
+            LIMIT,
+        );
         run.expect_status(0);
         let n: usize = vcpus.parse().unwrap();
         for i in 0..n {
             let want = format!("hello from vcpu {i} of {n}");
-            assert!(run.stdout.lines().any(|l| l == want), "missing '{want}' in:\n{}", run.stdout);
+            assert!(
+                run.stdout.lines().any(|l| l == want),
+                "missing '{want}' in:\n{}",
+                run.stdout
+            );
         }
-        assert_eq!(run.stdout.lines().count(), n, "one whole line per vCPU:\n{}", run.stdout);
+        assert_eq!(
+            run.stdout.lines().count(),
+            n,
+            "one whole line per vCPU:\n{}",
+            run.stdout
+        );
         assert_eq!(run.stat("/vcpus"), n as u64);
     }
 }
@@ -29,7 +49,18 @@ fn exit_status_of_the_payload_is_the_exit_status_of_hugevmm() {
     if skip_without_kvm("exit_status") {
         return;
     }
-    let run = hugevmm(&["run", "--payload", "selftest", "--payload-args", "exit=7", "--mem", "64M"], LIMIT);
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "selftest",
+            "--payload-args",
+            "exit=7",
+            "--mem",
+            "64M",
+        ],
+        LIMIT,
+    );
     run.expect_status(7);
     assert_eq!(run.stat("/exit_status"), 7);
 }
@@ -39,16 +70,45 @@ fn guest_exceptions_are_reported_with_vector_rip_and_cr2() {
     if skip_without_kvm("guest_exceptions") {
         return;
     }
-    let ud = hugevmm(&["run", "--payload", "selftest", "--payload-args", "fault=ud", "--mem", "64M"], LIMIT);
+    let ud = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "selftest",
+            "--payload-args",
+            "fault=ud",
+            "--mem",
+            "64M",
+        ],
+        LIMIT,
+    );
     assert_ne!(ud.status, Some(0));
-    assert!(ud.stderr.contains("vector 6") && ud.stderr.contains("rip 0x"), "{}", ud.stderr);
+    assert!(
+        ud.stderr.contains("vector 6") && ud.stderr.contains("rip 0x"),
+        "{}",
+        ud.stderr
+    );
 
     let pf = hugevmm(
-        &["run", "--payload", "selftest", "--payload-args", "fault=pf vcpu=1", "--vcpus", "2", "--mem", "64M"],
+        &[
+            "run",
+            "--payload",
+            "selftest",
+            "--payload-args",
+            "fault=pf vcpu=1",
+            "--vcpus",
+            "2",
+            "--mem",
+            "64M",
+        ],
         LIMIT,
     );
     assert_ne!(pf.status, Some(0));
-    assert!(pf.stderr.contains("vCPU 1") && pf.stderr.contains("vector 14"), "{}", pf.stderr);
+    assert!(
+        pf.stderr.contains("vCPU 1") && pf.stderr.contains("vector 14"),
+        "{}",
+        pf.stderr
+    );
     assert!(pf.stderr.contains("cr2 0xc0000000"), "{}", pf.stderr);
 }
 
@@ -57,14 +117,45 @@ fn verify_passes_on_two_vcpus() {
     if skip_without_kvm("verify_passes_on_two_vcpus") {
         return;
     }
-    let run = hugevmm(&["run", "--payload", "verify", "--vcpus", "2", "--mem", "512M"], LIMIT);
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "verify",
+            "--vcpus",
+            "2",
+            "--mem",
+            "512M",
+        ],
+        LIMIT,
+    );
     run.expect_status(0);
-    assert_eq!(run.stdout.lines().filter(|l| l.starts_with("verify vcpu=") && l.ends_with(" ok")).count(), 2, "{}", run.stdout);
+    assert_eq!(
+        run.stdout
+            .lines()
+            .filter(|l| l.starts_with("verify vcpu=") && l.ends_with(" ok"))
+            .count(),
+        2,
+        "{}",
+        run.stdout
+    );
 }
 
 fn seqwrite_256m(backing: &str) -> Run {
     let run = hugevmm(
-        &["run", "--payload", "seqwrite", "--payload-args", "bytes=256M", "--vcpus", "2", "--mem", "512M", "--backing", backing],
+        &[
+            "run",
+            "--payload",
+            "seqwrite",
+            "--payload-args",
+            "bytes=256M",
+            "--vcpus",
+            "2",
+            "--mem",
+            "512M",
+            "--backing",
+            backing,
+        ],
         LIMIT,
     );
     run.expect_status(0);
@@ -79,8 +170,14 @@ fn seqwrite_on_thp_is_mapped_2mib_by_kvm() {
     let run = seqwrite_256m("thp");
     let touched_chunks = 128;
     let pages_2m = run.stat("/kvm/pages_2m");
-    eprintln!("thp: pages_2m={pages_2m} of {touched_chunks} touched chunks, pages_4k={}", run.stat("/kvm/pages_4k"));
-    assert!(pages_2m * 10 >= touched_chunks * 9, "pages_2m {pages_2m} < 90% of {touched_chunks}");
+    eprintln!(
+        "thp: pages_2m={pages_2m} of {touched_chunks} touched chunks, pages_4k={}",
+        run.stat("/kvm/pages_4k")
+    );
+    assert!(
+        pages_2m * 10 >= touched_chunks * 9,
+        "pages_2m {pages_2m} < 90% of {touched_chunks}"
+    );
 }
 
 #[test]
@@ -90,7 +187,10 @@ fn seqwrite_on_small_pages_has_no_2mib_mappings() {
     }
     let run = seqwrite_256m("4k");
     assert_eq!(run.stat("/kvm/pages_2m"), 0);
-    assert!(run.stat("/kvm/pages_4k") >= 128 * 512, "4k mappings cover the working set");
+    assert!(
+        run.stat("/kvm/pages_4k") >= 128 * 512,
+        "4k mappings cover the working set"
+    );
 }
 
 #[test]
@@ -114,7 +214,18 @@ fn hugetlb_without_enough_pages_says_how_to_reserve() {
         return;
     }
     // 64 GiB of hugetlb pages is more than this kind of machine reserves.
-    let run = hugevmm(&["run", "--payload", "hello", "--mem", "64G", "--backing", "hugetlb"], LIMIT);
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "hello",
+            "--mem",
+            "64G",
+            "--backing",
+            "hugetlb",
+        ],
+        LIMIT,
+    );
     assert_eq!(run.status, Some(1), "{}", run.stderr);
     assert!(run.stderr.contains("nr_hugepages"), "{}", run.stderr);
 }
@@ -125,13 +236,35 @@ fn bad_images_give_clear_errors() {
         return;
     }
     let junk = temp_file("junk.elf", "this is not an ELF file");
-    let run = hugevmm(&["run", "--payload-file", junk.to_str().unwrap(), "--mem", "64M"], LIMIT);
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload-file",
+            junk.to_str().unwrap(),
+            "--mem",
+            "64M",
+        ],
+        LIMIT,
+    );
     assert_eq!(run.status, Some(1));
     assert!(run.stderr.contains("not an ELF"), "{}", run.stderr);
 
     let asm = temp_file("low.S", EXTERNAL_ASM);
-    let low = gcc_build(&[&asm], &["-Wl,-Ttext-segment=0x100000", "-Wl,--build-id=none"], "low.elf");
-    let run = hugevmm(&["run", "--payload-file", low.to_str().unwrap(), "--mem", "64M"], LIMIT);
+    let low = gcc_build(
+        &[&asm],
+        &["-Wl,-Ttext-segment=0x100000", "-Wl,--build-id=none"],
+        "low.elf",
+    );
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload-file",
+            low.to_str().unwrap(),
+            "--mem",
+            "64M",
+        ],
+        LIMIT,
+    );
     assert_eq!(run.status, Some(1));
     assert!(run.stderr.contains("below 2 MiB"), "{}", run.stderr);
 }
@@ -187,11 +320,31 @@ fn a_payload_built_elsewhere_runs_unchanged() {
         return;
     }
     let asm = temp_file("ext.S", EXTERNAL_ASM);
-    let elf = gcc_build(&[&asm], &["-Wl,-Ttext-segment=0x400000", "-Wl,--build-id=none"], "ext.elf");
-    let run = hugevmm(&["run", "--payload-file", elf.to_str().unwrap(), "--vcpus", "3", "--mem", "128M"], LIMIT);
+    let elf = gcc_build(
+        &[&asm],
+        &["-Wl,-Ttext-segment=0x400000", "-Wl,--build-id=none"],
+        "ext.elf",
+    );
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload-file",
+            elf.to_str().unwrap(),
+            "--vcpus",
+            "3",
+            "--mem",
+            "128M",
+        ],
+        LIMIT,
+    );
     run.expect_status(0);
     for i in 0..3 {
-        assert!(run.stdout.contains(&format!("external payload on vcpu {i}")), "{}", run.stdout);
+        assert!(
+            run.stdout
+                .contains(&format!("external payload on vcpu {i}")),
+            "{}",
+            run.stdout
+        );
     }
 }
 
@@ -215,15 +368,33 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info) {
     let ld = sdk.join("hvmm.ld");
     let elf = gcc_build(
         &[&sdk.join("start.S"), &sdk.join("hvmm.c"), Path::new(&src)],
-        &[&format!("-I{}", sdk.display()), "-T", ld.to_str().unwrap(), "-x", "none"],
+        &[
+            &format!("-I{}", sdk.display()),
+            "-T",
+            ld.to_str().unwrap(),
+            "-x",
+            "none",
+        ],
         "sdk.elf",
     );
     let run = hugevmm(
-        &["run", "--payload-file", elf.to_str().unwrap(), "--payload-args", "answer=42", "--mem", "64M"],
+        &[
+            "run",
+            "--payload-file",
+            elf.to_str().unwrap(),
+            "--payload-args",
+            "answer=42",
+            "--mem",
+            "64M",
+        ],
         LIMIT,
     );
     run.expect_status(0);
-    assert!(run.stdout.contains("sdk vcpu=0 answer=42"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("sdk vcpu=0 answer=42"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]
@@ -231,14 +402,22 @@ fn without_dev_kvm_there_is_one_clear_line() {
     // Hide /dev/kvm in a private mount namespace (needs root and unshare).
     // SAFETY: geteuid has no preconditions and cannot fail.
     let is_root = unsafe { libc::geteuid() } == 0;
-    if !is_root || std::process::Command::new("unshare").arg("--version").output().is_err() {
+    if !is_root
+        || std::process::Command::new("unshare")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
         eprintln!("SKIP without_dev_kvm: needs root and unshare(1) to hide /dev/kvm");
         return;
     }
     let bin = hugevmm_bin();
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(format!("mount -t tmpfs none /dev && exec {} run --payload hello", bin.display()));
+        .arg(format!(
+            "mount -t tmpfs none /dev && exec {} run --payload hello",
+            bin.display()
+        ));
     let out = run_with_limit(cmd, LIMIT);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

@@ -9,7 +9,17 @@ const LIMIT: Duration = Duration::from_secs(600);
 
 fn verify_overcommitted(vcpus: &str, extra: &[&str]) -> Run {
     let mut args = vec![
-        "run", "--payload", "verify", "--vcpus", vcpus, "--mem", "1G", "--mem-limit", "256M", "--payload-args", "passes=2",
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        vcpus,
+        "--mem",
+        "1G",
+        "--mem-limit",
+        "256M",
+        "--payload-args",
+        "passes=2",
     ];
     args.extend_from_slice(extra);
     let run = hugevmm(&args, LIMIT);
@@ -28,9 +38,18 @@ fn verify_overcommitted(vcpus: &str, extra: &[&str]) -> Run {
     // come back at least once per generation.
     let unit = run.stat("/swap/unit_bytes");
     let chunks_per_gib = (1u64 << 30) / unit;
-    assert!(evictions >= chunks_per_gib, "evictions {evictions} < {chunks_per_gib}");
-    assert!(store_faults >= chunks_per_gib / 2, "store faults {store_faults}");
-    assert!(run.stat("/swap/resident_bytes_max") <= 256 << 20, "limit exceeded");
+    assert!(
+        evictions >= chunks_per_gib,
+        "evictions {evictions} < {chunks_per_gib}"
+    );
+    assert!(
+        store_faults >= chunks_per_gib / 2,
+        "store faults {store_faults}"
+    );
+    assert!(
+        run.stat("/swap/resident_bytes_max") <= 256 << 20,
+        "limit exceeded"
+    );
     run
 }
 
@@ -69,8 +88,19 @@ fn verify_with_the_4k_baseline_unit() {
 fn seqwrite_refaulted(backing: &str) {
     let run = hugevmm(
         &[
-            "run", "--payload", "seqwrite", "--vcpus", "2", "--mem", "1G", "--mem-limit", "256M", "--backing", backing,
-            "--payload-args", "bytes=512M passes=2",
+            "run",
+            "--payload",
+            "seqwrite",
+            "--vcpus",
+            "2",
+            "--mem",
+            "1G",
+            "--mem-limit",
+            "256M",
+            "--backing",
+            backing,
+            "--payload-args",
+            "bytes=512M passes=2",
         ],
         LIMIT,
     );
@@ -79,9 +109,15 @@ fn seqwrite_refaulted(backing: &str) {
     let pages_2m = run.stat("/kvm/pages_2m");
     let store_faults = run.stat("/swap/faults/store");
     eprintln!("{backing}: resident_chunks={resident_chunks} pages_2m={pages_2m} store_faults={store_faults} restored_split={}", run.stat("/swap/restored_split"));
-    assert!(store_faults >= 128, "the second pass refaults from the store ({store_faults})");
+    assert!(
+        store_faults >= 128,
+        "the second pass refaults from the store ({store_faults})"
+    );
     assert!(resident_chunks > 0);
-    assert!(pages_2m * 10 >= resident_chunks * 9, "pages_2m {pages_2m} < 90% of {resident_chunks} resident chunks");
+    assert!(
+        pages_2m * 10 >= resident_chunks * 9,
+        "pages_2m {pages_2m} < 90% of {resident_chunks} resident chunks"
+    );
 }
 
 #[test]
@@ -117,15 +153,42 @@ fn a_failing_store_ends_the_run_naming_the_chunk() {
         let spec = format!("faulty:{fault},inner=mem:lz4");
         let run = hugevmm(
             &[
-                "run", "--payload", "verify", "--vcpus", "2", "--mem", "512M", "--mem-limit", "64M", "--swap-store", &spec,
-                "--payload-args", "passes=2",
+                "run",
+                "--payload",
+                "verify",
+                "--vcpus",
+                "2",
+                "--mem",
+                "512M",
+                "--mem-limit",
+                "64M",
+                "--swap-store",
+                &spec,
+                "--payload-args",
+                "passes=2",
             ],
             LIMIT,
         );
         assert_eq!(run.status, Some(125), "{fault}: {}", run.stderr);
-        assert!(run.stderr.contains("swap engine"), "{fault}: {}", run.stderr);
-        assert!(run.stderr.contains("guest address 0x"), "{fault}: {}", run.stderr);
-        assert!(run.stderr.to_lowercase().contains(words), "{fault}: {}", run.stderr);
-        assert!(!run.stdout.contains("MISMATCH"), "no zero-filled chunk reached the guest: {}", run.stdout);
+        assert!(
+            run.stderr.contains("swap engine"),
+            "{fault}: {}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.contains("guest address 0x"),
+            "{fault}: {}",
+            run.stderr
+        );
+        assert!(
+            run.stderr.to_lowercase().contains(words),
+            "{fault}: {}",
+            run.stderr
+        );
+        assert!(
+            !run.stdout.contains("MISMATCH"),
+            "no zero-filled chunk reached the guest: {}",
+            run.stdout
+        );
     }
 }

@@ -275,7 +275,11 @@ fn verify_detects_a_bad_word() {
     assert_eq!(field(lines[0], "expected"), 0);
     assert_eq!(field(lines[0], "found"), 0x5a5a);
     assert_eq!(field(lines[0], "gen"), 0);
-    assert!(r.out.contains(&format!("vcpu {} status 0\n", 1 - owner)), "{}", r.out);
+    assert!(
+        r.out.contains(&format!("vcpu {} status 0\n", 1 - owner)),
+        "{}",
+        r.out
+    );
 }
 
 #[test]

@@ -14,7 +14,11 @@ use swap::engine::SwapUnit;
 use swap::store::StoreSpec;
 
 #[derive(Parser)]
-#[command(name = "hugevmm", version, about = "A KVM VMM that keeps guest RAM in 2 MiB mappings")]
+#[command(
+    name = "hugevmm",
+    version,
+    about = "A KVM VMM that keeps guest RAM in 2 MiB mappings"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -23,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a payload (a guest program following docs/PAYLOAD_PROTOCOL.md).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// List the built-in payloads.
     Payloads,
     /// Run a benchmark suite (see README, "Results").
@@ -44,7 +48,11 @@ struct RunArgs {
     #[arg(long, default_value = "thp")]
     backing: Backing,
     /// Built-in payload to run (see `hugevmm payloads`).
-    #[arg(long, conflicts_with = "payload_file", required_unless_present = "payload_file")]
+    #[arg(
+        long,
+        conflicts_with = "payload_file",
+        required_unless_present = "payload_file"
+    )]
     payload: Option<String>,
     /// Payload ELF file to run.
     #[arg(long)]
@@ -94,21 +102,33 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 
 fn load_payload(args: &RunArgs) -> Result<Payload> {
     if let Some(path) = &args.payload_file {
-        let elf = std::fs::read(path).with_context(|| format!("cannot read --payload-file {}", path.display()))?;
-        return Ok(Payload { name: path.display().to_string(), elf });
+        let elf = std::fs::read(path)
+            .with_context(|| format!("cannot read --payload-file {}", path.display()))?;
+        return Ok(Payload {
+            name: path.display().to_string(),
+            elf,
+        });
     }
     let name = args.payload.as_deref().unwrap_or_default();
     let builtin = payloads::find(name).with_context(|| {
         let names: Vec<&str> = payloads::all().iter().map(|p| p.name).collect();
-        format!("no built-in payload named '{name}'; built-in payloads: {}", names.join(", "))
+        format!(
+            "no built-in payload named '{name}'; built-in payloads: {}",
+            names.join(", ")
+        )
     })?;
-    Ok(Payload { name: builtin.name.to_string(), elf: builtin.elf.to_vec() })
+    Ok(Payload {
+        name: builtin.name.to_string(),
+        elf: builtin.elf.to_vec(),
+    })
 }
 
 fn run_command(args: RunArgs) -> Result<i32> {
     let payload = load_payload(&args)?;
     let timeout = match args.timeout {
-        Some(secs) if !(secs.is_finite() && secs > 0.0) => anyhow::bail!("--timeout must be a positive number of seconds"),
+        Some(secs) if !(secs.is_finite() && secs > 0.0) => {
+            anyhow::bail!("--timeout must be a positive number of seconds")
+        }
         Some(secs) => Some(Duration::from_secs_f64(secs)),
         None => None,
     };
@@ -194,11 +214,13 @@ fn run_command(args: RunArgs) -> Result<i32> {
             text += &stats::sample_json(sample).to_string();
             text.push('\n');
         }
-        std::fs::write(path, text).with_context(|| format!("cannot write --stats-timeline {}", path.display()))?;
+        std::fs::write(path, text)
+            .with_context(|| format!("cannot write --stats-timeline {}", path.display()))?;
     }
     if let Some(path) = &args.stats_json {
         let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");
-        std::fs::write(path, json + "\n").with_context(|| format!("cannot write --stats-json {}", path.display()))?;
+        std::fs::write(path, json + "\n")
+            .with_context(|| format!("cannot write --stats-json {}", path.display()))?;
     }
     Ok(outcome.exit_status)
 }
@@ -207,7 +229,7 @@ fn run_command(args: RunArgs) -> Result<i32> {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run_command(args),
+        Command::Run(args) => run_command(*args),
         Command::Bench(args) => crate::bench::run(args),
         Command::Payloads => {
             for p in payloads::all() {

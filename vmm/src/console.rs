@@ -20,7 +20,10 @@ const MAX_LINE_BYTES: usize = 64 << 10;
 impl VcpuConsole {
     /// A console writing whole lines to `sink`.
     pub fn new(sink: ConsoleSink) -> Self {
-        Self { line: Vec::new(), sink }
+        Self {
+            line: Vec::new(),
+            sink,
+        }
     }
 
     /// Takes one byte written by the guest.
@@ -81,6 +84,9 @@ mod tests {
         }
         b.put(b'c');
         drop(b);
-        assert_eq!(String::from_utf8(out.0.lock().unwrap().clone()).unwrap(), "aaaa\nbbbb\nc\n");
+        assert_eq!(
+            String::from_utf8(out.0.lock().unwrap().clone()).unwrap(),
+            "aaaa\nbbbb\nc\n"
+        );
     }
 }

@@ -108,7 +108,11 @@ pub fn entry_regs(state: &EntryState) -> kvm_regs {
 }
 
 /// Loads the complete entry state into a vCPU.
-pub fn configure(vcpu: &VcpuFd, cpuid: &CpuId, state: &EntryState) -> Result<(), kvm_ioctls::Error> {
+pub fn configure(
+    vcpu: &VcpuFd,
+    cpuid: &CpuId,
+    state: &EntryState,
+) -> Result<(), kvm_ioctls::Error> {
     let mut cpuid = cpuid.clone();
     for entry in cpuid.as_mut_slice() {
         // Leaf 1 EBX[31:24] and leaf 0xB EDX carry the APIC ID: make each
@@ -144,9 +148,17 @@ mod tests {
         assert_eq!(sregs.cs.dpl, 3);
         assert_eq!(sregs.cs.l, 1);
         assert_eq!(sregs.ss.dpl, 3);
-        assert_eq!(sregs.efer & (EFER_LMA | EFER_LME | EFER_SCE), EFER_LMA | EFER_LME | EFER_SCE);
+        assert_eq!(
+            sregs.efer & (EFER_LMA | EFER_LME | EFER_SCE),
+            EFER_LMA | EFER_LME | EFER_SCE
+        );
         assert_eq!(sregs.tr.base, layout::tss_gpa(3));
-        let regs = entry_regs(&EntryState { index: 3, vcpu_count: 4, rip: 0x200000, boot_info_gpa: 0x1e0000 });
+        let regs = entry_regs(&EntryState {
+            index: 3,
+            vcpu_count: 4,
+            rip: 0x200000,
+            boot_info_gpa: 0x1e0000,
+        });
         assert_eq!(regs.rflags, 0x3002);
         assert_eq!(regs.rdi, 3);
         assert_eq!(regs.rsp % 16, 0);

@@ -25,10 +25,17 @@ pub struct SwapOptions {
 /// Registers all guest RAM with a new swap engine. Must run before anything
 /// touches guest RAM. The VMM's own chunk (page tables, descriptor tables,
 /// stacks) is pinned: the guest walks it on every TLB miss.
-pub fn start(ram: &GuestRam, options: &SwapOptions, events: Sender<VcpuEvent>) -> Result<SwapEngine> {
+pub fn start(
+    ram: &GuestRam,
+    options: &SwapOptions,
+    events: Sender<VcpuEvent>,
+) -> Result<SwapEngine> {
     let kind = match ram.backing() {
         Backing::Hugetlb => MemoryKind::Hugetlb {
-            memfd: ram.memfd().context("hugetlb guest RAM has no memfd")?.as_raw_fd(),
+            memfd: ram
+                .memfd()
+                .context("hugetlb guest RAM has no memfd")?
+                .as_raw_fd(),
         },
         Backing::Thp | Backing::Small4k => MemoryKind::Anonymous,
     };

@@ -5,7 +5,9 @@ use crate::cpu;
 use crate::payload::layout::EXCEPTION_PORT;
 use crate::payload::port_trap;
 use guestmem::GuestRam;
-use kvm_bindings::{KVM_INTERNAL_ERROR_DELIVERY_EV, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_SIMUL_EX};
+use kvm_bindings::{
+    KVM_INTERNAL_ERROR_DELIVERY_EV, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_SIMUL_EX,
+};
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::collections::HashSet;
 use std::sync::mpsc::Sender;
@@ -49,7 +51,11 @@ pub struct UnknownAccessLog {
 
 impl UnknownAccessLog {
     fn note(&self, index: u32, mmio: bool, addr: u64, write: bool, len: usize) {
-        let first = self.seen.lock().unwrap_or_else(|e| e.into_inner()).insert((mmio, addr));
+        let first = self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert((mmio, addr));
         if first {
             let what = if mmio { "MMIO address" } else { "I/O port" };
             let dir = if write { "write" } else { "read" };
@@ -121,7 +127,13 @@ pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
 }
 
 /// A port write by the guest, from an I/O exit or a trapped instruction.
-fn port_write(port: u16, data: &[u8], index: u32, console: &mut VcpuConsole, unknown: &UnknownAccessLog) -> Step {
+fn port_write(
+    port: u16,
+    data: &[u8],
+    index: u32,
+    console: &mut VcpuConsole,
+    unknown: &UnknownAccessLog,
+) -> Step {
     match port {
         CONSOLE_PORT => {
             data.iter().for_each(|b| console.put(*b));
@@ -147,7 +159,12 @@ fn port_read(port: u16, data: &mut [u8], index: u32, unknown: &UnknownAccessLog)
     data.fill(0xff);
 }
 
-fn dispatch(exit: VcpuExit<'_>, index: u32, console: &mut VcpuConsole, unknown: &UnknownAccessLog) -> Step {
+fn dispatch(
+    exit: VcpuExit<'_>,
+    index: u32,
+    console: &mut VcpuConsole,
+    unknown: &UnknownAccessLog,
+) -> Step {
     match exit {
         VcpuExit::IoOut(port, data) => port_write(port, data, index, console, unknown),
         VcpuExit::IoIn(port, data) => {
@@ -275,12 +292,18 @@ fn handle_exception(vcpu: &VcpuFd, ctx: &VcpuContext, console: &mut VcpuConsole)
         ));
     }
     let Some(frame) = read_frame(&ctx.ram, regs.rsp) else {
-        return Step::Fatal(format!("guest exception with an unreadable frame at rsp {:#x}", regs.rsp));
+        return Step::Fatal(format!(
+            "guest exception with an unreadable frame at rsp {:#x}",
+            regs.rsp
+        ));
     };
     const GENERAL_PROTECTION: u64 = 13;
     let mut insn = [0u8; 3];
     let from_user = frame.cs & 3 == 3;
-    if frame.vector == GENERAL_PROTECTION && from_user && ctx.ram.read_bytes(frame.rip, &mut insn).is_ok() {
+    if frame.vector == GENERAL_PROTECTION
+        && from_user
+        && ctx.ram.read_bytes(frame.rip, &mut insn).is_ok()
+    {
         if let Some(io) = port_trap::decode(&insn, regs.rdx) {
             let step = if io.write {
                 let data = regs.rax.to_le_bytes();
@@ -302,7 +325,9 @@ fn handle_exception(vcpu: &VcpuFd, ctx: &VcpuContext, console: &mut VcpuConsole)
             sregs.ss = cpu::user_data_segment();
             return match vcpu.set_sregs(&sregs).and_then(|_| vcpu.set_regs(&regs)) {
                 Ok(()) => Step::Continue,
-                Err(e) => Step::Fatal(format!("cannot resume the guest after emulating port I/O: {e}")),
+                Err(e) => Step::Fatal(format!(
+                    "cannot resume the guest after emulating port I/O: {e}"
+                )),
             };
         }
     }

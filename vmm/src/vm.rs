@@ -112,7 +112,10 @@ fn ram_ranges(layout: &Layout) -> Vec<GpaRange> {
     layout
         .regions()
         .iter()
-        .map(|r| GpaRange { start: r.gpa, end: r.gpa + r.len_bytes })
+        .map(|r| GpaRange {
+            start: r.gpa,
+            end: r.gpa + r.len_bytes,
+        })
         .collect()
 }
 
@@ -130,7 +133,10 @@ pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
 /// Runs the payload to completion.
 pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
-        bail!("--vcpus {} is out of range: give 1 to {MAX_VCPUS}", config.vcpus);
+        bail!(
+            "--vcpus {} is out of range: give 1 to {MAX_VCPUS}",
+            config.vcpus
+        );
     }
     if config.pageout_at_exit && config.swap.is_none() {
         bail!("--pageout needs the swap engine: give --swap-store or --mem-limit");
@@ -138,23 +144,38 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let layout = Layout::new(config.mem_bytes).context("invalid --mem")?;
     let ram_desc = describe_ram(&layout);
     let ranges = ram_ranges(&layout);
-    let image = elf::parse(&config.payload.elf, |start, len| layout.contains(start, len), &ram_desc)
-        .with_context(|| format!("payload {} cannot be loaded", config.payload.name))?;
+    let image = elf::parse(
+        &config.payload.elf,
+        |start, len| layout.contains(start, len),
+        &ram_desc,
+    )
+    .with_context(|| format!("payload {} cannot be loaded", config.payload.name))?;
     let region = tables::build_vmm_region(config.vcpus, &ranges)?;
     let used: Vec<GpaRange> = image
         .segments
         .iter()
-        .map(|s| GpaRange { start: s.gpa, end: s.end_gpa() })
+        .map(|s| GpaRange {
+            start: s.gpa,
+            end: s.end_gpa(),
+        })
         .collect();
     let free = bootinfo::free_ranges(&ranges, &used);
-    let boot_info = bootinfo::encode(config.vcpus, config.mem_bytes, config.payload_args.as_bytes(), &free)?;
+    let boot_info = bootinfo::encode(
+        config.vcpus,
+        config.mem_bytes,
+        config.payload_args.as_bytes(),
+        &free,
+    )?;
 
     let kvm = open_kvm()?;
-    let ram = Arc::new(GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?);
+    let ram = Arc::new(
+        GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?,
+    );
     let vm = kvm.create_vm().context("KVM_CREATE_VM failed")?;
     // Only needed by VMX hosts for real-mode emulation; harmless elsewhere.
     let _ = vm.set_tss_address(0xfffb_d000);
-    ram.register_memslots(&vm).context("cannot register guest RAM with KVM")?;
+    ram.register_memslots(&vm)
+        .context("cannot register guest RAM with KVM")?;
     let stats = KvmStats::open(&vm).context("cannot open KVM statistics")?;
     let (events_tx, events_rx) = mpsc::channel();
     let engine = match &config.swap {
@@ -162,10 +183,13 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         None => None,
     };
 
-    ram.write_bytes(0, &region).context("writing the VMM region")?;
-    ram.write_bytes(BOOT_INFO_GPA, &boot_info).context("writing the boot info")?;
+    ram.write_bytes(0, &region)
+        .context("writing the VMM region")?;
+    ram.write_bytes(BOOT_INFO_GPA, &boot_info)
+        .context("writing the boot info")?;
     for segment in &image.segments {
-        let bytes = &config.payload.elf[segment.file_offset..segment.file_offset + segment.file_bytes as usize];
+        let bytes = &config.payload.elf
+            [segment.file_offset..segment.file_offset + segment.file_bytes as usize];
         // The bss needs no write: guest RAM is fresh anonymous (or hugetlb)
         // memory, which reads as zero.
         ram.write_bytes(segment.gpa, bytes)
@@ -188,7 +212,8 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
             rip: image.entry,
             boot_info_gpa: BOOT_INFO_GPA,
         };
-        cpu::configure(&fd, &cpuid, &state).with_context(|| format!("cannot set up vCPU {index}"))?;
+        cpu::configure(&fd, &cpuid, &state)
+            .with_context(|| format!("cannot set up vCPU {index}"))?;
         if index == 0 {
             tsc_khz = fd.get_tsc_khz().ok();
         }
@@ -219,33 +244,37 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     while statuses.iter().any(Option::is_none) {
         let wake = [deadline, next_sample].into_iter().flatten().min();
         let event = match wake {
-            Some(wake) => match events_rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
-                Ok(event) => event,
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    let now = Instant::now();
-                    if let (Some(at), Some(interval)) = (next_sample, config.sample_interval) {
-                        if now >= at {
-                            timeline.push(Sample {
-                                t_s: started.elapsed().as_secs_f64(),
-                                swap: engine.as_ref().map(|e| e.stats()),
-                                stage2: stats.read().unwrap_or_default(),
-                            });
-                            next_sample = Some(at + interval);
+            Some(wake) => {
+                match events_rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+                    Ok(event) => event,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        let now = Instant::now();
+                        if let (Some(at), Some(interval)) = (next_sample, config.sample_interval) {
+                            if now >= at {
+                                timeline.push(Sample {
+                                    t_s: started.elapsed().as_secs_f64(),
+                                    swap: engine.as_ref().map(|e| e.stats()),
+                                    stage2: stats.read().unwrap_or_default(),
+                                });
+                                next_sample = Some(at + interval);
+                            }
                         }
-                    }
-                    if deadline.is_some_and(|d| now >= d) {
-                        let waiting: Vec<usize> = (0..statuses.len()).filter(|i| statuses[*i].is_none()).collect();
-                        failure = Some(format!(
+                        if deadline.is_some_and(|d| now >= d) {
+                            let waiting: Vec<usize> = (0..statuses.len())
+                                .filter(|i| statuses[*i].is_none())
+                                .collect();
+                            failure = Some(format!(
                             "timed out after {:.1} s (--timeout); vCPUs still running: {waiting:?}",
                             started.elapsed().as_secs_f64()
                         ));
-                        exit_status = Some(EXIT_TIMEOUT);
-                        break;
+                            exit_status = Some(EXIT_TIMEOUT);
+                            break;
+                        }
+                        continue;
                     }
-                    continue;
+                    Err(mpsc::RecvTimeoutError::Disconnected) => break,
                 }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            },
+            }
             None => match events_rx.recv() {
                 Ok(event) => event,
                 Err(_) => break,
@@ -272,7 +301,9 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         (Some(engine), true) => {
             let resident_bytes_before = engine.stats().resident_bytes;
             let t0 = Instant::now();
-            let report = engine.evict_all().context("--pageout: evicting guest RAM failed")?;
+            let report = engine
+                .evict_all()
+                .context("--pageout: evicting guest RAM failed")?;
             let elapsed = t0.elapsed();
             Some(Pageout {
                 resident_bytes_before,
@@ -313,7 +344,11 @@ fn describe_ram(layout: &Layout) -> String {
         .iter()
         .map(|r| format!("[{:#x}, {:#x})", r.gpa, r.gpa + r.len_bytes))
         .collect();
-    format!("{} at {}", format_size(layout.ram_bytes()), parts.join(" and "))
+    format!(
+        "{} at {}",
+        format_size(layout.ram_bytes()),
+        parts.join(" and ")
+    )
 }
 
 #[cfg(test)]

@@ -197,7 +197,7 @@ pub fn parse(
                 limit: VMM_REGION_BYTES,
             });
         }
-        let end = gpa.checked_add(mem_bytes).unwrap_or(u64::MAX);
+        let end = gpa.saturating_add(mem_bytes);
         if !ram_contains(gpa, mem_bytes) {
             return Err(ElfError::OutsideRam {
                 index,
@@ -278,7 +278,11 @@ pub(crate) mod tests {
 
     #[test]
     fn accepts_a_good_image() {
-        let elf = build_elf(ET_EXEC, 0x200010, &[(0x200000, 0x100, 0x2000), (0x400000, 8, 8)]);
+        let elf = build_elf(
+            ET_EXEC,
+            0x200010,
+            &[(0x200000, 0x100, 0x2000), (0x400000, 8, 8)],
+        );
         let img = parse(&elf, ram_512m, "512 MiB").unwrap();
         assert_eq!(img.entry, 0x200010);
         assert_eq!(img.segments.len(), 2);
@@ -288,7 +292,10 @@ pub(crate) mod tests {
 
     #[test]
     fn refuses_bad_images_with_reasons() {
-        assert_eq!(parse(b"hello world", ram_512m, "").unwrap_err(), ElfError::BadMagic);
+        assert_eq!(
+            parse(b"hello world", ram_512m, "").unwrap_err(),
+            ElfError::BadMagic
+        );
         let dynamic = build_elf(3, 0x200000, &[(0x200000, 16, 16)]);
         let err = parse(&dynamic, ram_512m, "").unwrap_err();
         assert!(err.to_string().contains("-no-pie"), "{err}");
@@ -300,17 +307,36 @@ pub(crate) mod tests {
         let high = build_elf(ET_EXEC, 0x2000_0000, &[(0x2000_0000, 16, 16)]);
         let err = parse(&high, ram_512m, "512 MiB").unwrap_err();
         assert!(err.to_string().contains("--mem"), "{err}");
-        let overlap = build_elf(ET_EXEC, 0x200000, &[(0x200000, 16, 0x1000), (0x200800, 16, 16)]);
-        assert!(matches!(parse(&overlap, ram_512m, "").unwrap_err(), ElfError::Overlap { .. }));
+        let overlap = build_elf(
+            ET_EXEC,
+            0x200000,
+            &[(0x200000, 16, 0x1000), (0x200800, 16, 16)],
+        );
+        assert!(matches!(
+            parse(&overlap, ram_512m, "").unwrap_err(),
+            ElfError::Overlap { .. }
+        ));
         let entry = build_elf(ET_EXEC, 0x300000, &[(0x200000, 16, 16)]);
-        assert_eq!(parse(&entry, ram_512m, "").unwrap_err(), ElfError::EntryOutside(0x300000));
+        assert_eq!(
+            parse(&entry, ram_512m, "").unwrap_err(),
+            ElfError::EntryOutside(0x300000)
+        );
         let mut truncated = build_elf(ET_EXEC, 0x200000, &[(0x200000, 64, 64)]);
         truncated.truncate(truncated.len() - 10);
-        assert!(matches!(parse(&truncated, ram_512m, "").unwrap_err(), ElfError::Truncated(_)));
+        assert!(matches!(
+            parse(&truncated, ram_512m, "").unwrap_err(),
+            ElfError::Truncated(_)
+        ));
         let mut wrong_machine = build_elf(ET_EXEC, 0x200000, &[(0x200000, 16, 16)]);
         wrong_machine[18] = 40;
-        assert!(matches!(parse(&wrong_machine, ram_512m, "").unwrap_err(), ElfError::Unsupported(_)));
+        assert!(matches!(
+            parse(&wrong_machine, ram_512m, "").unwrap_err(),
+            ElfError::Unsupported(_)
+        ));
         let short = &build_elf(ET_EXEC, 0x200000, &[(0x200000, 16, 16)])[..40];
-        assert!(matches!(parse(short, ram_512m, "").unwrap_err(), ElfError::Truncated(_)));
+        assert!(matches!(
+            parse(short, ram_512m, "").unwrap_err(),
+            ElfError::Truncated(_)
+        ));
     }
 }

@@ -87,18 +87,13 @@ pub fn tss_selector(index: u32) -> u16 {
     selector::FIRST_TSS + 16 * index as u16
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn regions_do_not_overlap_and_fit() {
-        assert!(TSS_GPA + u64::from(MAX_VCPUS) * TSS_STRIDE_BYTES <= EXCEPTION_STACKS_GPA);
-        assert!(exception_stack_top(MAX_VCPUS - 1) <= PML4_GPA);
-        assert!(user_stack_top(MAX_VCPUS - 1) <= BOOT_INFO_GPA);
-        assert!(EXCEPTION_STUBS_GPA + 256 * EXCEPTION_STUB_BYTES <= TSS_GPA);
-        assert_eq!(user_stack_top(0) % 16, 0);
-        assert!(u64::from(selector::FIRST_TSS) + 16 * u64::from(MAX_VCPUS) <= 0x1000);
-        assert!(MAX_MAPPED_GPA >= 193 << 30);
-    }
-}
+// The region's pieces must not overlap, checked when the VMM is compiled.
+const _: () = {
+    assert!(EXCEPTION_STUBS_GPA + 256 * EXCEPTION_STUB_BYTES <= TSS_GPA);
+    assert!(TSS_GPA + MAX_VCPUS as u64 * TSS_STRIDE_BYTES <= EXCEPTION_STACKS_GPA);
+    assert!(EXCEPTION_STACKS_GPA + MAX_VCPUS as u64 * EXCEPTION_STACK_BYTES <= PML4_GPA);
+    assert!(USER_STACKS_GPA + MAX_VCPUS as u64 * USER_STACK_STRIDE_BYTES <= BOOT_INFO_GPA);
+    assert!(USER_STACK_STRIDE_BYTES & 15 == 0);
+    assert!(selector::FIRST_TSS as u64 + 16 * MAX_VCPUS as u64 <= 0x1000);
+    assert!(MAX_MAPPED_GPA >= 193 << 30);
+};

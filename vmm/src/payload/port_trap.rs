@@ -68,14 +68,50 @@ mod tests {
     #[test]
     fn decodes_every_form() {
         let out_dx_al = decode(&[0xee], 0x3f8).unwrap();
-        assert_eq!(out_dx_al, TrappedIo { port: 0x3f8, size: 1, write: true, len: 1 });
+        assert_eq!(
+            out_dx_al,
+            TrappedIo {
+                port: 0x3f8,
+                size: 1,
+                write: true,
+                len: 1
+            }
+        );
         let out_dx_eax = decode(&[0xef, 0x90], 0xf4).unwrap();
-        assert_eq!(out_dx_eax, TrappedIo { port: 0xf4, size: 4, write: true, len: 1 });
+        assert_eq!(
+            out_dx_eax,
+            TrappedIo {
+                port: 0xf4,
+                size: 4,
+                write: true,
+                len: 1
+            }
+        );
         let out_imm_ax = decode(&[0x66, 0xe7, 0x80], 0).unwrap();
-        assert_eq!(out_imm_ax, TrappedIo { port: 0x80, size: 2, write: true, len: 3 });
+        assert_eq!(
+            out_imm_ax,
+            TrappedIo {
+                port: 0x80,
+                size: 2,
+                write: true,
+                len: 3
+            }
+        );
         let in_imm_al = decode(&[0xe4, 0x61], 0).unwrap();
-        assert_eq!(in_imm_al, TrappedIo { port: 0x61, size: 1, write: false, len: 2 });
-        assert_eq!(decode(&[0xed], 0x1_0070).unwrap().port, 0x70, "port is dx, 16 bits");
+        assert_eq!(
+            in_imm_al,
+            TrappedIo {
+                port: 0x61,
+                size: 1,
+                write: false,
+                len: 2
+            }
+        );
+        assert_eq!(
+            decode(&[0xed], 0x1_0070).unwrap().port,
+            0x70,
+            "port is dx, 16 bits"
+        );
         assert_eq!(decode(&[0x0f, 0x0b], 0), None, "ud2 is not I/O");
         assert_eq!(decode(&[0x6e], 0), None, "string I/O is not emulated");
         assert_eq!(decode(&[0xe6], 0), None, "truncated");
@@ -83,8 +119,14 @@ mod tests {
 
     #[test]
     fn in_values_merge_like_the_cpu() {
-        assert_eq!(merge_in_value(0xffff_ffff_ffff_ffff, 1, &[0x12]), 0xffff_ffff_ffff_ff12);
-        assert_eq!(merge_in_value(0xffff_ffff_ffff_ffff, 2, &[0x34, 0x12]), 0xffff_ffff_ffff_1234);
+        assert_eq!(
+            merge_in_value(0xffff_ffff_ffff_ffff, 1, &[0x12]),
+            0xffff_ffff_ffff_ff12
+        );
+        assert_eq!(
+            merge_in_value(0xffff_ffff_ffff_ffff, 2, &[0x34, 0x12]),
+            0xffff_ffff_ffff_1234
+        );
         assert_eq!(merge_in_value(0xffff_ffff_ffff_ffff, 4, &[1, 0, 0, 0]), 1);
     }
 }

@@ -64,7 +64,11 @@ fn write_page_tables(image: &mut [u8], vcpu_count: u32, ram: &[GpaRange]) {
                 // carry its own permission (user access only where needed).
                 put_u64(image, pde, VMM_PT_GPA | table);
             } else {
-                put_u64(image, pde, gpa | PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_HUGE);
+                put_u64(
+                    image,
+                    pde,
+                    gpa | PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_HUGE,
+                );
             }
             gpa += TWO_MIB;
         }
@@ -94,10 +98,26 @@ fn segment_descriptor(access: u64, flags: u64) -> u64 {
 
 fn write_gdt(image: &mut [u8], vcpu_count: u32) {
     // access: P | DPL | S | type (accessed bit preset so the CPU never writes it)
-    put_u64(image, GDT_GPA + u64::from(selector::KERNEL_CODE), segment_descriptor(0x9b, 0xa));
-    put_u64(image, GDT_GPA + u64::from(selector::KERNEL_DATA), segment_descriptor(0x93, 0xc));
-    put_u64(image, GDT_GPA + u64::from(selector::USER_DATA & !3), segment_descriptor(0xf3, 0xc));
-    put_u64(image, GDT_GPA + u64::from(selector::USER_CODE & !3), segment_descriptor(0xfb, 0xa));
+    put_u64(
+        image,
+        GDT_GPA + u64::from(selector::KERNEL_CODE),
+        segment_descriptor(0x9b, 0xa),
+    );
+    put_u64(
+        image,
+        GDT_GPA + u64::from(selector::KERNEL_DATA),
+        segment_descriptor(0x93, 0xc),
+    );
+    put_u64(
+        image,
+        GDT_GPA + u64::from(selector::USER_DATA & !3),
+        segment_descriptor(0xf3, 0xc),
+    );
+    put_u64(
+        image,
+        GDT_GPA + u64::from(selector::USER_CODE & !3),
+        segment_descriptor(0xfb, 0xa),
+    );
     for index in 0..vcpu_count {
         let base = tss_gpa(index);
         let limit = 103u64;
@@ -146,7 +166,7 @@ fn write_tsss(image: &mut [u8], vcpu_count: u32) {
     for index in 0..vcpu_count {
         let tss = tss_gpa(index);
         put_u64(image, tss + 4, exception_stack_top(index)); // RSP0
-        // I/O map base beyond the limit: no bitmap; IOPL 3 grants port access.
+                                                             // I/O map base beyond the limit: no bitmap; IOPL 3 grants port access.
         let iomap = (tss + 102) as usize;
         image[iomap..iomap + 2].copy_from_slice(&104u16.to_le_bytes());
     }
@@ -191,34 +211,84 @@ mod tests {
     #[test]
     fn ram_is_identity_mapped_huge_and_user_accessible() {
         let ram = [
-            GpaRange { start: 0, end: 3 << 30 },
-            GpaRange { start: 4 << 30, end: 6 << 30 },
+            GpaRange {
+                start: 0,
+                end: 3 << 30,
+            },
+            GpaRange {
+                start: 4 << 30,
+                end: 6 << 30,
+            },
         ];
         let image = build_vmm_region(2, &ram).unwrap();
-        for va in [0x200000u64, 0x3fff_fff8, (3 << 30) - 8, 4 << 30, (6 << 30) - 8] {
-            assert_eq!(translate(&image, va), Some((va, true, true, true)), "{va:#x}");
+        for va in [
+            0x200000u64,
+            0x3fff_fff8,
+            (3 << 30) - 8,
+            4 << 30,
+            (6 << 30) - 8,
+        ] {
+            assert_eq!(
+                translate(&image, va),
+                Some((va, true, true, true)),
+                "{va:#x}"
+            );
         }
-        assert_eq!(translate(&image, 3 << 30), None, "the device hole is unmapped");
+        assert_eq!(
+            translate(&image, 3 << 30),
+            None,
+            "the device hole is unmapped"
+        );
         assert_eq!(translate(&image, 6 << 30), None, "beyond RAM is unmapped");
     }
 
     #[test]
     fn vmm_region_permissions() {
-        let image = build_vmm_region(2, &[GpaRange { start: 0, end: 64 << 20 }]).unwrap();
+        let image = build_vmm_region(
+            2,
+            &[GpaRange {
+                start: 0,
+                end: 64 << 20,
+            }],
+        )
+        .unwrap();
         assert_eq!(translate(&image, 0), None, "null page");
-        assert_eq!(translate(&image, PML4_GPA), Some((PML4_GPA, false, true, false)));
-        assert_eq!(translate(&image, IDT_GPA), Some((IDT_GPA, false, true, false)));
+        assert_eq!(
+            translate(&image, PML4_GPA),
+            Some((PML4_GPA, false, true, false))
+        );
+        assert_eq!(
+            translate(&image, IDT_GPA),
+            Some((IDT_GPA, false, true, false))
+        );
         let top = user_stack_top(1);
-        assert_eq!(translate(&image, top - 8), Some((top - 8, true, true, false)));
+        assert_eq!(
+            translate(&image, top - 8),
+            Some((top - 8, true, true, false))
+        );
         let guard = top - USER_STACK_STRIDE_BYTES;
         assert_eq!(translate(&image, guard), None, "guard page below stack 1");
-        assert_eq!(translate(&image, user_stack_top(2) - 8), None, "no stack for vCPU 2");
-        assert_eq!(translate(&image, BOOT_INFO_GPA), Some((BOOT_INFO_GPA, true, false, false)));
+        assert_eq!(
+            translate(&image, user_stack_top(2) - 8),
+            None,
+            "no stack for vCPU 2"
+        );
+        assert_eq!(
+            translate(&image, BOOT_INFO_GPA),
+            Some((BOOT_INFO_GPA, true, false, false))
+        );
     }
 
     #[test]
     fn idt_gates_point_at_stubs() {
-        let image = build_vmm_region(1, &[GpaRange { start: 0, end: 8 << 20 }]).unwrap();
+        let image = build_vmm_region(
+            1,
+            &[GpaRange {
+                start: 0,
+                end: 8 << 20,
+            }],
+        )
+        .unwrap();
         for vector in [0u64, 13, 14, 255] {
             let low = get(&image, IDT_GPA + vector * 16);
             let target = (low & 0xffff) | ((low >> 48) << 16);
@@ -234,9 +304,21 @@ mod tests {
 
     #[test]
     fn limits_are_enforced() {
-        assert_eq!(build_vmm_region(0, &[]).unwrap_err(), TablesError::TooManyVcpus(0));
-        assert_eq!(build_vmm_region(MAX_VCPUS + 1, &[]).unwrap_err(), TablesError::TooManyVcpus(33));
-        let huge = [GpaRange { start: 4 << 30, end: MAX_MAPPED_GPA + (2 << 20) }];
-        assert!(matches!(build_vmm_region(1, &huge), Err(TablesError::RamTooHigh(_))));
+        assert_eq!(
+            build_vmm_region(0, &[]).unwrap_err(),
+            TablesError::TooManyVcpus(0)
+        );
+        assert_eq!(
+            build_vmm_region(MAX_VCPUS + 1, &[]).unwrap_err(),
+            TablesError::TooManyVcpus(33)
+        );
+        let huge = [GpaRange {
+            start: 4 << 30,
+            end: MAX_MAPPED_GPA + (2 << 20),
+        }];
+        assert!(matches!(
+            build_vmm_region(1, &huge),
+            Err(TablesError::RamTooHigh(_))
+        ));
     }
 }
