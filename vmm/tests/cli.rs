@@ -5,8 +5,14 @@
 use std::process::Command;
 
 fn hugevmm(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hugevmm")).args(args).output().expect("run hugevmm");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_hugevmm"))
+        .args(args)
+        .output()
+        .expect("run hugevmm");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
