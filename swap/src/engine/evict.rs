@@ -57,7 +57,7 @@ impl EvictReport {
 }
 
 /// The state of an evicted unit once settled outside memory.
-fn settled(from: UnitState, tag: Tag, index: u32) -> UnitState {
+pub(crate) fn settled_state(from: UnitState, tag: Tag, index: u32) -> UnitState {
     from.to(tag, index)
         .with_clean(false)
         .with_wp(false)
@@ -276,7 +276,7 @@ impl<'a> Evictor<'a> {
             };
             if unchanged {
                 s.parking.release(p);
-                s.table.finish(unit, settled(resident, Tag::Stored, slot));
+                s.table.finish(unit, settled_state(resident, Tag::Stored, slot));
                 s.limiter.release();
                 self.report.clean_dropped_units += 1;
                 bump(&s.counters.clean_drops);
@@ -288,14 +288,14 @@ impl<'a> Evictor<'a> {
         let content = content.unwrap_or_else(|| scan(data));
         if content.zero {
             s.parking.release(p);
-            s.table.finish(unit, settled(resident, Tag::Absent, 0));
+            s.table.finish(unit, settled_state(resident, Tag::Absent, 0));
             s.limiter.release();
             self.report.zero_units += 1;
             bump(&s.counters.zero_chunks);
             return Ok(());
         }
         s.table.set_hash(unit, content.hash);
-        let staged = settled(resident, Tag::Staged, p).with_huge(resident.huge());
+        let staged = settled_state(resident, Tag::Staged, p).with_huge(resident.huge());
         s.table.finish(unit, staged);
         self.batch.push((unit, p));
         if self.batch.len() >= s.batch_units {
@@ -374,7 +374,7 @@ impl<'a> Evictor<'a> {
             let ours = state.tag() == Tag::Staged && state.index() == p && state.writing();
             if ours {
                 let next = match slot {
-                    Some(slot) => settled(state, Tag::Stored, slot),
+                    Some(slot) => settled_state(state, Tag::Stored, slot),
                     None => state.with_writing(false),
                 };
                 if s.table.transition(unit, state, next).is_err() {

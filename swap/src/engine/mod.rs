@@ -14,6 +14,7 @@
 
 pub mod buffers;
 pub mod config;
+pub mod discard;
 pub mod error;
 pub mod evict;
 pub mod fault;
@@ -339,6 +340,17 @@ impl SwapEngine {
     /// Evicts every resident unit and waits until the writes completed.
     pub fn evict_all(&self) -> Result<EvictReport, SwapError> {
         evict::evict_range(&self.shared, 0..self.shared.table.units())
+    }
+
+    /// Drops the units inside `[offset, offset+len)` (whole units only; a
+    /// partly covered unit at either end is left alone): the guest declared
+    /// this memory free, so nothing is written and the next touch reads
+    /// zeros.
+    pub fn discard_range(&self, offset: u64, len: u64) -> Result<discard::DiscardReport, SwapError> {
+        let s = &self.shared;
+        let first = offset.div_ceil(s.unit_bytes) as usize;
+        let end = ((offset.saturating_add(len) / s.unit_bytes) as usize).min(s.table.units());
+        discard::discard_units(s, first..end.max(first))
     }
 
     /// Changes the memory limit at run time (`None`: no limit).

@@ -1,0 +1,98 @@
+//! Dropping guest memory the guest declared free (balloon inflation, free
+//! page reporting): each unit becomes `Absent` without being written, its
+//! store slot is released, and its next touch is a zero fill.
+//!
+//! Transitions taken here (see `chunk.rs`): `Resident → Evicting → Absent`
+//! (this thread owns the unit while it zaps the memory, so a concurrent
+//! guest touch waits and then sees zeros, never half-dropped content) and
+//! `Stored(slot) → Absent` (one compare-and-swap). `Staged` units are in an
+//! evictor's write batch: wait until the writer settles them.
+
+use super::evict::settled_state;
+use super::mapping::punch_hole;
+use super::{Backing, Shared, SwapError};
+use crate::chunk::Tag;
+use std::ops::Range;
+use std::time::Duration;
+
+/// What a discard did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DiscardReport {
+    /// Resident units whose memory was released.
+    pub resident_units: u64,
+    /// Stored units whose store slot was released.
+    pub stored_units: u64,
+    /// Units that were already absent.
+    pub absent_units: u64,
+    /// Pinned units left alone.
+    pub pinned_units: u64,
+}
+
+/// Drops every unit in `units`.
+pub(crate) fn discard_units(s: &Shared, units: Range<usize>) -> Result<DiscardReport, SwapError> {
+    let mut report = DiscardReport::default();
+    for unit in units {
+        discard_unit(s, unit, &mut report)?;
+    }
+    Ok(report)
+}
+
+fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(), SwapError> {
+    loop {
+        if s.stopping() || s.failed() {
+            return Err(SwapError::ShuttingDown);
+        }
+        let state = s.table.load(unit);
+        if state.pinned() {
+            report.pinned_units += 1;
+            return Ok(());
+        }
+        match state.tag() {
+            Tag::Absent => {
+                report.absent_units += 1;
+                return Ok(());
+            }
+            Tag::Loading | Tag::Evicting => {
+                s.table.wait_settled(unit, &|| s.stopping() || s.failed());
+            }
+            // Owned by an evictor's write batch until the write completes.
+            Tag::Staged => std::thread::sleep(Duration::from_millis(1)),
+            Tag::Stored => {
+                let absent = settled_state(state, Tag::Absent, 0);
+                if s.table.transition(unit, state, absent).is_ok() {
+                    s.store.free(state.index());
+                    report.stored_units += 1;
+                    return Ok(());
+                }
+            }
+            Tag::Resident => {
+                let evicting = state
+                    .to(Tag::Evicting, state.index())
+                    .with_referenced(false);
+                if s.table.transition(unit, state, evicting).is_err() {
+                    continue;
+                }
+                let offset = unit as u64 * s.unit_bytes;
+                let zapped = match s.backing {
+                    Backing::Thp | Backing::Small => s.guest.discard(offset, s.unit_bytes),
+                    Backing::Hugetlb { memfd } => punch_hole(memfd, offset, s.unit_bytes),
+                };
+                if let Err(e) = zapped {
+                    // Nothing was released: the unit keeps its content.
+                    s.table.finish(unit, state);
+                    return Err(SwapError::os(
+                        format!("dropping the free chunk at {}", s.unit_name(unit)),
+                        e,
+                    ));
+                }
+                if state.clean() {
+                    s.store.free(state.index());
+                }
+                s.table.finish(unit, settled_state(state, Tag::Absent, 0));
+                s.limiter.release();
+                report.resident_units += 1;
+                return Ok(());
+            }
+        }
+    }
+}
