@@ -130,6 +130,11 @@ impl ChunkAccumulator {
         }
     }
 
+    /// The sink whole chunks go to.
+    pub fn sink(&self) -> Arc<dyn FreeMemorySink> {
+        self.sink.clone()
+    }
+
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, ChunkPages>> {
         // The map stays consistent at every step, so a panic elsewhere
         // while it was held leaves nothing to repair.

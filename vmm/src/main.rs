@@ -4,6 +4,8 @@ mod bench;
 mod cli;
 mod console;
 mod cpu;
+#[allow(dead_code, unused_imports)] // until the CLI boots Linux guests
+mod linux;
 mod payload;
 mod stats;
 mod swap_setup;

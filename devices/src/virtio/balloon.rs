@@ -11,8 +11,10 @@
 //!   wants a fresh one.
 //! - Free page reporting queue (`VIRTIO_BALLOON_F_REPORTING`): each
 //!   device-writable buffer of a chain is a guest range that is free. The
-//!   guest keeps those pages aside until the chain is returned, so they go
-//!   to the accumulator (and whole chunks to the sink) before that.
+//!   guest keeps those pages aside until the chain is returned, so whole
+//!   chunks covered by one chain go to the sink before that; partial chunks
+//!   are not remembered across chains (the guest may reuse those pages
+//!   without the host seeing it).
 //! - Configuration: `num_pages`, the target the host sets
 //!   ([`Balloon::set_target_pages`], with a configuration-change interrupt),
 //!   and `actual`, what the driver says it holds.
@@ -270,9 +272,15 @@ impl VirtioDevice for Balloon {
                     *inflated_pages = inflated_pages.saturating_sub(pages);
                 }
                 Role::Reporting => {
+                    // Reported pages go back to the guest's allocator when
+                    // the chain is returned, and a later write to them is
+                    // invisible here: only pages reported together in one
+                    // chain may complete a chunk, so each chain gets its own
+                    // accumulator, forgotten afterwards.
                     if parsed.readable.is_empty() {
+                        let one_report = ChunkAccumulator::new(accumulator.sink());
                         for range in &parsed.writable {
-                            accumulator.mark_free(range.gpa, u64::from(range.len_bytes));
+                            one_report.mark_free(range.gpa, u64::from(range.len_bytes));
                         }
                     }
                 }

@@ -1,0 +1,100 @@
+//! Loading a Linux kernel (bzImage or vmlinux), its command line and
+//! initrd into guest RAM, with the zero page, GDT and page tables of the
+//! 64-bit boot protocol.
+
+use std::path::Path;
+use std::time::Instant;
+
+use guestmem::GuestRam;
+
+use super::decompress::{self, PayloadFormat};
+use super::e820::e820_map;
+use super::low_mem::{CMDLINE_GPA, GDT_GPA, PML4_GPA, ZERO_PAGE_GPA};
+use super::setup_header::SetupHeader;
+use super::{boot_tables, bzimage, elf_kernel, placement, zero_page};
+use super::{BootSetup, KernelKind, LinuxBootConfig, LinuxBootError};
+
+/// `kernel_alignment` claimed for a bare vmlinux: the x86-64 default
+/// (CONFIG_PHYSICAL_ALIGN).
+const VMLINUX_ALIGNMENT_BYTES: u32 = 2 << 20;
+/// `cmdline_size` claimed for a bare vmlinux: x86's COMMAND_LINE_SIZE
+/// (2048) without the NUL.
+const VMLINUX_CMDLINE_SIZE_BYTES: u32 = 2047;
+/// `initrd_addr_max` for a bare vmlinux: the protocol's value for modern
+/// kernels.
+const VMLINUX_INITRD_ADDR_MAX: u32 = 0x7fff_ffff;
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, LinuxBootError> {
+    std::fs::read(path).map_err(|error| LinuxBootError::Read { what, path: path.to_path_buf(), error })
+}
+
+/// The kernel file taken apart: the setup header for the zero page, the
+/// vmlinux ELF, and what kind of file it was.
+pub struct KernelFile {
+    /// The bzImage's header, or one made up for a vmlinux.
+    pub header: SetupHeader,
+    /// The decompressed kernel.
+    pub vmlinux: Vec<u8>,
+    /// What the file was.
+    pub kind: KernelKind,
+}
+
+/// Takes a bzImage or vmlinux apart.
+pub fn open_kernel(image: Vec<u8>, path: &Path) -> Result<KernelFile, LinuxBootError> {
+    if PayloadFormat::detect(&image) == Some(PayloadFormat::Uncompressed) {
+        let header =
+            SetupHeader::synthesize(VMLINUX_ALIGNMENT_BYTES, VMLINUX_CMDLINE_SIZE_BYTES, VMLINUX_INITRD_ADDR_MAX);
+        return Ok(KernelFile { header, vmlinux: image, kind: KernelKind::Vmlinux });
+    }
+    let with_path = |source| LinuxBootError::BzImage { path: path.to_path_buf(), source };
+    let bz = bzimage::parse(&image).map_err(with_path)?;
+    let started = Instant::now();
+    let (format, vmlinux) = decompress::decompress(bz.payload)
+        .map_err(|source| LinuxBootError::Decompress { path: path.to_path_buf(), source })?;
+    let kind = KernelKind::BzImage {
+        protocol_version: bz.header.version(),
+        format,
+        compressed_bytes: bz.payload.len() as u64,
+        decompress_time: started.elapsed(),
+    };
+    Ok(KernelFile { header: bz.header, vmlinux, kind })
+}
+
+/// Loads everything a Linux boot needs into guest RAM.
+pub fn load(ram: &GuestRam, config: &LinuxBootConfig) -> Result<BootSetup, LinuxBootError> {
+    let layout = ram.layout();
+    let kernel = open_kernel(read("kernel", &config.kernel)?, &config.kernel)?;
+    let elf_error = |source| LinuxBootError::Kernel { path: config.kernel.clone(), source };
+    let image = elf_kernel::parse(&kernel.vmlinux).map_err(elf_error)?;
+    // init_size counts from the load address, which for a kernel run where
+    // it was linked is its first segment.
+    let kernel_end_gpa = image.check_fits(layout, u64::from(kernel.header.init_size_bytes())).map_err(elf_error)?;
+    let cmdline = placement::cmdline_bytes(&config.cmdline, kernel.header.cmdline_size_bytes())?;
+
+    let write = |what: &'static str, gpa: u64, bytes: &[u8]| {
+        ram.write_bytes(gpa, bytes).map_err(|error| LinuxBootError::Write { what, error })
+    };
+    image.load(&kernel.vmlinux, ram).map_err(elf_error)?;
+    let initrd_gpa = match &config.initrd {
+        Some(path) => {
+            let initrd = read("initrd", path)?;
+            let range =
+                placement::place_initrd(layout, initrd.len() as u64, kernel.header.initrd_addr_max(), kernel_end_gpa)?;
+            write("initrd", range.start, &initrd)?;
+            Some(range)
+        }
+        None => None,
+    };
+    let zero_page = zero_page::build(&kernel.header, CMDLINE_GPA, initrd_gpa.clone(), &e820_map(layout))?;
+    write("zero page", ZERO_PAGE_GPA, &zero_page)?;
+    write("command line", CMDLINE_GPA, &cmdline)?;
+    write("boot GDT", GDT_GPA, &boot_tables::gdt())?;
+    write("boot page tables", PML4_GPA, &boot_tables::identity_page_tables())?;
+    Ok(BootSetup {
+        entry_gpa: image.entry_gpa,
+        zero_page_gpa: ZERO_PAGE_GPA,
+        kernel_gpa: image.start_gpa()..kernel_end_gpa,
+        initrd_gpa,
+        kind: kernel.kind,
+    })
+}

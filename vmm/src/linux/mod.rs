@@ -1,0 +1,156 @@
+//! Booting a Linux kernel: the 64-bit boot protocol.
+//!
+//! The kernel file is a bzImage or a vmlinux ELF. A bzImage's payload is
+//! decompressed on the host and its vmlinux loaded at its physical link
+//! address; the vCPU enters `startup_64` directly in long mode, skipping
+//! the real-mode setup and the in-guest decompressor (which is very slow on
+//! hosts that emulate guest CPL 0).
+//!
+//! Order of use: [`prepare_vm`] (before creating vCPUs), [`load`] (after the
+//! memslots exist), then [`configure_vcpu`] for each vCPU.
+//!
+//! Low memory: see `low_mem.rs`; the e820 map: [`e820_map`].
+
+mod boot_tables;
+mod bzimage;
+mod cpu;
+mod cpuid;
+mod decompress;
+mod e820;
+mod elf_kernel;
+mod lapic;
+mod le;
+mod load;
+mod low_mem;
+mod lz4_legacy;
+mod msrs;
+mod placement;
+mod setup_header;
+pub mod smoke;
+mod smoke_uart;
+mod vm_setup;
+mod zero_page;
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvm_ioctls::{Kvm, VcpuFd};
+
+pub use cpu::VcpuSetupError;
+pub use decompress::PayloadFormat;
+pub use e820::{e820_map, E820Entry, E820Kind};
+pub use load::load;
+pub use vm_setup::{prepare_vm, VmSetupError};
+
+/// What to boot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinuxBootConfig {
+    /// A bzImage or vmlinux ELF.
+    pub kernel: PathBuf,
+    /// An initrd/initramfs image, placed at the top of RAM below 3 GiB.
+    pub initrd: Option<PathBuf>,
+    /// The kernel command line.
+    pub cmdline: String,
+}
+
+/// What kind of kernel file was booted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KernelKind {
+    /// A bare vmlinux ELF.
+    Vmlinux,
+    /// A bzImage, decompressed on the host.
+    BzImage {
+        /// Its boot protocol version (0x020f is 2.15).
+        protocol_version: u16,
+        /// The payload's compression.
+        format: PayloadFormat,
+        /// The payload's size.
+        compressed_bytes: u64,
+        /// How long decompression took.
+        decompress_time: Duration,
+    },
+}
+
+/// The result of [`load`]: where things went, for the vCPUs and for logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootSetup {
+    /// Physical address of `startup_64`.
+    pub entry_gpa: u64,
+    /// Physical address of the zero page.
+    pub zero_page_gpa: u64,
+    /// Memory the kernel occupies (its image, or `init_size` if larger).
+    pub kernel_gpa: Range<u64>,
+    /// Where the initrd is, if there is one.
+    pub initrd_gpa: Option<Range<u64>>,
+    /// What the kernel file was.
+    pub kind: KernelKind,
+}
+
+/// Why a Linux boot could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum LinuxBootError {
+    /// A file could not be read.
+    #[error("cannot read the {what} {}: {error}", path.display())]
+    Read {
+        /// "kernel" or "initrd".
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// The kernel is neither a usable bzImage nor a vmlinux.
+    #[error("kernel {}: {source}", path.display())]
+    BzImage {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: bzimage::BzImageError,
+    },
+    /// The bzImage payload did not decompress.
+    #[error("kernel {}: {source}", path.display())]
+    Decompress {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: decompress::DecompressError,
+    },
+    /// The vmlinux is unusable or does not fit.
+    #[error("kernel {}: {source}", path.display())]
+    Kernel {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        source: elf_kernel::ElfKernelError,
+    },
+    /// The command line or initrd cannot be placed.
+    #[error(transparent)]
+    Placement(#[from] placement::PlacementError),
+    /// The zero page cannot be built.
+    #[error(transparent)]
+    ZeroPage(#[from] zero_page::ZeroPageError),
+    /// Writing boot data to guest RAM failed.
+    #[error("cannot write the {what} into guest RAM: {error}")]
+    Write {
+        /// What was written.
+        what: &'static str,
+        /// The guest memory error.
+        error: guestmem::GuestMemError,
+    },
+    /// A vCPU could not be set up.
+    #[error("cannot set up vCPU {index} for Linux: {source}")]
+    Vcpu {
+        /// The vCPU.
+        index: u32,
+        /// What failed.
+        source: VcpuSetupError,
+    },
+}
+
+/// Sets up vCPU `index` for the boot that `setup` describes: the boot
+/// state on vCPU 0, firmware-like state on all.
+pub fn configure_vcpu(kvm: &Kvm, vcpu: &VcpuFd, index: u32, setup: &BootSetup) -> Result<(), LinuxBootError> {
+    let entry = cpu::EntryPoint { entry_gpa: setup.entry_gpa, zero_page_gpa: setup.zero_page_gpa };
+    cpu::configure_vcpu(kvm, vcpu, index, entry).map_err(|source| LinuxBootError::Vcpu { index, source })
+}
