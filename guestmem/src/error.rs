@@ -157,6 +157,24 @@ pub enum GuestMemError {
         /// The OS error.
         error: io::Error,
     },
+    /// Releasing guest memory (free chunks) failed.
+    #[error("cannot release guest RAM at offset {offset:#x} (+{len_bytes:#x}): {error}")]
+    Discard {
+        /// Offset in the guest RAM mapping.
+        offset: u64,
+        /// Length.
+        len_bytes: u64,
+        /// The OS error.
+        error: std::io::Error,
+    },
+    /// A release request that is not whole chunks inside guest RAM.
+    #[error("cannot release guest RAM at offset {offset:#x} (+{len_bytes:#x}): not whole 2 MiB chunks inside guest RAM")]
+    DiscardRange {
+        /// Offset in the guest RAM mapping.
+        offset: u64,
+        /// Length.
+        len_bytes: u64,
+    },
     /// Reading the stats fd failed.
     #[error("cannot read KVM statistics ({what}): {error}")]
     StatsRead {

@@ -5,7 +5,7 @@
 //! every memslot keeps guest-physical and host-virtual addresses congruent
 //! modulo 2 MiB.
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::{Mutex, PoisonError};
 
 use kvm_bindings::kvm_userspace_memory_region;
@@ -111,6 +111,49 @@ impl GuestRam {
     /// `o` of the file is offset `o` of the mapping.
     pub fn memfd(&self) -> Option<BorrowedFd<'_>> {
         self.mapping.memfd().map(|fd| fd.as_fd())
+    }
+
+    /// Releases the host memory behind `[offset, offset + len_bytes)` of
+    /// the mapping (whole 2 MiB chunks only, so no huge mapping is split):
+    /// the guest reads zeros there next. Used for memory the guest declared
+    /// free when no swap engine manages guest RAM (with one, use its
+    /// discard, which also keeps its chunk table true).
+    pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), GuestMemError> {
+        let end = offset.checked_add(len_bytes).filter(|end| *end <= self.len_bytes());
+        if offset % CHUNK_BYTES != 0 || len_bytes % CHUNK_BYTES != 0 || end.is_none() {
+            return Err(GuestMemError::DiscardRange { offset, len_bytes });
+        }
+        let result = match self.mapping.memfd() {
+            // SAFETY: the range is inside the hugetlb memfd that backs this
+            // mapping (checked above); punching a hole only releases pages.
+            Some(fd) => unsafe {
+                libc::fallocate(
+                    fd.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    offset as libc::off_t,
+                    len_bytes as libc::off_t,
+                )
+            },
+            // SAFETY: the range lies inside this mapping (checked above);
+            // MADV_DONTNEED on private anonymous memory only drops pages,
+            // which then read as zero. Nothing in the VMM holds references
+            // into guest RAM across this call.
+            None => unsafe {
+                libc::madvise(
+                    self.host_base().add(offset as usize).cast(),
+                    len_bytes as usize,
+                    libc::MADV_DONTNEED,
+                )
+            },
+        };
+        if result != 0 {
+            return Err(GuestMemError::Discard {
+                offset,
+                len_bytes,
+                error: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
     }
 
     /// The vm-memory view of guest RAM, for device code.

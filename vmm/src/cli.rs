@@ -1,11 +1,14 @@
 //! Command line: parsing, the run command, and turning errors into messages.
 
 use crate::console::ConsoleSink;
+use crate::linux::LinuxBootConfig;
+use crate::machine_devices::DeviceOptions;
 use crate::stats;
 use crate::swap_setup::SwapOptions;
-use crate::vm::{self, Payload, RunConfig};
+use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use devices::virtio::DiskSpec;
 use guestmem::{format_size, parse_size, Backing};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -50,13 +53,34 @@ struct RunArgs {
     /// Built-in payload to run (see `hugevmm payloads`).
     #[arg(
         long,
-        conflicts_with = "payload_file",
-        required_unless_present = "payload_file"
+        conflicts_with_all = ["payload_file", "kernel"],
+        required_unless_present_any = ["payload_file", "kernel"]
     )]
     payload: Option<String>,
     /// Payload ELF file to run.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kernel")]
     payload_file: Option<PathBuf>,
+    /// Linux kernel to boot: a bzImage (decompressed on the host) or an ELF
+    /// vmlinux.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Initial ramdisk for --kernel.
+    #[arg(long, requires = "kernel")]
+    initrd: Option<PathBuf>,
+    /// Kernel command line for --kernel (virtio_mmio.device= words for the
+    /// devices are appended).
+    #[arg(long, default_value = DEFAULT_CMDLINE, requires = "kernel")]
+    cmdline: String,
+    /// virtio-blk disk: a raw image, PATH[,readonly]; repeat for more.
+    #[arg(long = "disk")]
+    disks: Vec<DiskSpec>,
+    /// Add a virtio-balloon device (free page reporting drops whole free
+    /// 2 MiB chunks).
+    #[arg(long)]
+    balloon: bool,
+    /// Write the Linux serial console to this file instead of stdout.
+    #[arg(long, requires = "kernel")]
+    console_log: Option<PathBuf>,
     /// Argument string passed verbatim to the payload (`key=value` words).
     #[arg(long, default_value = "")]
     payload_args: String,
@@ -123,8 +147,21 @@ fn load_payload(args: &RunArgs) -> Result<Payload> {
     })
 }
 
+/// Serial console with early output, and a reboot (ending the VM) on panic.
+const DEFAULT_CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1";
+
 fn run_command(args: RunArgs) -> Result<i32> {
-    let payload = load_payload(&args)?;
+    let guest = match &args.kernel {
+        Some(kernel) => Guest::Linux(LinuxBootConfig {
+            kernel: kernel.clone(),
+            initrd: args.initrd.clone(),
+            cmdline: args.cmdline.clone(),
+        }),
+        None => Guest::Payload {
+            payload: load_payload(&args)?,
+            args: args.payload_args.clone(),
+        },
+    };
     let timeout = match args.timeout {
         Some(secs) if !(secs.is_finite() && secs > 0.0) => {
             anyhow::bail!("--timeout must be a positive number of seconds")
@@ -132,7 +169,10 @@ fn run_command(args: RunArgs) -> Result<i32> {
         Some(secs) => Some(Duration::from_secs_f64(secs)),
         None => None,
     };
-    let payload_name = payload.name.clone();
+    let payload_name = match &guest {
+        Guest::Payload { payload, .. } => payload.name.clone(),
+        Guest::Linux(boot) => boot.kernel.display().to_string(),
+    };
     let swap = (args.mem_limit.is_some() || args.swap_store.is_some()).then(|| SwapOptions {
         mem_limit_bytes: args.mem_limit,
         store: args.swap_store.clone().unwrap_or(StoreSpec::Default),
@@ -143,8 +183,12 @@ fn run_command(args: RunArgs) -> Result<i32> {
         mem_bytes: args.mem,
         backing: args.backing,
         vcpus: args.vcpus,
-        payload,
-        payload_args: args.payload_args.clone(),
+        guest,
+        devices: DeviceOptions {
+            disks: args.disks.clone(),
+            balloon: args.balloon,
+            console_log: args.console_log.clone(),
+        },
         timeout,
         swap,
         sample_interval: args

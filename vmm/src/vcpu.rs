@@ -4,6 +4,7 @@ use crate::console::{ConsoleSink, VcpuConsole};
 use crate::cpu;
 use crate::payload::layout::EXCEPTION_PORT;
 use crate::payload::port_trap;
+use devices::{MmioBus, PioBus};
 use guestmem::GuestRam;
 use kvm_bindings::{
     KVM_INTERNAL_ERROR_DELIVERY_EV, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_SIMUL_EX,
@@ -33,6 +34,12 @@ pub enum VcpuEvent {
     SwapFatal {
         /// What happened, naming the chunk's guest address.
         message: String,
+    },
+    /// The guest asked to be reset or powered off (Linux: reboot through
+    /// the i8042 or a triple fault); the run ends normally.
+    GuestReset {
+        /// How it asked.
+        how: &'static str,
     },
     /// The vCPU cannot continue; the whole run ends.
     Fatal {
@@ -66,8 +73,24 @@ impl UnknownAccessLog {
     }
 }
 
+/// What runs in the guest, which decides how exits are served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuestKind {
+    /// A payload (docs/PAYLOAD_PROTOCOL.md): console, finish and exception
+    /// ports are the VMM's.
+    Payload,
+    /// A Linux kernel: ports go to the device models.
+    Linux,
+}
+
 /// Everything a vCPU thread needs.
 pub struct VcpuContext {
+    /// What runs in the guest.
+    pub kind: GuestKind,
+    /// Port I/O devices.
+    pub pio: Arc<PioBus>,
+    /// MMIO devices.
+    pub mmio: Arc<MmioBus>,
     /// vCPU index.
     pub index: u32,
     /// Guest RAM, to read the exception frame.
@@ -83,6 +106,7 @@ pub struct VcpuContext {
 enum Step {
     Continue,
     Finish(u32),
+    Reset(&'static str),
     ExceptionReport,
     InternalError,
     Fatal(String),
@@ -95,13 +119,14 @@ pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
     let index = ctx.index;
     let event = loop {
         let step = match vcpu.run() {
-            Ok(exit) => dispatch(exit, index, &mut console, &ctx.unknown),
+            Ok(exit) => dispatch(exit, &ctx, &mut console),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Step::Continue,
             Err(e) => Step::Fatal(format!("KVM_RUN failed: {e}")),
         };
         match step {
             Step::Continue => continue,
             Step::Finish(status) => break VcpuEvent::Finished { index, status },
+            Step::Reset(how) => break VcpuEvent::GuestReset { how },
             Step::ExceptionReport => match handle_exception(&vcpu, &ctx, &mut console) {
                 Step::Continue => continue,
                 Step::Finish(status) => break VcpuEvent::Finished { index, status },
@@ -127,62 +152,65 @@ pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
 }
 
 /// A port write by the guest, from an I/O exit or a trapped instruction.
-fn port_write(
-    port: u16,
-    data: &[u8],
-    index: u32,
-    console: &mut VcpuConsole,
-    unknown: &UnknownAccessLog,
-) -> Step {
-    match port {
-        CONSOLE_PORT => {
-            data.iter().for_each(|b| console.put(*b));
-            Step::Continue
+fn port_write(port: u16, data: &[u8], ctx: &VcpuContext, console: &mut VcpuConsole) -> Step {
+    if ctx.kind == GuestKind::Payload {
+        match port {
+            CONSOLE_PORT => {
+                data.iter().for_each(|b| console.put(*b));
+                return Step::Continue;
+            }
+            FINISH_PORT => {
+                let mut bytes = [0u8; 4];
+                let n = data.len().min(4);
+                bytes[..n].copy_from_slice(&data[..n]);
+                return Step::Finish(u32::from_le_bytes(bytes));
+            }
+            EXCEPTION_PORT => return Step::ExceptionReport,
+            _ => {}
         }
-        FINISH_PORT => {
-            let mut bytes = [0u8; 4];
-            let n = data.len().min(4);
-            bytes[..n].copy_from_slice(&data[..n]);
-            Step::Finish(u32::from_le_bytes(bytes))
-        }
-        EXCEPTION_PORT => Step::ExceptionReport,
-        _ => {
-            unknown.note(index, false, u64::from(port), true, data.len());
-            Step::Continue
-        }
+    }
+    if !ctx.pio.write(u64::from(port), data) {
+        ctx.unknown
+            .note(ctx.index, false, u64::from(port), true, data.len());
+    }
+    Step::Continue
+}
+
+/// A port read by the guest.
+fn port_read(port: u16, data: &mut [u8], ctx: &VcpuContext) {
+    if !ctx.pio.read(u64::from(port), data) {
+        ctx.unknown
+            .note(ctx.index, false, u64::from(port), false, data.len());
+        data.fill(0xff);
     }
 }
 
-/// A port read by the guest: no readable ports exist in protocol v1.
-fn port_read(port: u16, data: &mut [u8], index: u32, unknown: &UnknownAccessLog) {
-    unknown.note(index, false, u64::from(port), false, data.len());
-    data.fill(0xff);
-}
-
-fn dispatch(
-    exit: VcpuExit<'_>,
-    index: u32,
-    console: &mut VcpuConsole,
-    unknown: &UnknownAccessLog,
-) -> Step {
+fn dispatch(exit: VcpuExit<'_>, ctx: &VcpuContext, console: &mut VcpuConsole) -> Step {
+    let linux = ctx.kind == GuestKind::Linux;
     match exit {
-        VcpuExit::IoOut(port, data) => port_write(port, data, index, console, unknown),
+        VcpuExit::IoOut(port, data) => port_write(port, data, ctx, console),
         VcpuExit::IoIn(port, data) => {
-            port_read(port, data, index, unknown);
+            port_read(port, data, ctx);
             Step::Continue
         }
         VcpuExit::MmioRead(addr, data) => {
-            unknown.note(index, true, addr, false, data.len());
-            data.fill(0xff);
+            if !ctx.mmio.read(addr, data) {
+                ctx.unknown.note(ctx.index, true, addr, false, data.len());
+                data.fill(0xff);
+            }
             Step::Continue
         }
         VcpuExit::MmioWrite(addr, data) => {
-            unknown.note(index, true, addr, true, data.len());
+            if !ctx.mmio.write(addr, data) {
+                ctx.unknown.note(ctx.index, true, addr, true, data.len());
+            }
             Step::Continue
         }
         VcpuExit::Hlt => Step::Fatal(
             "the guest executed HLT with interrupts disabled: nothing can wake this vCPU (payloads finish by writing their status to port 0xf4)".into(),
         ),
+        // Linux reboots by triple fault when the i8042 reset does not work.
+        VcpuExit::Shutdown if linux => Step::Reset("triple fault (reboot)"),
         VcpuExit::Shutdown => Step::Fatal(
             "triple fault (KVM_EXIT_SHUTDOWN): the guest hit an exception it could not deliver".into(),
         ),
@@ -191,6 +219,7 @@ fn dispatch(
         )),
         // Its detail lives in kvm_run, which this exit borrow hides.
         VcpuExit::InternalError => Step::InternalError,
+        VcpuExit::SystemEvent(..) if linux => Step::Reset("system event (power off or reset)"),
         VcpuExit::SystemEvent(kind, data) => Step::Fatal(format!(
             "the guest requested a system event (type {kind}, data {data:x?}); payloads finish through port 0xf4"
         )),
@@ -200,6 +229,7 @@ fn dispatch(
 
 /// Reads the internal-error detail from `kvm_run`.
 fn describe_internal_error(vcpu: &mut VcpuFd) -> String {
+    let rip = vcpu.get_regs().map(|r| r.rip).unwrap_or_default();
     let run = vcpu.get_kvm_run();
     // SAFETY: exit_reason is KVM_EXIT_INTERNAL_ERROR (the caller saw
     // VcpuExit::InternalError), so `internal` is the active union member.
@@ -207,12 +237,35 @@ fn describe_internal_error(vcpu: &mut VcpuFd) -> String {
     let ndata = (internal.ndata as usize).min(internal.data.len());
     let data = &internal.data[..ndata];
     match internal.suberror {
-        KVM_INTERNAL_ERROR_EMULATION => format!(
-            "KVM internal error: emulation failure (suberror 1, data {data:x?}). On this host KVM emulates guest code that runs at CPL 0, and its emulator lacks the instruction at rip; payloads must run their code at CPL 3 (a full Linux boot needs a VMX/SVM host)"
-        ),
-        KVM_INTERNAL_ERROR_SIMUL_EX => format!("KVM internal error: exception while delivering an exception (suberror 2, data {data:x?})"),
-        KVM_INTERNAL_ERROR_DELIVERY_EV => format!("KVM internal error: event delivery failed (suberror 3, data {data:x?})"),
-        other => format!("KVM internal error: suberror {other}, data {data:x?}"),
+        KVM_INTERNAL_ERROR_EMULATION => {
+            // With KVM_INTERNAL_ERROR_EMULATION_FLAG_INSTRUCTION_BYTES,
+            // data[1] holds the byte count and data[2..] the bytes.
+            let bytes = match data {
+                [flags, count, words @ ..] if flags & 1 != 0 => {
+                    let all: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                    let n = (*count as usize).min(all.len());
+                    format!(
+                        ", instruction bytes {}",
+                        all[..n]
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    )
+                }
+                _ => String::new(),
+            };
+            format!(
+                "KVM emulation failure at rip {rip:#x}{bytes}: this host's KVM emulates guest code that runs at CPL 0 and its emulator lacks this instruction. Payloads run their code at CPL 3; a full Linux boot needs a host with VMX/SVM"
+            )
+        }
+        KVM_INTERNAL_ERROR_SIMUL_EX => {
+            format!("KVM internal error at rip {rip:#x}: exception while delivering an exception (suberror 2, data {data:x?})")
+        }
+        KVM_INTERNAL_ERROR_DELIVERY_EV => {
+            format!("KVM internal error at rip {rip:#x}: event delivery failed (suberror 3, data {data:x?})")
+        }
+        other => format!("KVM internal error at rip {rip:#x}: suberror {other}, data {data:x?}"),
     }
 }
 
@@ -307,10 +360,10 @@ fn handle_exception(vcpu: &VcpuFd, ctx: &VcpuContext, console: &mut VcpuConsole)
         if let Some(io) = port_trap::decode(&insn, regs.rdx) {
             let step = if io.write {
                 let data = regs.rax.to_le_bytes();
-                port_write(io.port, &data[..io.size], ctx.index, console, &ctx.unknown)
+                port_write(io.port, &data[..io.size], ctx, console)
             } else {
                 let mut data = [0u8; 4];
-                port_read(io.port, &mut data[..io.size], ctx.index, &ctx.unknown);
+                port_read(io.port, &mut data[..io.size], ctx);
                 regs.rax = port_trap::merge_in_value(regs.rax, io.size, &data);
                 Step::Continue
             };

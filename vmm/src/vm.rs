@@ -3,11 +3,13 @@
 
 use crate::console::ConsoleSink;
 use crate::cpu::{self, EntryState};
+use crate::linux::{self, LinuxBootConfig};
+use crate::machine_devices::{self, DeviceOptions, Interrupts, MachineDevices};
 use crate::payload::bootinfo::{self, GpaRange};
 use crate::payload::layout::{BOOT_INFO_GPA, MAX_VCPUS};
 use crate::payload::{elf, tables};
 use crate::swap_setup::{self, SwapOptions};
-use crate::vcpu::{self, UnknownAccessLog, VcpuContext, VcpuEvent};
+use crate::vcpu::{self, GuestKind, UnknownAccessLog, VcpuContext, VcpuEvent};
 use anyhow::{bail, Context, Result};
 use guestmem::{format_size, Backing, GuestRam, KvmStats, Layout, StageTwoPages};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
@@ -29,6 +31,19 @@ pub struct Payload {
     pub elf: Vec<u8>,
 }
 
+/// What runs in the VM.
+pub enum Guest {
+    /// A payload and its `--payload-args`, passed verbatim.
+    Payload {
+        /// The image.
+        payload: Payload,
+        /// The argument string.
+        args: String,
+    },
+    /// A Linux kernel.
+    Linux(LinuxBootConfig),
+}
+
 /// What to run.
 pub struct RunConfig {
     /// Guest RAM size.
@@ -37,10 +52,10 @@ pub struct RunConfig {
     pub backing: Backing,
     /// Number of vCPUs.
     pub vcpus: u32,
-    /// The payload.
-    pub payload: Payload,
-    /// `--payload-args`, passed verbatim.
-    pub payload_args: String,
+    /// What to run: a payload or a Linux kernel.
+    pub guest: Guest,
+    /// Devices to give the guest.
+    pub devices: DeviceOptions,
     /// Give up after this long.
     pub timeout: Option<Duration>,
     /// Swap engine options; None runs without the engine.
@@ -142,59 +157,77 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         bail!("--pageout needs the swap engine: give --swap-store or --mem-limit");
     }
     let layout = Layout::new(config.mem_bytes).context("invalid --mem")?;
-    let ram_desc = describe_ram(&layout);
     let ranges = ram_ranges(&layout);
-    let image = elf::parse(
-        &config.payload.elf,
-        |start, len| layout.contains(start, len),
-        &ram_desc,
-    )
-    .with_context(|| format!("payload {} cannot be loaded", config.payload.name))?;
-    let region = tables::build_vmm_region(config.vcpus, &ranges)?;
-    let used: Vec<GpaRange> = image
-        .segments
-        .iter()
-        .map(|s| GpaRange {
-            start: s.gpa,
-            end: s.end_gpa(),
-        })
-        .collect();
-    let free = bootinfo::free_ranges(&ranges, &used);
-    let boot_info = bootinfo::encode(
-        config.vcpus,
-        config.mem_bytes,
-        config.payload_args.as_bytes(),
-        &free,
-    )?;
+    // Check the image before allocating anything: bad input fails fast.
+    let image = match &config.guest {
+        Guest::Payload { payload, .. } => Some(
+            elf::parse(
+                &payload.elf,
+                |start, len| layout.contains(start, len),
+                &describe_ram(&layout),
+            )
+            .with_context(|| format!("payload {} cannot be loaded", payload.name))?,
+        ),
+        Guest::Linux(_) => None,
+    };
+    let kind = match config.guest {
+        Guest::Payload { .. } => GuestKind::Payload,
+        Guest::Linux(_) => GuestKind::Linux,
+    };
 
     let kvm = open_kvm()?;
     let ram = Arc::new(
         GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?,
     );
     let vm = kvm.create_vm().context("KVM_CREATE_VM failed")?;
-    // Only needed by VMX hosts for real-mode emulation; harmless elsewhere.
-    let _ = vm.set_tss_address(0xfffb_d000);
+    if kind == GuestKind::Linux {
+        linux::prepare_vm(&vm).context("cannot set up the interrupt controllers")?;
+    } else {
+        // Only needed by VMX hosts for real-mode emulation; harmless elsewhere.
+        let _ = vm.set_tss_address(0xfffb_d000);
+    }
     ram.register_memslots(&vm)
         .context("cannot register guest RAM with KVM")?;
     let stats = KvmStats::open(&vm).context("cannot open KVM statistics")?;
     let (events_tx, events_rx) = mpsc::channel();
     let engine = match &config.swap {
-        Some(options) => Some(swap_setup::start(&ram, options, events_tx.clone())?),
+        Some(options) => Some(Arc::new(swap_setup::start(
+            &ram,
+            options,
+            events_tx.clone(),
+        )?)),
         None => None,
     };
-
-    ram.write_bytes(0, &region)
-        .context("writing the VMM region")?;
-    ram.write_bytes(BOOT_INFO_GPA, &boot_info)
-        .context("writing the boot info")?;
-    for segment in &image.segments {
-        let bytes = &config.payload.elf
-            [segment.file_offset..segment.file_offset + segment.file_bytes as usize];
-        // The bss needs no write: guest RAM is fresh anonymous (or hugetlb)
-        // memory, which reads as zero.
-        ram.write_bytes(segment.gpa, bytes)
-            .with_context(|| format!("loading segment at {:#x}", segment.gpa))?;
+    let interrupts = match kind {
+        GuestKind::Linux => Interrupts::Irqchip(&vm),
+        GuestKind::Payload => Interrupts::Polled,
+    };
+    let machine = machine_devices::build(
+        &ram,
+        &config.devices,
+        interrupts,
+        kind == GuestKind::Linux,
+        &events_tx,
+    )?;
+    if let Some(engine) = &engine {
+        machine.free_memory.attach_engine(engine.clone());
     }
+
+    let entry = match (&config.guest, &image) {
+        (Guest::Payload { payload, args }, Some(image)) => {
+            load_payload(&ram, &ranges, payload, args, image, config.vcpus, &machine)?;
+            None
+        }
+        (Guest::Linux(boot), _) => {
+            let mut boot = boot.clone();
+            let devices = machine.kernel_cmdline();
+            if !devices.is_empty() {
+                boot.cmdline = format!("{} {devices}", boot.cmdline);
+            }
+            Some(linux::load(&ram, &boot).context("cannot load the kernel")?)
+        }
+        _ => unreachable!("payload images are parsed above"),
+    };
 
     let cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
@@ -206,14 +239,21 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         let fd = vm
             .create_vcpu(u64::from(index))
             .with_context(|| format!("cannot create vCPU {index}"))?;
-        let state = EntryState {
-            index,
-            vcpu_count: config.vcpus,
-            rip: image.entry,
-            boot_info_gpa: BOOT_INFO_GPA,
-        };
-        cpu::configure(&fd, &cpuid, &state)
-            .with_context(|| format!("cannot set up vCPU {index}"))?;
+        match (&entry, &image) {
+            (Some(setup), _) => linux::configure_vcpu(&kvm, &fd, index, setup)
+                .with_context(|| format!("cannot set up vCPU {index}"))?,
+            (None, Some(image)) => {
+                let state = EntryState {
+                    index,
+                    vcpu_count: config.vcpus,
+                    rip: image.entry,
+                    boot_info_gpa: BOOT_INFO_GPA,
+                };
+                cpu::configure(&fd, &cpuid, &state)
+                    .with_context(|| format!("cannot set up vCPU {index}"))?;
+            }
+            (None, None) => unreachable!("either a kernel or a payload"),
+        }
         if index == 0 {
             tsc_khz = fd.get_tsc_khz().ok();
         }
@@ -222,6 +262,9 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let started = Instant::now();
     for (index, fd) in vcpus.into_iter().enumerate() {
         let ctx = VcpuContext {
+            kind,
+            pio: machine.pio.clone(),
+            mmio: machine.mmio.clone(),
             index: index as u32,
             ram: ram.clone(),
             console: console.clone(),
@@ -282,6 +325,11 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         };
         match event {
             VcpuEvent::Finished { index, status } => statuses[index as usize] = Some(status),
+            VcpuEvent::GuestReset { how } => {
+                eprintln!("hugevmm: the guest asked to stop: {how}");
+                statuses.iter_mut().for_each(|s| *s = Some(s.unwrap_or(0)));
+                break;
+            }
             VcpuEvent::SwapFatal { message } => {
                 failure = Some(format!("swap engine: {message}"));
                 exit_status = Some(EXIT_VM_FAILURE);
@@ -314,13 +362,16 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         }
         _ => None,
     };
-    match engine {
-        // Every vCPU finished: nothing can fault any more.
-        Some(engine) if failure.is_none() => engine.shutdown(),
-        // vCPUs may still be blocked in faults. Unregistering would let
-        // them see empty memory before the process exits; keep the engine
-        // (and its threads) until then.
-        Some(engine) => std::mem::forget(engine),
+    // The devices hold the engine too (balloon drops); release them first.
+    drop(machine);
+    match engine.map(Arc::try_unwrap) {
+        // Every payload vCPU finished: nothing can fault any more.
+        Some(Ok(engine)) if failure.is_none() && kind == GuestKind::Payload => engine.shutdown(),
+        // vCPUs may still run or be blocked in faults. Unregistering would
+        // let them see empty memory before the process exits; keep the
+        // engine (and its threads) until then.
+        Some(Ok(engine)) => std::mem::forget(engine),
+        Some(Err(engine)) => std::mem::forget(engine),
         None => {}
     }
     // vCPU threads still running (after a failure or timeout) are left to
@@ -336,6 +387,75 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         timeline,
         pageout,
     })
+}
+
+/// Writes the VMM region, the boot info and the image of a payload.
+fn load_payload(
+    ram: &GuestRam,
+    ranges: &[GpaRange],
+    payload: &Payload,
+    args: &str,
+    image: &elf::PayloadImage,
+    vcpus: u32,
+    machine: &MachineDevices,
+) -> Result<()> {
+    let version = image
+        .max_protocol_version
+        .clamp(1, bootinfo::PROTOCOL_VERSION);
+    if version < 2 && !machine.windows.is_empty() {
+        bail!(
+            "payload {} speaks protocol version 1, which has no devices: drop --disk/--balloon or rebuild it with the current SDK (docs/PAYLOAD_PROTOCOL.md, version 2)",
+            payload.name
+        );
+    }
+    let windows: Vec<GpaRange> = machine
+        .windows
+        .iter()
+        .map(|w| GpaRange {
+            start: w.base,
+            end: w.base + w.size_bytes,
+        })
+        .collect();
+    let region = tables::build_vmm_region(vcpus, ranges, &windows)?;
+    let used: Vec<GpaRange> = image
+        .segments
+        .iter()
+        .map(|s| GpaRange {
+            start: s.gpa,
+            end: s.end_gpa(),
+        })
+        .collect();
+    let free = bootinfo::free_ranges(ranges, &used);
+    let mmio: Vec<bootinfo::MmioWindow> = machine
+        .windows
+        .iter()
+        .map(|w| bootinfo::MmioWindow {
+            base: w.base,
+            size_bytes: w.size_bytes,
+            irq: w.irq,
+        })
+        .collect();
+    let boot_info = bootinfo::encode(
+        version,
+        vcpus,
+        ram.layout().ram_bytes(),
+        args.as_bytes(),
+        &free,
+        &mmio,
+    )?;
+    ram.write_bytes(0, &region)
+        .context("writing the VMM region")?;
+    ram.write_bytes(BOOT_INFO_GPA, &boot_info)
+        .context("writing the boot info")?;
+    for segment in &image.segments {
+        let bytes =
+            &payload.elf[segment.file_offset..segment.file_offset + segment.file_bytes as usize];
+        // The bss needs no write: guest RAM is fresh anonymous (or hugetlb)
+        // memory, which reads as zero.
+        ram.write_bytes(segment.gpa, bytes)
+            .with_context(|| format!("loading segment at {:#x}", segment.gpa))?;
+    }
+    Ok(())
 }
 
 fn describe_ram(layout: &Layout) -> String {

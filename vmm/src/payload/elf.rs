@@ -97,6 +97,74 @@ pub struct PayloadImage {
     pub entry: u64,
     /// Loadable segments in file order.
     pub segments: Vec<Segment>,
+    /// Highest protocol version the image declares with its `HVMM` note
+    /// (1 when it has none).
+    pub max_protocol_version: u32,
+}
+
+const PT_NOTE: u32 = 4;
+const SHT_NOTE: u32 = 7;
+const HVMM_NOTE_NAME: &[u8] = b"HVMM\0";
+const HVMM_NOTE_TYPE_VERSION: u32 = 1;
+
+/// Scans an ELF note area for the `HVMM` version note.
+fn hvmm_note_version(notes: &[u8]) -> Option<u32> {
+    let mut at = 0usize;
+    let align4 = |n: usize| n.checked_add(3).map(|n| n & !3);
+    while at + 12 <= notes.len() {
+        let name_bytes = u32_at(notes, at) as usize;
+        let desc_bytes = u32_at(notes, at + 4) as usize;
+        let note_type = u32_at(notes, at + 8);
+        let name_at = at + 12;
+        let desc_at = name_at.checked_add(align4(name_bytes)?)?;
+        let next = desc_at.checked_add(align4(desc_bytes)?)?;
+        if next > notes.len() {
+            return None;
+        }
+        if &notes[name_at..name_at + name_bytes] == HVMM_NOTE_NAME
+            && note_type == HVMM_NOTE_TYPE_VERSION
+            && desc_bytes == 4
+        {
+            return Some(u32_at(notes, desc_at));
+        }
+        at = next;
+    }
+    None
+}
+
+/// The protocol version declared by the image's notes, from `PT_NOTE`
+/// segments or, failing that, `SHT_NOTE` sections.
+fn declared_version(bytes: &[u8], phoff: usize, phentsize: usize, phnum: usize) -> u32 {
+    let area = |offset: u64, len: u64| -> Option<&[u8]> {
+        let start = usize::try_from(offset).ok()?;
+        let end = start.checked_add(usize::try_from(len).ok()?)?;
+        bytes.get(start..end)
+    };
+    for i in 0..phnum {
+        let ph = &bytes[phoff + i * phentsize..phoff + i * phentsize + PHDR_BYTES];
+        if u32_at(ph, 0) == PT_NOTE {
+            if let Some(v) = area(u64_at(ph, 8), u64_at(ph, 32)).and_then(hvmm_note_version) {
+                return v;
+            }
+        }
+    }
+    let shoff = u64_at(bytes, 40) as usize;
+    let shentsize = u16_at(bytes, 58) as usize;
+    let shnum = u16_at(bytes, 60) as usize;
+    for i in 0..shnum {
+        let Some(sh) = shoff
+            .checked_add(i * shentsize)
+            .and_then(|at| bytes.get(at..at.checked_add(64)?))
+        else {
+            break;
+        };
+        if shentsize >= 64 && u32_at(sh, 4) == SHT_NOTE {
+            if let Some(v) = area(u64_at(sh, 24), u64_at(sh, 32)).and_then(hvmm_note_version) {
+                return v;
+            }
+        }
+    }
+    1
 }
 
 fn u16_at(b: &[u8], off: usize) -> u16 {
@@ -232,7 +300,12 @@ pub fn parse(
     {
         return Err(ElfError::EntryOutside(entry));
     }
-    Ok(PayloadImage { entry, segments })
+    let max_protocol_version = declared_version(bytes, phoff, phentsize, phnum);
+    Ok(PayloadImage {
+        entry,
+        segments,
+        max_protocol_version,
+    })
 }
 
 #[cfg(test)]
@@ -288,6 +361,34 @@ pub(crate) mod tests {
         assert_eq!(img.segments.len(), 2);
         assert_eq!(img.segments[0].mem_bytes, 0x2000);
         assert_eq!(img.segments[1].gpa, 0x400000);
+    }
+
+    #[test]
+    fn the_hvmm_note_declares_the_protocol_version() {
+        let mut elf = build_elf(ET_EXEC, 0x200000, &[(0x200000, 16, 16)]);
+        assert_eq!(parse(&elf, ram_512m, "").unwrap().max_protocol_version, 1);
+        // Append a note segment: name "HVMM\0" padded to 8, type 1, desc 2.
+        let note_off = elf.len() as u64;
+        let mut note = Vec::new();
+        for word in [5u32, 4, 1] {
+            note.extend_from_slice(&word.to_le_bytes());
+        }
+        note.extend_from_slice(b"HVMM\0\0\0\0");
+        note.extend_from_slice(&2u32.to_le_bytes());
+        elf.extend_from_slice(&note);
+        // Turn the (only) program header into two: keep PT_LOAD, add PT_NOTE
+        // by rewriting the table at the end of the file.
+        let phoff = elf.len();
+        let load: Vec<u8> = elf[EHDR_BYTES..EHDR_BYTES + PHDR_BYTES].to_vec();
+        elf.extend_from_slice(&load);
+        let mut ph = vec![0u8; PHDR_BYTES];
+        ph[..4].copy_from_slice(&PT_NOTE.to_le_bytes());
+        ph[8..16].copy_from_slice(&note_off.to_le_bytes());
+        ph[32..40].copy_from_slice(&(note.len() as u64).to_le_bytes());
+        elf.extend_from_slice(&ph);
+        elf[32..40].copy_from_slice(&(phoff as u64).to_le_bytes());
+        elf[56..58].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(parse(&elf, ram_512m, "").unwrap().max_protocol_version, 2);
     }
 
     #[test]

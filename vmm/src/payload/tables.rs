@@ -32,8 +32,13 @@ fn put_u64(image: &mut [u8], gpa: u64, value: u64) {
     image[at..at + 8].copy_from_slice(&value.to_le_bytes());
 }
 
-/// Builds the image of `[0, BOOT_INFO_GPA)`.
-pub fn build_vmm_region(vcpu_count: u32, ram: &[GpaRange]) -> Result<Vec<u8>, TablesError> {
+/// Builds the image of `[0, BOOT_INFO_GPA)`. `mmio` lists device windows
+/// to map for user access, uncached (protocol version 2).
+pub fn build_vmm_region(
+    vcpu_count: u32,
+    ram: &[GpaRange],
+    mmio: &[GpaRange],
+) -> Result<Vec<u8>, TablesError> {
     if vcpu_count == 0 || vcpu_count > MAX_VCPUS {
         return Err(TablesError::TooManyVcpus(vcpu_count));
     }
@@ -43,6 +48,7 @@ pub fn build_vmm_region(vcpu_count: u32, ram: &[GpaRange]) -> Result<Vec<u8>, Ta
     }
     let mut image = vec![0u8; BOOT_INFO_GPA as usize];
     write_page_tables(&mut image, vcpu_count, ram);
+    map_mmio(&mut image, mmio);
     write_gdt(&mut image, vcpu_count);
     write_idt_and_stubs(&mut image);
     write_tsss(&mut image, vcpu_count);
@@ -88,6 +94,25 @@ fn write_page_tables(image: &mut [u8], vcpu_count: u32, ram: &[GpaRange]) {
     }
     for page in (BOOT_INFO_GPA..VMM_REGION_BYTES).step_by(0x1000) {
         map_4k(page, PTE_PRESENT | PTE_USER);
+    }
+}
+
+/// Device windows get 2 MiB pages with caching disabled (PCD | PWT):
+/// every access must reach the device.
+fn map_mmio(image: &mut [u8], mmio: &[GpaRange]) {
+    const PTE_PWT: u64 = 1 << 3;
+    const PTE_PCD: u64 = 1 << 4;
+    let table = PTE_PRESENT | PTE_WRITABLE | PTE_USER;
+    for window in mmio {
+        let mut page = window.start & !(TWO_MIB - 1);
+        while page < window.end {
+            let gib = page / ONE_GIB;
+            let pd = PD_BASE_GPA + gib * 0x1000;
+            put_u64(image, PDPT_GPA + gib * 8, pd | table);
+            let flags = PTE_PRESENT | PTE_WRITABLE | PTE_USER | PTE_HUGE | PTE_PCD | PTE_PWT;
+            put_u64(image, pd + ((page % ONE_GIB) / TWO_MIB) * 8, page | flags);
+            page += TWO_MIB;
+        }
     }
 }
 
@@ -220,7 +245,7 @@ mod tests {
                 end: 6 << 30,
             },
         ];
-        let image = build_vmm_region(2, &ram).unwrap();
+        let image = build_vmm_region(2, &ram, &[]).unwrap();
         for va in [
             0x200000u64,
             0x3fff_fff8,
@@ -250,6 +275,7 @@ mod tests {
                 start: 0,
                 end: 64 << 20,
             }],
+            &[],
         )
         .unwrap();
         assert_eq!(translate(&image, 0), None, "null page");
@@ -287,6 +313,7 @@ mod tests {
                 start: 0,
                 end: 8 << 20,
             }],
+            &[],
         )
         .unwrap();
         for vector in [0u64, 13, 14, 255] {
@@ -305,11 +332,11 @@ mod tests {
     #[test]
     fn limits_are_enforced() {
         assert_eq!(
-            build_vmm_region(0, &[]).unwrap_err(),
+            build_vmm_region(0, &[], &[]).unwrap_err(),
             TablesError::TooManyVcpus(0)
         );
         assert_eq!(
-            build_vmm_region(MAX_VCPUS + 1, &[]).unwrap_err(),
+            build_vmm_region(MAX_VCPUS + 1, &[], &[]).unwrap_err(),
             TablesError::TooManyVcpus(33)
         );
         let huge = [GpaRange {
@@ -317,7 +344,7 @@ mod tests {
             end: MAX_MAPPED_GPA + (2 << 20),
         }];
         assert!(matches!(
-            build_vmm_region(1, &huge),
+            build_vmm_region(1, &huge, &[]),
             Err(TablesError::RamTooHigh(_))
         ));
     }

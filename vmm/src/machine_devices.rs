@@ -1,0 +1,207 @@
+//! The devices of one VM: serial and i8042 on the port bus (Linux guests),
+//! virtio-mmio disks and balloon on the MMIO bus (both kinds of guest).
+
+use crate::vcpu::VcpuEvent;
+use anyhow::{Context, Result};
+use devices::virtio::{
+    kernel_cmdline_fragment, Balloon, Block, DiskSpec, MmioTransport, MMIO_WINDOW_BYTES,
+};
+use devices::{
+    CountingLine, EventFdLine, FreeMemorySink, GuestMemoryHandle, InterruptLine, MmioBus, PioBus,
+    SerialPort, I8042,
+};
+use guestmem::GuestRam;
+use kvm_ioctls::VmFd;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex, OnceLock};
+use swap::engine::SwapEngine;
+use vmm_sys_util::eventfd::EventFd;
+
+/// First virtio-mmio window, inside the `[3 GiB, 4 GiB)` hole.
+pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
+/// Interrupt line of the first virtio device; the next ones follow.
+pub const VIRTIO_FIRST_IRQ: u32 = 5;
+const SERIAL_PORT: u64 = 0x3f8;
+const SERIAL_IRQ: u32 = 4;
+const I8042_PORT: u64 = 0x60;
+
+/// What devices to give the guest.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceOptions {
+    /// `--disk` images, in order.
+    pub disks: Vec<DiskSpec>,
+    /// `--balloon`.
+    pub balloon: bool,
+    /// `--console-log`: serial output to this file instead of stdout.
+    pub console_log: Option<PathBuf>,
+}
+
+/// One virtio-mmio device as the guest sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct MmioWindow {
+    /// Guest-physical base.
+    pub base: u64,
+    /// Window size.
+    pub size_bytes: u64,
+    /// Interrupt line.
+    pub irq: u32,
+}
+
+/// The assembled buses.
+pub struct MachineDevices {
+    /// Port I/O devices (empty for payloads, which use the protocol ports).
+    pub pio: Arc<PioBus>,
+    /// MMIO devices.
+    pub mmio: Arc<MmioBus>,
+    /// The virtio windows, in command-line order.
+    pub windows: Vec<MmioWindow>,
+    /// The sink the balloon drops free chunks through; the swap engine is
+    /// attached once it runs.
+    pub free_memory: Arc<FreeChunkDropper>,
+}
+
+impl MachineDevices {
+    /// `virtio_mmio.device=` words for a Linux command line.
+    pub fn kernel_cmdline(&self) -> String {
+        self.windows
+            .iter()
+            .map(|w| kernel_cmdline_fragment(w.base, w.size_bytes, w.irq))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Where the devices raise interrupts.
+pub enum Interrupts<'a> {
+    /// Through KVM's in-kernel irqchip (irqfd); Linux guests.
+    Irqchip(&'a VmFd),
+    /// Nowhere: payloads run with interrupts off and poll.
+    Polled,
+}
+
+fn line(interrupts: &Interrupts<'_>, irq: u32) -> Result<Arc<dyn InterruptLine>> {
+    match interrupts {
+        Interrupts::Polled => Ok(Arc::new(CountingLine::new())),
+        Interrupts::Irqchip(vm) => {
+            let event =
+                EventFd::new(libc::EFD_NONBLOCK).context("cannot create an interrupt eventfd")?;
+            vm.register_irqfd(&event, irq)
+                .with_context(|| format!("cannot route interrupt {irq} through KVM (irqfd)"))?;
+            Ok(Arc::new(EventFdLine::new(event)))
+        }
+    }
+}
+
+/// Builds every device. `serial` adds the 8250 UART and the i8042 (Linux
+/// guests); `events` receives the guest's reset request.
+pub fn build(
+    ram: &Arc<GuestRam>,
+    options: &DeviceOptions,
+    interrupts: Interrupts<'_>,
+    serial: bool,
+    events: &Sender<VcpuEvent>,
+) -> Result<MachineDevices> {
+    let mut pio = PioBus::new();
+    let mut mmio = MmioBus::new();
+    let memory: GuestMemoryHandle = ram.clone();
+    if serial {
+        let out: Box<dyn Write + Send> = match &options.console_log {
+            Some(path) => Box::new(
+                std::fs::File::create(path)
+                    .with_context(|| format!("cannot create --console-log {}", path.display()))?,
+            ),
+            None => Box::new(std::io::stdout()),
+        };
+        let uart = SerialPort::new(line(&interrupts, SERIAL_IRQ)?, out);
+        pio.insert(SERIAL_PORT, 8, Arc::new(Mutex::new(uart)))?;
+        let reset_events = Mutex::new(events.clone());
+        let i8042 = I8042::new(Box::new(move || {
+            let _ = reset_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(VcpuEvent::GuestReset { how: "i8042 reset" });
+        }));
+        pio.insert(I8042_PORT, 5, Arc::new(Mutex::new(i8042)))?;
+    }
+    let mut windows = Vec::new();
+    let next_window = |windows: &mut Vec<MmioWindow>| {
+        let index = windows.len() as u64;
+        let window = MmioWindow {
+            base: VIRTIO_MMIO_BASE + index * MMIO_WINDOW_BYTES,
+            size_bytes: MMIO_WINDOW_BYTES,
+            irq: VIRTIO_FIRST_IRQ + index as u32,
+        };
+        windows.push(window);
+        window
+    };
+    for spec in &options.disks {
+        let block = Block::open(spec)
+            .with_context(|| format!("cannot open --disk {}", spec.path.display()))?;
+        let w = next_window(&mut windows);
+        let transport = MmioTransport::new(block, memory.clone(), line(&interrupts, w.irq)?);
+        mmio.insert(w.base, w.size_bytes, Arc::new(Mutex::new(transport)))?;
+    }
+    let free_memory = Arc::new(FreeChunkDropper {
+        ram: ram.clone(),
+        engine: OnceLock::new(),
+    });
+    if options.balloon {
+        let balloon = Balloon::new(free_memory.clone());
+        let w = next_window(&mut windows);
+        let transport = MmioTransport::new(balloon, memory.clone(), line(&interrupts, w.irq)?);
+        mmio.insert(w.base, w.size_bytes, Arc::new(Mutex::new(transport)))?;
+    }
+    Ok(MachineDevices {
+        pio: Arc::new(pio),
+        mmio: Arc::new(mmio),
+        windows,
+        free_memory,
+    })
+}
+
+/// Drops whole free 2 MiB chunks the balloon reports: through the swap
+/// engine when it runs (the chunk becomes Absent and its store slot is
+/// freed), otherwise straight from the host mapping. Either way the guest
+/// reads zeros there next, and no huge mapping is split.
+pub struct FreeChunkDropper {
+    ram: Arc<GuestRam>,
+    engine: OnceLock<Arc<SwapEngine>>,
+}
+
+impl FreeChunkDropper {
+    /// Routes drops through the swap engine from now on.
+    pub fn attach_engine(&self, engine: Arc<SwapEngine>) {
+        let _ = self.engine.set(engine);
+    }
+
+    fn drop_range(&self, gpa: u64, len_bytes: u64) -> Result<(), String> {
+        let layout = self.ram.layout();
+        let offset = layout
+            .gpa_to_offset(gpa)
+            .filter(|_| layout.contains(gpa, len_bytes))
+            .ok_or_else(|| format!("free range {gpa:#x}+{len_bytes:#x} is not guest RAM"))?;
+        if let Some(engine) = self.engine.get() {
+            return engine
+                .discard_range(offset, len_bytes)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+        }
+        self.ram
+            .discard(offset, len_bytes)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl FreeMemorySink for FreeChunkDropper {
+    fn free_range(&self, gpa: u64, len_bytes: u64) {
+        if let Err(e) = self.drop_range(gpa, len_bytes) {
+            eprintln!("hugevmm: balloon: cannot drop free memory: {e}");
+        }
+    }
+
+    fn reclaim_range(&self, _gpa: u64, _len_bytes: u64) {
+        // Nothing to do: dropped memory is refilled by the next touch.
+    }
+}
