@@ -25,13 +25,29 @@ int hvmm_start(unsigned vcpu, const struct hvmm_boot_info *info)
                     vcpu, info->magic, (const void *)info, HVMM_BOOT_MAGIC);
         return 2;
     }
-    if (info->version != HVMM_BOOT_VERSION) {
+    if (info->version < HVMM_BOOT_VERSION_MIN ||
+        info->version > HVMM_BOOT_VERSION) {
         hvmm_printf("hvmm: vcpu %u: boot info version %u, this payload "
-                    "speaks version %u\n",
-                    vcpu, info->version, HVMM_BOOT_VERSION);
+                    "speaks versions %u to %u\n",
+                    vcpu, info->version, HVMM_BOOT_VERSION_MIN,
+                    HVMM_BOOT_VERSION);
         return 2;
     }
     return hvmm_main(vcpu, info);
+}
+
+const struct hvmm_mmio *hvmm_mmio_devices(const struct hvmm_boot_info *info,
+                                          uint64_t *count)
+{
+    *count = 0;
+    if (info->version < 2)
+        return NULL;
+    /* u64 mmio_count right after the last free range, then the entries. */
+    const uint64_t *mmio_count =
+        (const uint64_t *)(const void *)&info->ranges[info->range_count];
+    *count = *mmio_count;
+    return *count != 0 ? (const struct hvmm_mmio *)(const void *)(mmio_count + 1)
+                       : NULL;
 }
 
 void hvmm_exit(uint32_t status)

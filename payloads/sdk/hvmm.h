@@ -9,6 +9,8 @@
  * and link it with start.S, hvmm.c and hvmm.ld (see README.md in this
  * directory for the gcc command line). start.S checks the boot info, calls
  * hvmm_main on every vCPU and reports its return value as the exit status.
+ * start.S also carries the ELF note that opts the payload in to protocol
+ * version 2 (virtio-mmio devices, see hvmm_mmio_devices and virtio.h).
  *
  * Rules for payload code:
  *   - no libc: use the functions below (memset/memcpy/memmove/memcmp exist
@@ -27,11 +29,16 @@
 #include <stdint.h>
 
 /* ---------------------------------------------------------------------- */
-/* Boot info (protocol version 1)                                          */
+/* Boot info (protocol versions 1 and 2)                                   */
 /* ---------------------------------------------------------------------- */
 
 #define HVMM_BOOT_MAGIC   0x4c5941504d4d5648ull /* "HVMMPAYL" */
-#define HVMM_BOOT_VERSION 1u
+/* The highest protocol version the SDK speaks: the value of the ELF note
+ * in start.S. The VMM writes min(note, 2) into the boot info, so a payload
+ * built with this SDK sees version 2 on a VMM that knows it and version 1
+ * (no device list) on an older one; start.S accepts both. */
+#define HVMM_BOOT_VERSION     2u
+#define HVMM_BOOT_VERSION_MIN 1u
 
 /* I/O ports served by the VMM. */
 #define HVMM_PORT_CONSOLE 0x3f8 /* outb: one byte of console output */
@@ -46,13 +53,24 @@ struct hvmm_range {
 /* The boot info block the VMM passes in %rsi. */
 struct hvmm_boot_info {
     uint64_t magic;             /* HVMM_BOOT_MAGIC */
-    uint32_t version;           /* HVMM_BOOT_VERSION */
+    uint32_t version;           /* 1 or 2 (HVMM_BOOT_VERSION) */
     uint32_t vcpu_count;        /* number of vCPUs running the payload */
     uint64_t ram_bytes;         /* guest RAM size (--mem) */
     uint64_t arg_ptr;           /* guest address of the argument string */
     uint64_t arg_len;           /* its length; it is NOT NUL-terminated */
     uint64_t range_count;       /* number of entries in ranges[] */
     struct hvmm_range ranges[]; /* free RAM, in address order */
+    /* Version 2 only, after ranges[range_count]: uint64_t mmio_count, then
+     * mmio_count struct hvmm_mmio. Use hvmm_mmio_devices(). */
+};
+
+/* Version 2: one virtio-mmio device window, identity-mapped uncached for
+ * user access. Identify the device by its DeviceID register (virtio.h). */
+struct hvmm_mmio {
+    uint64_t base;       /* guest-physical (= virtual) address of the window */
+    uint64_t size_bytes; /* window size (4 KiB) */
+    uint32_t irq;        /* interrupt line (interrupts stay off: poll) */
+    uint32_t reserved;
 };
 
 _Static_assert(offsetof(struct hvmm_boot_info, version) == 8, "layout");
@@ -63,6 +81,14 @@ _Static_assert(offsetof(struct hvmm_boot_info, arg_len) == 32, "layout");
 _Static_assert(offsetof(struct hvmm_boot_info, range_count) == 40, "layout");
 _Static_assert(offsetof(struct hvmm_boot_info, ranges) == 48, "layout");
 _Static_assert(sizeof(struct hvmm_range) == 16, "layout");
+_Static_assert(sizeof(struct hvmm_mmio) == 24, "layout");
+_Static_assert(offsetof(struct hvmm_mmio, irq) == 16, "layout");
+
+/* The virtio-mmio device windows, in command-line order (--disk before
+ * --balloon). Sets *count (0 for version-1 boot info, which has no device
+ * list) and returns the first entry (NULL when *count is 0). */
+const struct hvmm_mmio *hvmm_mmio_devices(const struct hvmm_boot_info *info,
+                                          uint64_t *count);
 
 /* The payload's entry point, written by the user. The return value is the
  * vCPU's exit status. */

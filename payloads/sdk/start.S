@@ -1,5 +1,6 @@
 /*
- * start.S - payload entry point (hugevmm payload protocol v1).
+ * start.S - payload entry point and protocol note (hugevmm payload
+ * protocol, versions 1 and 2).
  *
  * At entry every vCPU is in 64-bit mode at CPL 3 with
  *   %rdi = vCPU index, %rsi = boot info address,
@@ -19,6 +20,25 @@ _start:
 1:  outl    %eax, %dx           /* exit status; the VMM stops us here */
     jmp     1b
     .size   _start, . - _start
+
+    /*
+     * The opt-in note of protocol version 2 (docs/PAYLOAD_PROTOCOL.md):
+     * an ELF note with name "HVMM", type 1 and a 4-byte descriptor holding
+     * the highest protocol version this SDK understands (2, which is
+     * HVMM_BOOT_VERSION in hvmm.h). hvmm.ld keeps it in the section
+     * .note.hvmm (SHT_NOTE) inside a PT_NOTE segment. Layout, 24 bytes:
+     *   u32 namesz = 5, u32 descsz = 4, u32 type = 1,
+     *   "HVMM\0" padded to 8 bytes, u32 desc = 2.
+     */
+    .section .note.hvmm, "a", @note
+    .balign 4
+    .long   5                   /* namesz: "HVMM" and its NUL */
+    .long   4                   /* descsz */
+    .long   1                   /* type */
+    .asciz  "HVMM"
+    .balign 4                   /* name padded to a multiple of 4 */
+    .long   2                   /* desc: highest protocol version spoken */
+    .balign 4
 
     /* No executable stack. */
     .section .note.GNU-stack, "", @progbits

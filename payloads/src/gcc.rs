@@ -39,8 +39,12 @@ pub const CFLAGS: &[&str] = &[
     "-Wl,-n",
 ];
 
+/// The SDK's C files linked into every payload (after `start.S`); unused
+/// functions are dropped by `--gc-sections`.
+pub const SDK_SOURCES: &[&str] = &["hvmm.c", "virtio.c"];
+
 /// Returns the command `cc CFLAGS -I sdk -T sdk/hvmm.ld sdk/start.S
-/// sdk/hvmm.c SOURCES -o OUTPUT`.
+/// sdk/hvmm.c sdk/virtio.c SOURCES -o OUTPUT`.
 pub fn command(cc: &OsStr, sdk: &Path, sources: &[&Path], output: &Path) -> Command {
     let mut cmd = Command::new(cc);
     cmd.args(CFLAGS)
@@ -49,7 +53,7 @@ pub fn command(cc: &OsStr, sdk: &Path, sources: &[&Path], output: &Path) -> Comm
         .arg("-T")
         .arg(sdk.join("hvmm.ld"))
         .arg(sdk.join("start.S"))
-        .arg(sdk.join("hvmm.c"))
+        .args(SDK_SOURCES.iter().map(|file| sdk.join(file)))
         .args(sources)
         .arg("-o")
         .arg(output);

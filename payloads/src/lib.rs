@@ -6,8 +6,11 @@
 //!
 //! - the built-in payloads (`src/guest/*.c`), compiled by `build.rs` with the
 //!   system C compiler and embedded in the crate: [`all`], [`find`];
-//! - the payload SDK (`sdk/`: `hvmm.h`, `hvmm.c`, `start.S`, `hvmm.ld`) for
-//!   writing other payloads: [`sdk_dir`], [`compile_command`], [`CFLAGS`].
+//! - the payload SDK (`sdk/`: `hvmm.h`, `hvmm.c`, `virtio.h`, `virtio.c`,
+//!   `start.S`, `hvmm.ld`) for writing other payloads: [`sdk_dir`],
+//!   [`compile_command`], [`CFLAGS`], [`SDK_SOURCES`]. Every payload built
+//!   with it carries the ELF note that opts in to protocol version 2
+//!   (virtio-mmio devices).
 
 #![deny(missing_docs)]
 
@@ -16,7 +19,7 @@ use std::process::Command;
 
 mod gcc;
 
-pub use gcc::CFLAGS;
+pub use gcc::{CFLAGS, SDK_SOURCES};
 
 /// A payload embedded in this crate.
 #[derive(Debug)]
@@ -64,6 +67,24 @@ static BUILTINS: &[Builtin] = &[
         "selftest",
         "VMM test helper (exit=N fault=ud|pf|gp|de vcpu=K print=TEXT args=1)"
     ),
+    builtin!(
+        "blkcheck",
+        "virtio-blk check (needs --disk): vCPU 0 writes patterns to the first, \
+         last and random sectors in requests of 512 B to 1 MiB, some split over \
+         descriptors, flushes, reads back and compares (twice); checks GET_ID and \
+         IOERR past the end; prints `blkcheck ok sectors=<n> capacity=<c> id=<id>`, \
+         exit 1 on a mismatch, 2 without a disk (sectors=N, default 4096; seed=N, \
+         default 1)"
+    ),
+    builtin!(
+        "balloon",
+        "virtio-balloon check (needs --balloon): vCPU 0 reports whole 2 MiB chunks \
+         and half a chunk free through free page reporting, checks the whole ones \
+         read as zero (dropped; expect_drop=0 also accepts kept data) and the half \
+         one kept its data, inflates and deflates pages; prints `balloon ok dropped_chunks=<n> \
+         kept_partial=1`, exit 1 on a wrong result, 2 without a balloon \
+         (chunks=N, default 4; expect_drop=0|1, default 1; stats=0|1, default 1)"
+    ),
 ];
 
 /// All built-in payloads.
@@ -84,7 +105,7 @@ pub fn sdk_dir() -> &'static Path {
 /// A command that builds a payload from C (or assembly) `sources` into the
 /// ELF `output`, exactly as the built-in payloads are built: `$CC` (default
 /// `gcc`) with [`CFLAGS`], the SDK's include directory, linker script,
-/// `start.S` and `hvmm.c`. Run it and check its status.
+/// `start.S` and [`SDK_SOURCES`]. Run it and check its status.
 pub fn compile_command(sources: &[&Path], output: &Path) -> Command {
     gcc::command(&gcc::cc(), sdk_dir(), sources, output)
 }
@@ -148,6 +169,103 @@ mod tests {
         );
     }
 
+    /// The HVMM notes (name "HVMM", type 1) in a run of ELF notes: their
+    /// descriptors. Other notes are skipped; a malformed note fails.
+    fn hvmm_notes_in(name: &str, notes: &[u8]) -> Vec<Vec<u8>> {
+        let align4 = |n: usize| (n + 3) & !3;
+        let mut found = Vec::new();
+        let mut at = 0;
+        while at < notes.len() {
+            assert!(at + 12 <= notes.len(), "{name}: truncated note header");
+            let namesz = u32_at(notes, at) as usize;
+            let descsz = u32_at(notes, at + 4) as usize;
+            let n_type = u32_at(notes, at + 8);
+            let name_at = at + 12;
+            let desc_at = name_at + align4(namesz);
+            let end = desc_at + align4(descsz);
+            assert!(end <= notes.len(), "{name}: note past its section");
+            if &notes[name_at..name_at + namesz] == b"HVMM\0" && n_type == 1 {
+                found.push(notes[desc_at..desc_at + descsz].to_vec());
+            }
+            at = end;
+        }
+        found
+    }
+
+    /// The HVMM notes of `elf`: descriptors found in PT_NOTE segments, and
+    /// (section name, SHF_ALLOC, address, descriptor) found in SHT_NOTE
+    /// sections.
+    #[allow(clippy::type_complexity)]
+    fn hvmm_notes(name: &str, elf: &[u8]) -> (Vec<Vec<u8>>, Vec<(String, bool, u64, Vec<u8>)>) {
+        let (phoff, phnum) = (u64_at(elf, 32) as usize, u16_at(elf, 56) as usize);
+        let mut in_segments = Vec::new();
+        for i in 0..phnum {
+            let ph = &elf[phoff + i * 56..][..56];
+            if u32_at(ph, 0) == 4 {
+                let (offset, filesz) = (u64_at(ph, 8) as usize, u64_at(ph, 32) as usize);
+                in_segments.extend(hvmm_notes_in(name, &elf[offset..offset + filesz]));
+            }
+        }
+        let (shoff, shentsize) = (u64_at(elf, 40) as usize, u16_at(elf, 58) as usize);
+        let (shnum, shstrndx) = (u16_at(elf, 60) as usize, u16_at(elf, 62) as usize);
+        assert_eq!(shentsize, 64, "{name}: shentsize");
+        let section = |i: usize| &elf[shoff + i * 64..][..64];
+        let strtab_off = u64_at(section(shstrndx), 24) as usize;
+        let mut in_sections = Vec::new();
+        for i in 0..shnum {
+            let sh = section(i);
+            if u32_at(sh, 4) != 7 {
+                continue; // not SHT_NOTE
+            }
+            let name_off = strtab_off + u32_at(sh, 0) as usize;
+            let len = elf[name_off..].iter().position(|&b| b == 0).unwrap();
+            let section_name = String::from_utf8(elf[name_off..name_off + len].to_vec()).unwrap();
+            let (offset, size) = (u64_at(sh, 24) as usize, u64_at(sh, 32) as usize);
+            let alloc = u64_at(sh, 8) & 2 != 0;
+            for desc in hvmm_notes_in(name, &elf[offset..offset + size]) {
+                in_sections.push((section_name.clone(), alloc, u64_at(sh, 16), desc));
+            }
+        }
+        (in_segments, in_sections)
+    }
+
+    /// Checks that `elf` opts in to protocol version 2: one HVMM note
+    /// (type 1, 4-byte descriptor = 2), in a PT_NOTE segment and in the
+    /// allocated SHT_NOTE section `.note.hvmm` above 2 MiB.
+    fn check_hvmm_note(name: &str, elf: &[u8]) {
+        let (segments, sections) = hvmm_notes(name, elf);
+        assert_eq!(segments, [vec![2u8, 0, 0, 0]], "{name}: PT_NOTE");
+        assert_eq!(sections.len(), 1, "{name}: SHT_NOTE");
+        let (section, alloc, addr, desc) = &sections[0];
+        assert_eq!(section, ".note.hvmm", "{name}");
+        assert!(
+            *alloc && *addr >= 0x20_0000,
+            "{name}: .note.hvmm at {addr:#x}"
+        );
+        assert_eq!(desc, &[2, 0, 0, 0], "{name}");
+    }
+
+    #[test]
+    fn builtins_carry_the_protocol_2_note() {
+        for b in all() {
+            check_hvmm_note(b.name, b.elf);
+        }
+    }
+
+    #[test]
+    fn a_note_of_another_type_does_not_count() {
+        // hello with its note's type changed from 1 to 9.
+        let mut elf = find("hello").unwrap().elf.to_vec();
+        let at = elf
+            .windows(8)
+            .position(|w| w == b"HVMM\0\0\0\0")
+            .expect("note name in hello");
+        assert_eq!(u32_at(&elf, at - 4), 1);
+        elf[at - 4] = 9;
+        let (segments, sections) = hvmm_notes("hello", &elf);
+        assert!(segments.is_empty() && sections.is_empty());
+    }
+
     #[test]
     fn builtins_are_valid_payload_elfs() {
         for b in all() {
@@ -186,7 +304,10 @@ mod tests {
 
     #[test]
     fn sdk_dir_has_the_sdk() {
-        for file in ["hvmm.h", "hvmm.c", "start.S", "hvmm.ld"] {
+        for file in ["hvmm.h", "virtio.h", "start.S", "hvmm.ld"]
+            .into_iter()
+            .chain(SDK_SOURCES.iter().copied())
+        {
             assert!(sdk_dir().join(file).is_file(), "{file} missing");
         }
         assert!(sdk_dir().is_absolute());
@@ -262,7 +383,9 @@ mod tests {
             "warnings: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        check_elf("mine", &std::fs::read(&elf).unwrap());
+        let image = std::fs::read(&elf).unwrap();
+        check_elf("mine", &image);
+        check_hvmm_note("mine", &image);
         std::fs::remove_dir_all(&dir).ok();
     }
 }

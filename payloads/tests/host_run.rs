@@ -31,7 +31,7 @@ fn harness(payload: &str) -> PathBuf {
         ])
         .arg(sdk)
         .arg(manifest.join("tests/host/harness.c"))
-        .arg(sdk.join("hvmm.c"))
+        .args(payloads::SDK_SOURCES.iter().map(|file| sdk.join(file)))
         .arg(manifest.join(format!("src/guest/{payload}.c")))
         .arg("-o")
         .arg(&out)
@@ -337,4 +337,104 @@ fn selftest_faults() {
     }
     let r = fault_run("ud", "");
     assert_eq!(r.lines_starting("EXCEPTION").len(), 2);
+}
+
+#[test]
+fn selftest_shows_the_version_2_device_list() {
+    let r = run("selftest", 2, "1M", "args=1", &["mmio=2"]);
+    assert_eq!(r.status, 0);
+    for vcpu in 0..2 {
+        let info = r
+            .lines_starting(&format!("selftest vcpu={vcpu} info="))
+            .pop()
+            .unwrap()
+            .to_string();
+        assert_eq!(field(&info, "version"), 2);
+        assert_eq!(field(&info, "range_count"), 1);
+        assert_eq!(field(&info, "mmio_count"), 2);
+        let mmio = r.lines_starting(&format!("selftest vcpu={vcpu} mmio="));
+        assert_eq!(mmio.len(), 2);
+        for (j, line) in mmio.iter().enumerate() {
+            assert_eq!(field(line, "mmio"), j as u64);
+            assert_eq!(field(line, "size"), 4096);
+            assert_eq!(field(line, "irq"), 5 + j as u64);
+        }
+        assert_eq!(field(mmio[1], "base") - field(mmio[0], "base"), 4096);
+    }
+    // Version 1 has no device list; version 2 may have an empty one.
+    for check in ["version=1", "version=2"] {
+        let r = run("selftest", 1, "1M", "args=1", &[check]);
+        assert_eq!(r.status, 0);
+        let info = r.lines_starting("selftest vcpu=0 info=")[0];
+        assert_eq!(field(info, "mmio_count"), 0, "{check}");
+        assert!(r.lines_starting("selftest vcpu=0 mmio=").is_empty());
+    }
+}
+
+#[test]
+fn unknown_boot_info_versions_are_refused() {
+    for version in [0, 3] {
+        let r = run("hello", 2, "1M", "", &[&format!("version={version}")]);
+        assert_eq!(r.status, 2);
+        let lines = r.lines_starting("hvmm: vcpu");
+        assert_eq!(lines.len(), 2, "{}", r.out);
+        assert!(
+            lines[0].ends_with(&format!(
+                "boot info version {version}, this payload speaks versions 1 to 2"
+            )),
+            "{}",
+            lines[0]
+        );
+    }
+}
+
+#[test]
+fn device_payloads_without_their_device() {
+    for (payload, what) in [("blkcheck", "virtio-blk"), ("balloon", "virtio-balloon")] {
+        // Version 1: no device list at all.
+        let r = run(payload, 3, "16M", "", &[]);
+        assert_eq!(r.status, 2);
+        assert_eq!(
+            r.lines_starting(payload),
+            [format!(
+                "{payload}: no {what} device (boot info version 1, 0 mmio devices)"
+            )]
+        );
+        // Only vCPU 0 looks; the others are done at once.
+        assert!(r.out.contains("vcpu 1 status 0\n") && r.out.contains("vcpu 2 status 0\n"));
+        // Version 2 with windows that hold no device (DeviceID reads 0):
+        // the probe reads the registers through the emulated MMIO path.
+        let r = run(payload, 2, "16M", "", &["mmio=3"]);
+        assert_eq!(r.status, 2);
+        assert_eq!(
+            r.lines_starting(payload),
+            [format!(
+                "{payload}: no {what} device (boot info version 2, 3 mmio devices)"
+            )]
+        );
+    }
+}
+
+#[test]
+fn device_payload_arguments() {
+    for (payload, args, known) in [
+        ("blkcheck", "sectors=x", "sectors= seed="),
+        ("blkcheck", "disk=1", "sectors= seed="),
+        ("balloon", "chunks=1M", "chunks= expect_drop= stats="),
+    ] {
+        let r = run(payload, 2, "16M", args, &["mmio=1"]);
+        assert_eq!(r.status, 2, "{args}");
+        let lines = r.lines_starting(&format!("{payload}:"));
+        assert_eq!(lines.len(), 1, "{args}: {}", r.out);
+        assert!(
+            lines[0].ends_with(&format!("; known: {known}")),
+            "{}",
+            lines[0]
+        );
+    }
+    for args in ["chunks=0", "chunks=65", "expect_drop=2", "stats=2"] {
+        let r = run("balloon", 2, "16M", args, &["mmio=1"]);
+        assert_eq!(r.status, 2, "{args}");
+        assert_eq!(r.lines_starting("balloon: bad value").len(), 1, "{args}");
+    }
 }

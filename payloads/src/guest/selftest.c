@@ -13,8 +13,10 @@
  *   args=1:
  *     selftest vcpu=<i> info=0x<a> rsp=0x<a> magic=0x<m> version=<v>
  *       vcpu_count=<n> ram_bytes=<b> arg_len=<l> range_count=<r>
- *       free_bytes=<f>                               (one line)
+ *       free_bytes=<f> mmio_count=<m>                (one line)
  *     selftest vcpu=<i> range=<j> start=0x<s> end=0x<e>   (per range)
+ *     selftest vcpu=<i> mmio=<j> base=0x<b> size=0x<s> irq=<q>
+ *       (per virtio-mmio device; mmio_count is 0 for version 1)
  *     selftest vcpu=<i> args=<the argument string, verbatim>
  *   print=TEXT:
  *     TEXT
@@ -74,17 +76,21 @@ static const struct fault_kind faults[] = {
 
 static void print_boot_info(unsigned vcpu, const struct hvmm_boot_info *info)
 {
-    uint64_t rsp;
+    uint64_t rsp, mmio_count;
+    const struct hvmm_mmio *mmio = hvmm_mmio_devices(info, &mmio_count);
     __asm__ volatile("movq %%rsp, %0" : "=r"(rsp));
     hvmm_printf("selftest vcpu=%u info=%p rsp=0x%lx magic=0x%lx version=%u "
                 "vcpu_count=%u ram_bytes=%lu arg_len=%lu range_count=%lu "
-                "free_bytes=%lu\n",
+                "free_bytes=%lu mmio_count=%lu\n",
                 vcpu, (const void *)info, rsp, info->magic, info->version,
                 info->vcpu_count, info->ram_bytes, info->arg_len,
-                info->range_count, hvmm_free_bytes(info));
+                info->range_count, hvmm_free_bytes(info), mmio_count);
     for (uint64_t j = 0; j < info->range_count; j++)
         hvmm_printf("selftest vcpu=%u range=%lu start=0x%lx end=0x%lx\n", vcpu,
                     j, info->ranges[j].start, info->ranges[j].end);
+    for (uint64_t j = 0; j < mmio_count; j++)
+        hvmm_printf("selftest vcpu=%u mmio=%lu base=0x%lx size=0x%lx irq=%u\n",
+                    vcpu, j, mmio[j].base, mmio[j].size_bytes, mmio[j].irq);
     hvmm_printf("selftest vcpu=%u args=", vcpu);
     hvmm_write((const char *)(uintptr_t)info->arg_ptr, info->arg_len);
     hvmm_putc('\n');

@@ -12,12 +12,21 @@
  * Free RAM is an anonymous mapping cut into ranges separated by PROT_NONE
  * gaps, so a payload that writes outside its ranges faults.
  *
+ * Boot info version 1 by default; version=N sets another (2 adds the
+ * virtio-mmio device list after the ranges). mmio=N (implies version 2)
+ * lists N device windows: PROT_NONE pages whose 32-bit accesses as the
+ * SDK makes them (movl (%rdx),%eax and movl %eax,(%rdx)) are emulated as
+ * an empty slot: reads return 0, writes are ignored. So payloads find no
+ * device there; real devices are tested under the VMM.
+ *
  * usage: harness VCPUS LAYOUT ARGS [CHECK...]
  *   LAYOUT  comma-separated sizes with K/M suffixes: range,gap,range,...
  *   ARGS    the payload argument string (placed right before an unmapped
  *           page, so reading past arg_len faults)
  *   CHECK   poison=OFF     store a non-zero word at free-space offset OFF
  *           badmagic       corrupt the boot info magic
+ *           version=N      boot info version N (default 1)
+ *           mmio=N         N empty device windows, irq 5, 6, ... (version 2)
  *           seq=BYTES:P    after the run, the first BYTES of free space
  *                          hold addr ^ pass_key(P) and the rest is zero
  *           rand=BYTES:P   every non-zero word in the first BYTES holds
@@ -46,11 +55,14 @@ int hvmm_start(unsigned vcpu, const struct hvmm_boot_info *info);
 
 #define MAX_VCPUS 64
 #define MAX_RANGES 32
+#define MAX_MMIO 8
 
 static struct hvmm_boot_info *info;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 static int exit_status[MAX_VCPUS];
 static int exception_seen;
+static uint8_t *mmio_windows; /* MAX_MMIO PROT_NONE pages */
+static uint64_t mmio_window_count;
 
 static __thread unsigned my_vcpu;
 static __thread sigjmp_buf my_exit;
@@ -95,6 +107,16 @@ static void on_signal(int sig, siginfo_t *si, void *uc_)
             pthread_mutex_unlock(&out_lock);
         }
         r[REG_RIP] += imm ? 2 : 1;
+        return;
+    }
+    uint8_t *fault = si->si_addr;
+    if (sig == SIGSEGV && mmio_window_count != 0 && fault >= mmio_windows &&
+        fault < mmio_windows + mmio_window_count * 4096 &&
+        (uintptr_t)fault == (uintptr_t)r[REG_RDX] && ip[1] == 0x02 &&
+        (ip[0] == 0x8b || ip[0] == 0x89)) {
+        if (ip[0] == 0x8b) /* movl (%rdx), %eax: an empty slot reads 0 */
+            r[REG_RAX] = 0;
+        r[REG_RIP] += 2;
         return;
     }
     if (line_len)
@@ -210,9 +232,10 @@ int main(int argc, char **argv)
     if (base == MAP_FAILED)
         return 65;
 
-    info = calloc(1, sizeof(*info) + MAX_RANGES * sizeof(struct hvmm_range));
+    info = calloc(1, sizeof(*info) + MAX_RANGES * sizeof(struct hvmm_range) +
+                         8 + MAX_MMIO * sizeof(struct hvmm_mmio));
     info->magic = HVMM_BOOT_MAGIC;
-    info->version = HVMM_BOOT_VERSION;
+    info->version = 1;
     info->vcpu_count = vcpus;
     info->ram_bytes = span;
     uint64_t at = 4096;
@@ -244,6 +267,13 @@ int main(int argc, char **argv)
             *word_at(parse_size(argv[i] + 7, &end)) = 0x5a5a;
         } else if (strcmp(argv[i], "badmagic") == 0) {
             info->magic ^= 1;
+        } else if (strncmp(argv[i], "version=", 8) == 0) {
+            info->version = (uint32_t)strtoul(argv[i] + 8, &end, 0);
+        } else if (strncmp(argv[i], "mmio=", 5) == 0) {
+            mmio_window_count = strtoull(argv[i] + 5, &end, 0);
+            if (mmio_window_count > MAX_MMIO)
+                return 64;
+            info->version = 2;
         } else if (strncmp(argv[i], "seq=", 4) == 0 ||
                    strncmp(argv[i], "rand=", 5) == 0) {
             seq = argv[i][0] == 's';
@@ -254,6 +284,18 @@ int main(int argc, char **argv)
             fprintf(stderr, "unknown check %s\n", argv[i]);
             return 64;
         }
+    }
+
+    /* Version 2: u64 mmio_count after the ranges, then the entries. */
+    mmio_windows = mmap(NULL, MAX_MMIO * 4096, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint64_t *mmio_list = (uint64_t *)&info->ranges[info->range_count];
+    mmio_list[0] = mmio_window_count;
+    struct hvmm_mmio *mmio = (struct hvmm_mmio *)(mmio_list + 1);
+    for (uint64_t i = 0; i < mmio_window_count; i++) {
+        mmio[i].base = (uintptr_t)(mmio_windows + i * 4096);
+        mmio[i].size_bytes = 4096;
+        mmio[i].irq = (uint32_t)(5 + i);
     }
 
     struct sigaction sa;
