@@ -220,3 +220,14 @@ pub fn temp_file(name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).expect("write temp file");
     path
 }
+
+/// Asserts that KVM maps at least 90 % of `chunks` with 2 MiB stage-2
+/// entries (`pages_2m` from the run's stats).
+pub fn assert_mostly_huge(pages_2m: u64, chunks: u64, what: &str) {
+    eprintln!("{what}: pages_2m={pages_2m} of {chunks} chunks");
+    assert!(chunks > 0, "{what}: no chunks to check");
+    assert!(
+        pages_2m * 10 >= chunks * 9,
+        "{what}: pages_2m {pages_2m} < 90% of {chunks} chunks"
+    );
+}
