@@ -1,19 +1,72 @@
-//! A stock Debian kernel booted through hugevmm.
+//! A stock Debian kernel booted through hugevmm, on two vCPUs.
 //!
-//! On hosts whose KVM runs guest kernel code natively (VMX/SVM) a kernel
-//! boots fully. On this project's PVM hosts guest CPL 0 code is emulated and
-//! the emulator stops a stock kernel early; the test then checks what the
-//! kernel printed up to there (banner, command line, our e820 map) and that
-//! hugevmm ends the VM with a clear emulation-failure message, in bounded
-//! time.
+//! Which variant runs depends on the host's KVM:
+//!
+//! - **banner** (this project's PVM hosts, where guest CPL 0 code is
+//!   emulated and the emulator stops a stock kernel early): the test checks
+//!   what the kernel printed up to there (banner, command line, our e820
+//!   map) and that hugevmm ends the VM with a clear emulation-failure
+//!   message, in bounded time.
+//! - **full** (VMX/SVM hosts, where guest kernel code runs natively): the
+//!   same checks, then the kernel boots into an initramfs the test builds
+//!   (static busybox, a newc cpio written here) whose /init prints a marker,
+//!   reads a string the test wrote into a virtio-blk disk, and reboots,
+//!   which ends the VM with status 0.
+//!
+//! The test prints which variant it ran. `HUGEVMM_TEST_KERNEL=PATH` boots
+//! another kernel than `.ci/fetch-kernel`'s.
 
 use integration_tests::*;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+const MEM_BYTES: u64 = 256 << 20;
+/// How long a run may take before the test gives up on it; the VM must end
+/// by itself well before (hugevmm's own `--timeout` is shorter).
+const RUN_LIMIT: Duration = Duration::from_secs(600);
+/// Printed by the initramfs's /init once it runs.
+const INIT_MARKER: &str = "HUGEVMM-INITRAMFS-RUNNING";
+/// Printed by /init before what it read from the disk.
+const DISK_MARKER: &str = "HUGEVMM-DISK:";
+/// Printed by /init when the disk never appeared.
+const NO_DISK_MARKER: &str = "HUGEVMM-NO-DISK";
+/// The static busybox the initramfs is built from (Debian: busybox-static).
+const BUSYBOX: &str = "/bin/busybox";
+
 fn kernel() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("HUGEVMM_TEST_KERNEL") {
+        return Some(PathBuf::from(path));
+    }
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/linux-kernel/vmlinuz");
     path.exists().then_some(path)
+}
+
+/// How this host's KVM runs guest kernel code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostKind {
+    /// PVM: guest CPL 0 is emulated; a stock kernel stops early.
+    Pvm,
+    /// Hardware virtualization (VMX/SVM) and no PVM module: full boots.
+    Native,
+    /// Neither is evident; treated like PVM (the banner variant).
+    Unknown,
+}
+
+fn host_kind() -> HostKind {
+    if Path::new("/sys/module/kvm_pvm").exists() {
+        return HostKind::Pvm;
+    }
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let hardware = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
+    if hardware {
+        HostKind::Native
+    } else {
+        HostKind::Unknown
+    }
 }
 
 /// The BIOS-e820 lines Linux prints for hugevmm's layout of `mem_bytes` of
@@ -30,32 +83,47 @@ fn expected_e820(mem_bytes: u64) -> Vec<String> {
     ]
 }
 
-#[test]
-fn a_debian_kernel_boots_to_its_banner_with_our_cmdline_and_e820_map() {
-    if skip_without_kvm("linux_boot") {
-        return;
+/// Runs hugevmm with stdin closed: a terminal on stdin would switch on
+/// console input (raw mode) and let the test's hugevmm read the terminal.
+fn run_hugevmm(args: &[String]) -> Run {
+    let mut cmd = Command::new(hugevmm_bin());
+    cmd.args(args).stdin(Stdio::null());
+    let output = run_with_limit(cmd, RUN_LIMIT);
+    Run {
+        status: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        stats: None,
     }
-    let Some(kernel) = kernel() else {
-        eprintln!("SKIP linux_boot: no kernel at target/linux-kernel/vmlinuz; run .ci/fetch-kernel (CI does)");
-        return;
-    };
-    let cmdline = "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1 hugevmm.test=banner";
-    let run = hugevmm(
-        &[
-            "run",
-            "--kernel",
-            kernel.to_str().unwrap(),
-            "--mem",
-            "256M",
-            "--cmdline",
-            cmdline,
-            "--timeout",
-            "400",
-            "--mem-limit",
-            "192M",
-        ],
-        Duration::from_secs(600),
-    );
+}
+
+fn boot_args(kernel: &Path, cmdline: &str, extra: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "run",
+        "--kernel",
+        kernel.to_str().unwrap(),
+        "--mem",
+        "256M",
+        "--vcpus",
+        "2",
+        "--cmdline",
+        cmdline,
+        "--timeout",
+        "400",
+        "--mem-limit",
+        "192M",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend_from_slice(extra);
+    args
+}
+
+/// What every variant checks: the banner, the command line the kernel saw
+/// (ours, plus hugevmm's `virtio_mmio.device=` words), our e820 map, and
+/// that the VM ended by itself.
+fn check_early_boot(run: &Run, want_cmdline: &str) {
     let out = &run.stdout;
     assert!(
         out.contains("Linux version "),
@@ -69,7 +137,10 @@ fn a_debian_kernel_boots_to_its_banner_with_our_cmdline_and_e820_map() {
                 .map(|(_, c)| c.trim_end().to_string())
         })
         .unwrap_or_default();
-    assert_eq!(printed, cmdline, "the kernel saw exactly our command line");
+    assert_eq!(
+        printed, want_cmdline,
+        "the kernel saw exactly our command line"
+    );
     let e820: Vec<String> = out
         .lines()
         .filter_map(|l| {
@@ -77,15 +148,44 @@ fn a_debian_kernel_boots_to_its_banner_with_our_cmdline_and_e820_map() {
                 .map(|at| l[at..].trim_end().to_string())
         })
         .collect();
-    assert_eq!(e820, expected_e820(256 << 20), "e820 map:\n{out}");
+    assert_eq!(e820, expected_e820(MEM_BYTES), "e820 map:\n{out}");
     assert_ne!(
         run.status,
         Some(124),
         "the VM must end by itself, not by --timeout:\n{}",
         run.stderr
     );
+}
+
+#[test]
+fn a_debian_kernel_boots_on_two_vcpus_as_far_as_this_host_allows() {
+    if skip_without_kvm("linux_boot") {
+        return;
+    }
+    let Some(kernel) = kernel() else {
+        eprintln!("SKIP linux_boot: no kernel at target/linux-kernel/vmlinuz; run .ci/fetch-kernel (CI does)");
+        return;
+    };
+    let host = host_kind();
+    if host == HostKind::Native {
+        match static_busybox() {
+            Ok(busybox) => return full_boot(&kernel, &busybox),
+            Err(why) => eprintln!(
+                "SKIP linux_boot full variant: {why}; apt-get install busybox-static (.ci/run does). Running the banner variant instead"
+            ),
+        }
+    }
+    banner_boot(&kernel, host);
+}
+
+fn banner_boot(kernel: &Path, host: HostKind) {
+    let cmdline = "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1 hugevmm.test=banner";
+    let run = run_hugevmm(&boot_args(kernel, cmdline, &[]));
+    check_early_boot(&run, cmdline);
     if run.stderr.contains("emulation failure") {
-        eprintln!("linux_boot: PVM-like host (guest CPL 0 emulated): banner, cmdline and e820 checked; the VM ended with an emulation failure, as expected here");
+        eprintln!(
+            "linux_boot: banner variant ({host:?} host, guest CPL 0 emulated): banner, cmdline and e820 checked on 2 vCPUs; the VM ended with an emulation failure, as expected here"
+        );
         assert_eq!(run.status, Some(125));
         assert!(
             run.stderr.contains("emulation failure at rip 0x"),
@@ -94,8 +194,469 @@ fn a_debian_kernel_boots_to_its_banner_with_our_cmdline_and_e820_map() {
         );
     } else {
         eprintln!(
-            "linux_boot: the kernel ran on (VMX/SVM-like host); exit {:?}; full boot to an initramfs is not covered by this test",
+            "linux_boot: banner variant on a {host:?} host, but the kernel ran on (exit {:?}); the full variant runs on hosts with vmx/svm and no kvm_pvm module",
             run.status
         );
     }
+}
+
+fn full_boot(kernel: &Path, busybox: &[u8]) {
+    let dir = std::env::temp_dir().join(format!("hugevmm-linux-full-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let initrd = dir.join("initramfs.cpio");
+    std::fs::write(&initrd, cpio::newc(&initramfs(busybox))).unwrap();
+    let disk_text = format!("hugevmm-virtio-blk-sector-0-{}", std::process::id());
+    let disk = dir.join("disk.img");
+    let mut image = vec![0u8; 1 << 20];
+    image[..disk_text.len()].copy_from_slice(disk_text.as_bytes());
+    std::fs::write(&disk, &image).unwrap();
+
+    let cmdline =
+        "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1 rdinit=/init hugevmm.test=full";
+    let extra = [
+        "--initrd",
+        initrd.to_str().unwrap(),
+        "--disk",
+        disk.to_str().unwrap(),
+    ]
+    .map(String::from);
+    let run = run_hugevmm(&boot_args(kernel, cmdline, &extra));
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // hugevmm's first virtio window and interrupt (machine_devices.rs).
+    check_early_boot(
+        &run,
+        &format!("{cmdline} virtio_mmio.device=4K@0xd0000000:5"),
+    );
+    let out = &run.stdout;
+    assert!(
+        !run.stderr.contains("emulation failure"),
+        "this host has vmx/svm but its KVM still stopped the kernel:\n{}",
+        run.stderr
+    );
+    assert!(
+        out.contains(INIT_MARKER),
+        "the initramfs's /init never ran:\n{out}\n{}",
+        run.stderr
+    );
+    assert!(
+        !out.contains(NO_DISK_MARKER),
+        "/init ran but /dev/vda never appeared. The kernel must have virtio-mmio and virtio-blk built in \
+         (CONFIG_VIRTIO_MMIO=y, CONFIG_VIRTIO_BLK=y) and accept virtio_mmio.device= \
+         (CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES=y); Debian's stock kernels have none of these, \
+         so set HUGEVMM_TEST_KERNEL to one that has.\n{out}"
+    );
+    let read = out.lines().find_map(|l| {
+        l.split_once(DISK_MARKER)
+            .map(|(_, d)| d.trim_end().to_string())
+    });
+    assert_eq!(
+        read.as_deref(),
+        Some(disk_text.as_str()),
+        "what /init read from /dev/vda:\n{out}"
+    );
+    assert_eq!(
+        run.status,
+        Some(0),
+        "reboot -f ends the VM cleanly:\n{}",
+        run.stderr
+    );
+    eprintln!(
+        "linux_boot: full variant (VMX/SVM host): banner, cmdline, e820, initramfs /init, virtio-blk read and reboot checked on 2 vCPUs"
+    );
+}
+
+/// The busybox binary if it is there and static (an initramfs has no
+/// shared libraries), else why not.
+fn static_busybox() -> Result<Vec<u8>, String> {
+    let bytes = std::fs::read(BUSYBOX).map_err(|e| format!("no {BUSYBOX}: {e}"))?;
+    match elf_is_static(&bytes) {
+        Some(true) => Ok(bytes),
+        Some(false) => Err(format!("{BUSYBOX} is dynamically linked")),
+        None => Err(format!("{BUSYBOX} is not a 64-bit ELF")),
+    }
+}
+
+/// Whether a 64-bit little-endian ELF has no program interpreter (None:
+/// not such an ELF).
+fn elf_is_static(elf: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if elf.get(0..5)? != b"\x7fELF\x02" {
+        return None;
+    }
+    let u16_at = |at: usize| Some(u16::from_le_bytes(elf.get(at..at + 2)?.try_into().ok()?));
+    let phoff = u64::from_le_bytes(elf.get(0x20..0x28)?.try_into().ok()?) as usize;
+    let (phentsize, phnum) = (u16_at(0x36)? as usize, u16_at(0x38)? as usize);
+    for i in 0..phnum {
+        let at = phoff.checked_add(i.checked_mul(phentsize)?)?;
+        if u32::from_le_bytes(elf.get(at..at + 4)?.try_into().ok()?) == PT_INTERP {
+            return Some(false);
+        }
+    }
+    Some(true)
+}
+
+/// The /init script: mounts the kernel filesystems, prints the marker,
+/// prints the disk's first sector (its NUL padding dropped), reboots.
+fn init_script() -> String {
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t devtmpfs devtmpfs /dev
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+# Keep kernel messages from splitting the lines the test looks for.
+echo 1 > /proc/sys/kernel/printk
+echo {INIT_MARKER}
+n=0
+while [ ! -b /dev/vda ] && [ $n -lt 20 ]; do sleep 1; n=$((n + 1)); done
+if [ -b /dev/vda ]; then
+    echo "{DISK_MARKER}$(dd if=/dev/vda bs=512 count=1 2>/dev/null | tr -d '\000')"
+else
+    echo "{NO_DISK_MARKER}: virtio devices: $(ls /sys/bus/virtio/devices 2>&1)"
+fi
+# No ACPI, so no power-off; a reboot goes through the i8042 and ends the VM.
+reboot -f
+"#
+    )
+}
+
+fn initramfs(busybox: &[u8]) -> Vec<cpio::Entry> {
+    use cpio::{Entry, Kind};
+    let dir = |name: &str| Entry {
+        name: name.into(),
+        perm: 0o755,
+        kind: Kind::Dir,
+    };
+    vec![
+        dir("bin"),
+        dir("dev"),
+        dir("proc"),
+        dir("sys"),
+        // The kernel opens /dev/console for init's output before /init can
+        // mount devtmpfs.
+        Entry {
+            name: "dev/console".into(),
+            perm: 0o600,
+            kind: Kind::CharDevice { major: 5, minor: 1 },
+        },
+        Entry {
+            name: "bin/busybox".into(),
+            perm: 0o755,
+            kind: Kind::File(busybox.to_vec()),
+        },
+        Entry {
+            name: "bin/sh".into(),
+            perm: 0o777,
+            kind: Kind::Symlink("busybox".into()),
+        },
+        Entry {
+            name: "init".into(),
+            perm: 0o755,
+            kind: Kind::File(init_script().into_bytes()),
+        },
+    ]
+}
+
+/// A minimal writer (and, for its tests, reader) of the "newc" cpio format
+/// the kernel unpacks an initramfs from.
+mod cpio {
+    /// What an entry is.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub enum Kind {
+        Dir,
+        File(Vec<u8>),
+        Symlink(String),
+        CharDevice { major: u32, minor: u32 },
+    }
+
+    /// One archive member; `perm` is the permission bits only.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Entry {
+        pub name: String,
+        pub perm: u32,
+        pub kind: Kind,
+    }
+
+    const MAGIC: &str = "070701";
+    const HEADER_BYTES: usize = 110;
+    const TRAILER: &str = "TRAILER!!!";
+    const S_IFDIR: u32 = 0o040000;
+    const S_IFREG: u32 = 0o100000;
+    const S_IFLNK: u32 = 0o120000;
+    const S_IFCHR: u32 = 0o020000;
+    const S_IFMT: u32 = 0o170000;
+
+    fn pad4(out: &mut Vec<u8>) {
+        out.resize(out.len().next_multiple_of(4), 0);
+    }
+
+    fn member(out: &mut Vec<u8>, ino: u32, mode: u32, rdev: (u32, u32), name: &str, data: &[u8]) {
+        let nlink = if mode & S_IFMT == S_IFDIR { 2 } else { 1 };
+        // ino, mode, uid, gid, nlink, mtime, filesize, devmajor, devminor,
+        // rdevmajor, rdevminor, namesize (with its NUL), check.
+        let fields = [
+            ino,
+            mode,
+            0,
+            0,
+            nlink,
+            0,
+            data.len() as u32,
+            0,
+            0,
+            rdev.0,
+            rdev.1,
+            name.len() as u32 + 1,
+            0,
+        ];
+        out.extend_from_slice(MAGIC.as_bytes());
+        for field in fields {
+            out.extend_from_slice(format!("{field:08x}").as_bytes());
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        // The name is padded so that header + name is a multiple of 4 (the
+        // header starts 4-aligned), then the data likewise.
+        pad4(out);
+        out.extend_from_slice(data);
+        pad4(out);
+    }
+
+    /// The archive: the entries in order (parents before children), then
+    /// the trailer.
+    pub fn newc(entries: &[Entry]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, e) in entries.iter().enumerate() {
+            let ino = i as u32 + 1;
+            match &e.kind {
+                Kind::Dir => member(&mut out, ino, S_IFDIR | e.perm, (0, 0), &e.name, &[]),
+                Kind::File(data) => member(&mut out, ino, S_IFREG | e.perm, (0, 0), &e.name, data),
+                Kind::Symlink(target) => member(
+                    &mut out,
+                    ino,
+                    S_IFLNK | e.perm,
+                    (0, 0),
+                    &e.name,
+                    target.as_bytes(),
+                ),
+                Kind::CharDevice { major, minor } => member(
+                    &mut out,
+                    ino,
+                    S_IFCHR | e.perm,
+                    (*major, *minor),
+                    &e.name,
+                    &[],
+                ),
+            }
+        }
+        member(&mut out, 0, 0, (0, 0), TRAILER, &[]);
+        out
+    }
+
+    /// Reads back what [`newc`] writes; errors name the offset.
+    pub fn parse(bytes: &[u8]) -> Result<Vec<Entry>, String> {
+        let mut entries = Vec::new();
+        let mut at = 0;
+        loop {
+            let header = bytes
+                .get(at..at + HEADER_BYTES)
+                .ok_or(format!("truncated header at {at}"))?;
+            if &header[..6] != MAGIC.as_bytes() {
+                return Err(format!("bad magic at {at}"));
+            }
+            let header_at = at;
+            let field = |i: usize| {
+                let text = std::str::from_utf8(&header[6 + 8 * i..14 + 8 * i])
+                    .map_err(|e| e.to_string())?;
+                u32::from_str_radix(text, 16).map_err(|e| format!("field {i} at {header_at}: {e}"))
+            };
+            let (mode, size, namesize) = (field(1)?, field(6)? as usize, field(11)? as usize);
+            let name_at = at + HEADER_BYTES;
+            let name = bytes
+                .get(name_at..name_at + namesize)
+                .ok_or(format!("truncated name at {name_at}"))?;
+            let name = std::str::from_utf8(name.strip_suffix(&[0]).ok_or("name without NUL")?)
+                .map_err(|e| e.to_string())?
+                .to_string();
+            let data_at = (name_at + namesize).next_multiple_of(4);
+            let data = bytes
+                .get(data_at..data_at + size)
+                .ok_or(format!("truncated data at {data_at}"))?
+                .to_vec();
+            at = (data_at + size).next_multiple_of(4);
+            if name == TRAILER {
+                if at != bytes.len() {
+                    return Err(format!("{} bytes after the trailer", bytes.len() - at));
+                }
+                return Ok(entries);
+            }
+            let kind = match mode & S_IFMT {
+                S_IFDIR => Kind::Dir,
+                S_IFREG => Kind::File(data),
+                S_IFLNK => Kind::Symlink(String::from_utf8(data).map_err(|e| e.to_string())?),
+                S_IFCHR => Kind::CharDevice {
+                    major: field(9)?,
+                    minor: field(10)?,
+                },
+                other => return Err(format!("{name}: unexpected file type {other:o}")),
+            };
+            entries.push(Entry {
+                name,
+                perm: mode & 0o7777,
+                kind,
+            });
+        }
+    }
+}
+
+fn sample_entries() -> Vec<cpio::Entry> {
+    use cpio::{Entry, Kind};
+    vec![
+        Entry {
+            name: "d".into(),
+            perm: 0o755,
+            kind: Kind::Dir,
+        },
+        Entry {
+            name: "d/odd".into(),
+            perm: 0o644,
+            kind: Kind::File(b"12345".to_vec()),
+        },
+        Entry {
+            name: "d/empty".into(),
+            perm: 0o600,
+            kind: Kind::File(Vec::new()),
+        },
+        Entry {
+            name: "d/four".into(),
+            perm: 0o700,
+            kind: Kind::File(b"abcd".to_vec()),
+        },
+        Entry {
+            name: "link".into(),
+            perm: 0o777,
+            kind: Kind::Symlink("d/odd".into()),
+        },
+    ]
+}
+
+#[test]
+fn initramfs_cpio_parses_back_to_its_entries() {
+    let entries = initramfs(b"\x7fELF pretend busybox");
+    let bytes = cpio::newc(&entries);
+    assert_eq!(bytes.len() % 4, 0);
+    assert_eq!(&bytes[..6], b"070701");
+    assert_eq!(cpio::parse(&bytes).unwrap(), entries);
+    let sample = sample_entries();
+    assert_eq!(cpio::parse(&cpio::newc(&sample)).unwrap(), sample);
+    // Every member's data starts 4-aligned: the kernel's unpacker relies on it.
+    let init = entries.iter().find(|e| e.name == "init").unwrap();
+    let cpio::Kind::File(script) = &init.kind else {
+        panic!("init is a file")
+    };
+    assert!(script.starts_with(b"#!/bin/busybox sh\n"));
+    let at = bytes
+        .windows(script.len())
+        .position(|w| w == &script[..])
+        .unwrap();
+    assert_eq!(at % 4, 0);
+}
+
+#[test]
+fn cpio_header_fields_are_where_newc_puts_them() {
+    let bytes = cpio::newc(&[cpio::Entry {
+        name: "dev/console".into(),
+        perm: 0o600,
+        kind: cpio::Kind::CharDevice { major: 5, minor: 1 },
+    }]);
+    let header = std::str::from_utf8(&bytes[..110]).unwrap();
+    // magic, ino 1, mode 020600, uid, gid, nlink 1, mtime, size 0, dev,
+    // rdev 5:1, namesize 12, check.
+    let want = format!(
+        "070701{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}{:08x}",
+        1, 0o020600, 0, 0, 1, 0, 0, 0, 0, 5, 1, 12, 0
+    );
+    assert_eq!(header, want);
+    assert_eq!(&bytes[110..122], b"dev/console\0");
+    assert!(
+        cpio::parse(&bytes[..bytes.len() - 4]).is_err(),
+        "a truncated trailer is an error"
+    );
+}
+
+/// An independent check of the writer where busybox is installed: its cpio
+/// lists and extracts what we wrote.
+#[test]
+fn busybox_cpio_reads_our_archives() {
+    if !Path::new(BUSYBOX).exists() {
+        eprintln!("SKIP busybox_cpio_reads_our_archives: no {BUSYBOX}");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hugevmm-cpio-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let busybox_cpio = |archive: &[u8], args: &[&str]| {
+        let path = dir.join("archive.cpio");
+        std::fs::write(&path, archive).unwrap();
+        let out = Command::new(BUSYBOX)
+            .arg("cpio")
+            .args(args)
+            .current_dir(&dir)
+            .stdin(std::fs::File::open(&path).unwrap())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "busybox cpio {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let initramfs = initramfs(b"not really busybox");
+    let listed = busybox_cpio(&cpio::newc(&initramfs), &["-t"]);
+    let names: Vec<&str> = initramfs.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(listed.lines().collect::<Vec<_>>(), names);
+
+    let out_dir = dir.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let path = dir.join("sample.cpio");
+    std::fs::write(&path, cpio::newc(&sample_entries())).unwrap();
+    let status = Command::new(BUSYBOX)
+        .args(["cpio", "-i", "-d"])
+        .current_dir(&out_dir)
+        .stdin(std::fs::File::open(&path).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(std::fs::read(out_dir.join("d/odd")).unwrap(), b"12345");
+    assert_eq!(std::fs::read(out_dir.join("d/four")).unwrap(), b"abcd");
+    assert_eq!(std::fs::read(out_dir.join("d/empty")).unwrap(), b"");
+    assert_eq!(
+        std::fs::read_link(out_dir.join("link")).unwrap(),
+        Path::new("d/odd")
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(out_dir.join("d/four"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn static_and_dynamic_elfs_are_told_apart() {
+    if let Ok(bytes) = std::fs::read(BUSYBOX) {
+        eprintln!("{BUSYBOX} static: {:?}", elf_is_static(&bytes));
+    }
+    // The test binary itself is dynamically linked (it has PT_INTERP).
+    let me = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    assert_eq!(elf_is_static(&me), Some(false));
+    assert_eq!(elf_is_static(b"#!/bin/sh\n"), None);
+    // A header with no program headers has no interpreter.
+    let mut bare = vec![0u8; 64];
+    bare[..5].copy_from_slice(b"\x7fELF\x02");
+    assert_eq!(elf_is_static(&bare), Some(true));
 }

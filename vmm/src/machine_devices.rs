@@ -60,6 +60,9 @@ pub struct MachineDevices {
     /// The sink the balloon drops free chunks through; the swap engine is
     /// attached once it runs.
     pub free_memory: Arc<FreeChunkDropper>,
+    /// The console UART (Linux guests), shared with the port bus so host
+    /// terminal input can be queued into it.
+    pub serial: Option<Arc<Mutex<SerialPort>>>,
 }
 
 impl MachineDevices {
@@ -106,6 +109,7 @@ pub fn build(
     let mut pio = PioBus::new();
     let mut mmio = MmioBus::new();
     let memory: GuestMemoryHandle = ram.clone();
+    let mut console = None;
     if serial {
         let out: Box<dyn Write + Send> = match &options.console_log {
             Some(path) => Box::new(
@@ -114,8 +118,12 @@ pub fn build(
             ),
             None => Box::new(std::io::stdout()),
         };
-        let uart = SerialPort::new(line(&interrupts, SERIAL_IRQ)?, out);
-        pio.insert(SERIAL_PORT, 8, Arc::new(Mutex::new(uart)))?;
+        let uart = Arc::new(Mutex::new(SerialPort::new(
+            line(&interrupts, SERIAL_IRQ)?,
+            out,
+        )));
+        pio.insert(SERIAL_PORT, 8, uart.clone())?;
+        console = Some(uart);
         let reset_events = Mutex::new(events.clone());
         let i8042 = I8042::new(Box::new(move || {
             let _ = reset_events
@@ -158,6 +166,7 @@ pub fn build(
         mmio: Arc::new(mmio),
         windows,
         free_memory,
+        serial: console,
     })
 }
 

@@ -3,7 +3,7 @@
 
 use crate::console::ConsoleSink;
 use crate::cpu::{self, EntryState};
-use crate::linux::{self, LinuxBootConfig};
+use crate::linux::{self, console_input, LinuxBootConfig, MachineInfo};
 use crate::machine_devices::{self, DeviceOptions, Interrupts, MachineDevices};
 use crate::payload::bootinfo::{self, GpaRange};
 use crate::payload::layout::{BOOT_INFO_GPA, MAX_VCPUS};
@@ -224,7 +224,11 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
             if !devices.is_empty() {
                 boot.cmdline = format!("{} {devices}", boot.cmdline);
             }
-            Some(linux::load(&ram, &boot).context("cannot load the kernel")?)
+            let described = MachineInfo {
+                vcpus: config.vcpus,
+                virtio_irqs: machine.windows.iter().map(|w| w.irq).collect(),
+            };
+            Some(linux::load(&ram, &boot, &described).context("cannot load the kernel")?)
         }
         _ => unreachable!("payload images are parsed above"),
     };
@@ -259,6 +263,17 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         }
         vcpus.push(fd);
     }
+    // Started last, after everything that can fail, and dropped when this
+    // function returns (any way it returns): it restores the terminal. The
+    // console still shows output without it, so a failure is only a warning.
+    let _console_input = match (&machine.serial, kind) {
+        (Some(serial), GuestKind::Linux) => console_input::start(serial.clone(), events_tx.clone())
+            .unwrap_or_else(|e| {
+                eprintln!("hugevmm: no console input: {e}");
+                None
+            }),
+        _ => None,
+    };
     let started = Instant::now();
     for (index, fd) in vcpus.into_iter().enumerate() {
         let ctx = VcpuContext {
@@ -326,7 +341,8 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         match event {
             VcpuEvent::Finished { index, status } => statuses[index as usize] = Some(status),
             VcpuEvent::GuestReset { how } => {
-                eprintln!("hugevmm: the guest asked to stop: {how}");
+                // A guest reset or the console user's Ctrl-A x.
+                eprintln!("hugevmm: ending the VM: {how}");
                 statuses.iter_mut().for_each(|s| *s = Some(s.unwrap_or(0)));
                 break;
             }

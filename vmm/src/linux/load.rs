@@ -9,10 +9,10 @@ use guestmem::GuestRam;
 
 use super::decompress::{self, PayloadFormat};
 use super::e820::e820_map;
-use super::low_mem::{CMDLINE_GPA, GDT_GPA, PML4_GPA, ZERO_PAGE_GPA};
+use super::low_mem::{CMDLINE_GPA, GDT_GPA, MP_TABLE_GPA, PML4_GPA, ZERO_PAGE_GPA};
 use super::setup_header::SetupHeader;
-use super::{boot_tables, bzimage, elf_kernel, placement, zero_page};
-use super::{BootSetup, KernelKind, LinuxBootConfig, LinuxBootError};
+use super::{boot_tables, bzimage, elf_kernel, mptable, placement, zero_page};
+use super::{BootSetup, KernelKind, LinuxBootConfig, LinuxBootError, MachineInfo};
 
 /// `kernel_alignment` claimed for a bare vmlinux: the x86-64 default
 /// (CONFIG_PHYSICAL_ALIGN).
@@ -60,9 +60,13 @@ pub fn open_kernel(image: Vec<u8>, path: &Path) -> Result<KernelFile, LinuxBootE
     Ok(KernelFile { header: bz.header, vmlinux, kind })
 }
 
-/// Loads everything a Linux boot needs into guest RAM.
-pub fn load(ram: &GuestRam, config: &LinuxBootConfig) -> Result<BootSetup, LinuxBootError> {
+/// Loads everything a Linux boot needs into guest RAM; `machine` is what
+/// the MP table describes.
+pub fn load(ram: &GuestRam, config: &LinuxBootConfig, machine: &MachineInfo) -> Result<BootSetup, LinuxBootError> {
     let layout = ram.layout();
+    // Checked before the kernel is read and decompressed, which is the slow
+    // part: a machine the table cannot describe fails fast.
+    let mp_table = mptable::build(machine.vcpus, &machine.virtio_irqs)?;
     let kernel = open_kernel(read("kernel", &config.kernel)?, &config.kernel)?;
     let elf_error = |source| LinuxBootError::Kernel { path: config.kernel.clone(), source };
     let image = elf_kernel::parse(&kernel.vmlinux).map_err(elf_error)?;
@@ -90,6 +94,7 @@ pub fn load(ram: &GuestRam, config: &LinuxBootConfig) -> Result<BootSetup, Linux
     write("command line", CMDLINE_GPA, &cmdline)?;
     write("boot GDT", GDT_GPA, &boot_tables::gdt())?;
     write("boot page tables", PML4_GPA, &boot_tables::identity_page_tables())?;
+    write("MP table", MP_TABLE_GPA, &mp_table)?;
     Ok(BootSetup {
         entry_gpa: image.entry_gpa,
         zero_page_gpa: ZERO_PAGE_GPA,

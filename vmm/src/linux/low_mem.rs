@@ -1,6 +1,7 @@
 //! Where a Linux boot puts the VMM's own structures: all below 1 MiB, in
 //! RAM the e820 map calls usable, so nothing the kernel is told about
-//! overlaps them.
+//! overlaps them; only the MP table lives in the reserved legacy area, where
+//! the kernel looks for it and leaves it alone.
 //!
 //! The kernel copies the zero page and the command line early, replaces the
 //! page tables and the GDT before it allocates memory, and keeps the first
@@ -35,6 +36,23 @@ pub const IDENTITY_MAPPED_BYTES: u64 = 4 << 30;
 pub const CMDLINE_GPA: u64 = 0x2_0000;
 /// Room for the command line, including its terminating NUL.
 pub const CMDLINE_MAX_BYTES: u64 = 0x1_0000;
+
+/// The MP table (floating pointer, then configuration table): at the start
+/// of the last KiB of base memory, one of the places the kernel scans for
+/// the floating pointer, and inside the range the e820 map reserves.
+pub const MP_TABLE_GPA: u64 = EBDA_GPA;
+/// Room for the MP table: that last KiB of base memory.
+pub const MP_TABLE_MAX_BYTES: u64 = 0x400;
+
+// The MP table stays in the reserved area, in the KiB the kernel scans for
+// the floating pointer ([639 KiB, 640 KiB)), on the 16-byte boundary the
+// scan steps by.
+const _: () = assert!(
+    MP_TABLE_GPA >= EBDA_GPA
+        && MP_TABLE_GPA + MP_TABLE_MAX_BYTES <= HIGH_MEMORY_GPA
+        && MP_TABLE_GPA == 639 << 10
+        && MP_TABLE_GPA & 0xf == 0
+);
 
 /// Number of page directories needed for [`IDENTITY_MAPPED_BYTES`].
 pub const PD_COUNT: u64 = IDENTITY_MAPPED_BYTES >> 30;

@@ -9,10 +9,12 @@
 //! Order of use: [`prepare_vm`] (before creating vCPUs), [`load`] (after the
 //! memslots exist), then [`configure_vcpu`] for each vCPU.
 //!
-//! Low memory: see `low_mem.rs`; the e820 map: [`e820_map`].
+//! Low memory: see `low_mem.rs`; the e820 map: [`e820_map`]; how the
+//! kernel finds the other vCPUs and the interrupt routing: `mptable.rs`.
 
 mod boot_tables;
 mod bzimage;
+pub mod console_input;
 mod cpu;
 mod cpuid;
 mod decompress;
@@ -23,6 +25,7 @@ mod le;
 mod load;
 mod low_mem;
 mod lz4_legacy;
+mod mptable;
 mod msrs;
 mod placement;
 mod setup_header;
@@ -41,6 +44,7 @@ pub use cpu::VcpuSetupError;
 pub use decompress::PayloadFormat;
 pub use e820::{e820_map, E820Entry, E820Kind};
 pub use load::load;
+pub use mptable::MpTableError;
 pub use vm_setup::{prepare_vm, VmSetupError};
 
 /// What to boot.
@@ -52,6 +56,16 @@ pub struct LinuxBootConfig {
     pub initrd: Option<PathBuf>,
     /// The kernel command line.
     pub cmdline: String,
+}
+
+/// The parts of the machine the boot firmware tables describe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineInfo {
+    /// vCPUs; vCPU `i` has APIC ID `i` and vCPU 0 boots.
+    pub vcpus: u32,
+    /// Interrupt lines of the virtio-mmio devices (the IOAPIC pins their
+    /// `virtio_mmio.device=` words name).
+    pub virtio_irqs: Vec<u32>,
 }
 
 /// What kind of kernel file was booted.
@@ -130,6 +144,9 @@ pub enum LinuxBootError {
     /// The zero page cannot be built.
     #[error(transparent)]
     ZeroPage(#[from] zero_page::ZeroPageError),
+    /// The MP table cannot describe the machine.
+    #[error(transparent)]
+    MpTable(#[from] MpTableError),
     /// Writing boot data to guest RAM failed.
     #[error("cannot write the {what} into guest RAM: {error}")]
     Write {

@@ -16,7 +16,7 @@ use kvm_ioctls::{Kvm, VcpuExit, VcpuFd};
 use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::smoke_uart::{SmokeUart, COM1_BASE, REGISTER_COUNT};
-use super::{configure_vcpu, load, prepare_vm, BootSetup, LinuxBootConfig};
+use super::{configure_vcpu, load, prepare_vm, BootSetup, LinuxBootConfig, MachineInfo};
 
 /// How a smoke boot ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,7 +152,7 @@ pub fn smoke_boot(kernel: &Path, cmdline: &str, mem_bytes: u64, timeout: Duratio
     prepare_vm(&vm)?;
     ram.register_memslots(&vm)?;
     let config = LinuxBootConfig { kernel: kernel.to_path_buf(), initrd: None, cmdline: cmdline.to_string() };
-    let setup = load(&ram, &config)?;
+    let setup = load(&ram, &config, &MachineInfo { vcpus: 1, virtio_irqs: Vec::new() })?;
     let vcpu = vm.create_vcpu(0).context("cannot create vCPU 0")?;
     configure_vcpu(&kvm, &vcpu, 0, &setup)?;
 
