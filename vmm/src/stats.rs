@@ -3,7 +3,7 @@
 use crate::vm::{RunOutcome, Sample};
 use guestmem::Backing;
 use serde_json::{json, Value};
-use swap::engine::SwapStats;
+use swap::engine::{FaultSource, LatencyHistogram, SwapStats};
 
 /// Everything the stats object reports about one run.
 pub struct RunSummary<'a> {
@@ -40,7 +40,7 @@ impl RunSummary<'_> {
             },
         });
         if let Some(swap) = &o.swap {
-            value["swap"] = swap_json(swap);
+            value["swap"] = swap_json(swap, true);
         }
         if let Some(p) = &o.pageout {
             value["pageout"] = json!({
@@ -58,9 +58,29 @@ impl RunSummary<'_> {
     }
 }
 
-fn swap_json(s: &SwapStats) -> Value {
+/// Percentiles of a latency histogram; with `buckets`, also every
+/// non-empty bucket as `[low_us, high_us_exclusive, count]` (for plots, and
+/// so that runs can be merged exactly).
+fn histogram_json(h: &LatencyHistogram, buckets: bool) -> Value {
+    let mut value = json!({
+        "count": h.count(),
+        "p50": h.p50(),
+        "p90": h.p90(),
+        "p99": h.p99(),
+        "p999": h.p999(),
+        "max": h.max(),
+    });
+    if buckets {
+        value["buckets"] = h.buckets().into_iter().map(|(lo, hi, n)| json!([lo, hi, n])).collect();
+    }
+    value
+}
+
+/// The swap figures. `detail` adds the per-source histograms with their
+/// buckets: wanted once per run, too bulky for every timeline sample.
+fn swap_json(s: &SwapStats, detail: bool) -> Value {
     let h = &s.fault_latency;
-    json!({
+    let mut value = json!({
         "unit_bytes": s.unit_bytes,
         "mem_limit_bytes": s.mem_limit_bytes,
         "faults": {
@@ -90,7 +110,16 @@ fn swap_json(s: &SwapStats) -> Value {
         "resident_bytes": s.resident_bytes,
         "resident_bytes_max": s.resident_bytes_max,
         "metadata_bytes": s.metadata_bytes,
-    })
+        "install_busy_retries": s.install_busy_retries,
+    });
+    if detail {
+        let by_source: serde_json::Map<String, Value> = FaultSource::ALL
+            .iter()
+            .map(|&src| (src.name().to_string(), histogram_json(s.fault_latency_by_source.get(src), true)))
+            .collect();
+        value["fault_latency_by_source_us"] = Value::Object(by_source);
+    }
+    value
 }
 
 /// One `--stats-timeline` line.
@@ -104,7 +133,7 @@ pub fn sample_json(sample: &Sample) -> Value {
         },
     });
     if let Some(swap) = &sample.swap {
-        value["swap"] = swap_json(swap);
+        value["swap"] = swap_json(swap, false);
     }
     value
 }

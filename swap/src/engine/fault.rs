@@ -23,15 +23,17 @@
 use std::time::Instant;
 
 use super::mapping::PAGE_BYTES;
-use super::stats::{add, bump};
+use super::stats::{add, bump, FaultSource};
 use super::{evict, Backing, Shared};
 use crate::chunk::{Tag, UnitState};
 use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, UffdEvent};
 
 /// Outcome of handling one fault message.
 enum Outcome {
-    /// The faulting thread was woken.
-    Woken,
+    /// The faulting thread was woken; `Some` names what served the fault,
+    /// `None` means nothing had to be restored (a message for a unit
+    /// already resident, or an address outside guest RAM).
+    Woken(Option<FaultSource>),
     /// The faulting thread stays blocked (fatal store error, or shutdown).
     Blocked,
 }
@@ -57,14 +59,30 @@ pub(crate) fn run(s: &Shared) {
         for event in events.drain(..) {
             // Other events (fork, remap, remove, unmap) are not enabled in
             // the handshake; if one shows up there is nothing to resolve.
-            let UffdEvent::PageFault { address, kind, .. } = event else {
+            let UffdEvent::PageFault {
+                address,
+                kind,
+                write,
+                ..
+            } = event
+            else {
                 continue;
             };
             bump(&s.counters.faults_total);
-            match handle(s, address, kind) {
-                Ok(Outcome::Woken) => {
+            // Service time starts here, not at `read_at`: messages later in
+            // the batch waited for the earlier ones, which is queueing, not
+            // the cost of their own restore.
+            let started = Instant::now();
+            match handle(s, address, kind, write) {
+                Ok(Outcome::Woken(source)) => {
                     s.counters
                         .record_latency_us(read_at.elapsed().as_micros() as u64);
+                    if let Some(source) = source {
+                        s.counters.record_source_latency_us(
+                            source,
+                            started.elapsed().as_micros() as u64,
+                        );
+                    }
                 }
                 Ok(Outcome::Blocked) => {}
                 Err(e) => s.fatal(e),
@@ -78,7 +96,9 @@ fn page_of(address: u64) -> u64 {
 }
 
 /// Resolves one fault. Errors are fatal messages for the VMM.
-fn handle(s: &Shared, address: u64, kind: FaultKind) -> Result<Outcome, String> {
+/// `write`: the faulting access was a write (a unit restored for a write
+/// is dirty at once, so it is not installed write-protected).
+fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outcome, String> {
     let guest = &s.guest;
     if address < guest.base() || address >= guest.base() + guest.len() {
         let parking = s.parking.raw();
@@ -89,7 +109,7 @@ fn handle(s: &Shared, address: u64, kind: FaultKind) -> Result<Outcome, String> 
         } else {
             let _ = s.uffd.wake(page_of(address), PAGE_BYTES);
         }
-        return Ok(Outcome::Woken);
+        return Ok(Outcome::Woken(None));
     }
     let unit = ((address - guest.base()) / s.unit_bytes) as usize;
     loop {
@@ -111,7 +131,7 @@ fn handle(s: &Shared, address: u64, kind: FaultKind) -> Result<Outcome, String> 
                 return if state.tag() == Tag::Absent {
                     restore_zero(s, unit, loading)
                 } else {
-                    restore_from_store(s, unit, loading, state.index())
+                    restore_from_store(s, unit, loading, state.index(), write)
                 };
             }
             Tag::Staged => {
@@ -231,16 +251,32 @@ fn install_thp_buffer(
 ) -> Result<bool, String> {
     let dst = s.unit_addr(unit);
     let huge = buf.huge;
-    match move_all(
-        s,
-        dst,
-        buf.addr,
-        s.unit_bytes,
-        MoveOptions {
-            allow_src_holes: false,
-            dont_wake: true,
-        },
-    ) {
+    let options = MoveOptions {
+        allow_src_holes: false,
+        dont_wake: true,
+    };
+    // A buffer an O_DIRECT read just filled can still be pinned for a
+    // moment after the read completed: the block layer marks the pages
+    // dirty and unpins them from a workqueue when they were clean (anonymous
+    // pages are), and UFFDIO_MOVE refuses pinned pages with EBUSY. Wait for
+    // the unpin and move the rest rather than fail the VM; give up only
+    // after a second, which no deferred unpin takes.
+    let started = std::time::Instant::now();
+    let mut done = 0;
+    let result = loop {
+        match move_all(s, dst + done, buf.addr + done, s.unit_bytes - done, options) {
+            Err(e)
+                if e.errno() == Some(libc::EBUSY)
+                    && started.elapsed() < std::time::Duration::from_secs(1) =>
+            {
+                done += e.done_bytes();
+                bump(&s.counters.install_busy_retries);
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+            other => break other,
+        }
+    };
+    match result {
         Ok(()) => {
             s.buffers.put_moved(buf);
             Ok(huge)
@@ -285,14 +321,19 @@ fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, 
     count_install(s, huge);
     bump(&s.counters.faults_zero);
     s.table.finish(unit, restored(loading, huge, None, false));
-    wake_unit(s, unit)
+    wake_unit(s, unit, Some(FaultSource::Zero))
 }
 
+/// Reads a stored unit back. Clean tracking (install write-protected, keep
+/// the store slot) is skipped when the fault is a write: the write that is
+/// waiting would un-protect the unit and free the slot at once, at the cost
+/// of one more fault round trip per restore (through KVM, a vCPU exit).
 fn restore_from_store(
     s: &Shared,
     unit: usize,
     loading: UnitState,
     slot: u32,
+    write: bool,
 ) -> Result<Outcome, String> {
     let buf = s.buffers.take();
     let offset = s.buffers.offset_of(&buf);
@@ -312,7 +353,7 @@ fn restore_from_store(
     add(&s.counters.bytes_read, s.unit_bytes);
     bump(&s.counters.faults_store);
     let dst = s.unit_addr(unit);
-    let clean = s.track_clean;
+    let clean = s.track_clean && !write;
     let huge = match s.backing {
         Backing::Thp => {
             // MOVE cannot install write-protected (it clears uffd-wp), so
@@ -356,7 +397,7 @@ fn restore_from_store(
     };
     s.table
         .finish(unit, restored(loading, huge, slot_kept, clean));
-    wake_unit(s, unit)
+    wake_unit(s, unit, Some(FaultSource::Store))
 }
 
 /// Gives a staged unit back to the guest without I/O. If its store write is
@@ -458,7 +499,7 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
     count_install(s, huge);
     bump(&s.counters.faults_staging);
     s.table.finish(unit, restored(loading, huge, None, false));
-    wake_unit(s, unit)
+    wake_unit(s, unit, Some(FaultSource::Staging))
 }
 
 /// A fault on a unit that is already resident (now claimed as `Loading`
@@ -472,6 +513,7 @@ fn resident_fault(
 ) -> Result<Outcome, String> {
     let dst = s.unit_addr(unit);
     let mut next = resident.with_waiters(false);
+    let source = (kind == FaultKind::WriteProtect).then_some(FaultSource::WriteProtect);
     let result = match kind {
         FaultKind::WriteProtect => {
             bump(&s.counters.wp_faults);
@@ -516,18 +558,18 @@ fn resident_fault(
             s.unit_name(unit)
         )
     })?;
-    wake_unit(s, unit)
+    wake_unit(s, unit, source)
 }
 
 /// Wakes every thread blocked on the unit. Installs run with DONTWAKE and
 /// the wake comes after the new state is published, so a woken thread
 /// (and anyone it talks to) sees the state its fault produced.
-fn wake_unit(s: &Shared, unit: usize) -> Result<Outcome, String> {
+fn wake_unit(s: &Shared, unit: usize, source: Option<FaultSource>) -> Result<Outcome, String> {
     s.uffd.wake(s.unit_addr(unit), s.unit_bytes).map_err(|e| {
         format!(
             "cannot wake the threads faulting on {}: {e}",
             s.unit_name(unit)
         )
     })?;
-    Ok(Outcome::Woken)
+    Ok(Outcome::Woken(source))
 }

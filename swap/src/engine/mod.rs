@@ -34,7 +34,7 @@ use std::time::Duration;
 pub use config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 pub use error::SwapError;
 pub use evict::EvictReport;
-pub use stats::{FaultCounts, LatencyHistogram, SwapStats};
+pub use stats::{FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, SwapStats};
 
 use crate::chunk::{ChunkTable, UnitState};
 use crate::store::SharedStore;

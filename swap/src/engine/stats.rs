@@ -98,6 +98,62 @@ impl LatencyHistogram {
     }
 }
 
+/// What served a fault, for the per-source latency histograms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultSource {
+    /// The unit was read from the store.
+    Store,
+    /// The unit was handed back from the parking area (no I/O).
+    Staging,
+    /// A never-written unit was zero-filled.
+    Zero,
+    /// A write hit a write-protected (clean) unit.
+    WriteProtect,
+}
+
+impl FaultSource {
+    /// Every source, in the order of [`LatencyBySource::get`]'s index.
+    pub const ALL: [FaultSource; 4] = [
+        FaultSource::Store,
+        FaultSource::Staging,
+        FaultSource::Zero,
+        FaultSource::WriteProtect,
+    ];
+
+    /// Short name for stats and plots (`store`, `staging`, `zero`, `wp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultSource::Store => "store",
+            FaultSource::Staging => "staging",
+            FaultSource::Zero => "zero",
+            FaultSource::WriteProtect => "wp",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Fault service time per source: from the moment a fault thread starts on
+/// the message to the wake of the faulting thread. Unlike
+/// [`SwapStats::fault_latency`], which starts when the batch of messages
+/// was read, this leaves out the time the message waited behind others of
+/// its batch, so it compares directly with the cost of one restore.
+/// Messages that restored nothing (another thread had already done it, or
+/// the address lies outside guest RAM) are in none of these.
+#[derive(Debug, Clone, Default)]
+pub struct LatencyBySource {
+    by_source: [LatencyHistogram; 4],
+}
+
+impl LatencyBySource {
+    /// The histogram of one source.
+    pub fn get(&self, source: FaultSource) -> &LatencyHistogram {
+        &self.by_source[source.index()]
+    }
+}
+
 /// Fault counts by what served them.
 #[derive(Debug, Clone, Default)]
 pub struct FaultCounts {
@@ -135,6 +191,8 @@ pub struct SwapStats {
     pub restored_split: u64,
     /// Latency of every fault.
     pub fault_latency: LatencyHistogram,
+    /// Service time of restores and write-protect faults, per source.
+    pub fault_latency_by_source: LatencyBySource,
     /// Guest bytes held in memory now (resident + staged + in flight).
     pub resident_bytes: u64,
     /// Largest `resident_bytes` seen.
@@ -154,6 +212,9 @@ pub struct SwapStats {
     pub evict_busy: u64,
     /// Fault messages for units already resident (woken only).
     pub stale_faults: u64,
+    /// Installs that found the restore buffer still pinned by the O_DIRECT
+    /// read that filled it (EBUSY) and retried.
+    pub install_busy_retries: u64,
     /// Bytes of one swap unit.
     pub unit_bytes: u64,
     /// The memory limit, if any.
@@ -180,7 +241,9 @@ pub(crate) struct Counters {
     pub clean_hash_mismatches: AtomicU64,
     pub evict_busy: AtomicU64,
     pub stale_faults: AtomicU64,
+    pub install_busy_retries: AtomicU64,
     latency: AtomicHistogram,
+    latency_by_source: [AtomicHistogram; 4],
 }
 
 /// Adds one to a counter.
@@ -207,11 +270,33 @@ impl Default for AtomicHistogram {
     }
 }
 
+impl AtomicHistogram {
+    fn record(&self, us: u64) {
+        self.counts[bucket_of(us)].fetch_add(1, Ordering::Relaxed);
+        self.max_us.fetch_max(us, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> LatencyHistogram {
+        LatencyHistogram {
+            counts: self
+                .counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            max_us: self.max_us.load(Ordering::Relaxed),
+        }
+    }
+}
+
 impl Counters {
     /// Records one fault's latency.
     pub fn record_latency_us(&self, us: u64) {
-        self.latency.counts[bucket_of(us)].fetch_add(1, Ordering::Relaxed);
-        self.latency.max_us.fetch_max(us, Ordering::Relaxed);
+        self.latency.record(us);
+    }
+
+    /// Records the service time of one fault served by `source`.
+    pub fn record_source_latency_us(&self, source: FaultSource, us: u64) {
+        self.latency_by_source[source.index()].record(us);
     }
 
     /// Fills the counter fields of a snapshot.
@@ -232,15 +317,16 @@ impl Counters {
             bytes_read: get(&self.bytes_read),
             restored_huge: get(&self.restored_huge),
             restored_split: get(&self.restored_split),
-            fault_latency: LatencyHistogram {
-                counts: self.latency.counts.iter().map(get).collect(),
-                max_us: get(&self.latency.max_us),
+            fault_latency: self.latency.snapshot(),
+            fault_latency_by_source: LatencyBySource {
+                by_source: [0, 1, 2, 3].map(|i| self.latency_by_source[i].snapshot()),
             },
             wp_faults: get(&self.wp_faults),
             evict_waits: get(&self.evict_waits),
             clean_hash_mismatches: get(&self.clean_hash_mismatches),
             evict_busy: get(&self.evict_busy),
             stale_faults: get(&self.stale_faults),
+            install_busy_retries: get(&self.install_busy_retries),
             ..SwapStats::default()
         }
     }
@@ -274,5 +360,20 @@ mod tests {
         assert!((500..=575).contains(&p50), "p50 {p50}");
         assert!(h.p99() >= 990 && h.p99() <= 1000);
         assert!(h.p999() <= h.max());
+    }
+
+    #[test]
+    fn per_source_histograms_are_separate() {
+        let c = Counters::default();
+        c.record_source_latency_us(FaultSource::Store, 1500);
+        c.record_source_latency_us(FaultSource::Store, 1700);
+        c.record_source_latency_us(FaultSource::Zero, 90);
+        let by = c.snapshot().fault_latency_by_source;
+        assert_eq!(by.get(FaultSource::Store).count(), 2);
+        assert_eq!(by.get(FaultSource::Store).max(), 1700);
+        assert_eq!(by.get(FaultSource::Zero).count(), 1);
+        assert_eq!(by.get(FaultSource::Staging).count(), 0);
+        assert_eq!(by.get(FaultSource::WriteProtect).count(), 0);
+        assert_eq!(FaultSource::ALL.map(FaultSource::name), ["store", "staging", "zero", "wp"]);
     }
 }

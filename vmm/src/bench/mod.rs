@@ -1,15 +1,301 @@
-//! `hugevmm bench`: benchmark suites that reproduce the seed measurements.
+//! `hugevmm bench`: benchmark suites that reproduce the seed measurements
+//! (`../shared/seeds/`) on this VMM and write `results.json`,
+//! `results.csv`, `results.md` and SVG plots.
+//!
+//! Suites (each also runnable alone):
+//! - `limits`: the machine's ceilings (O_DIRECT disk, memcpy, codecs); every
+//!   other suite states its swap I/O as a fraction of them.
+//! - `swap-w-seq`: seed 000 (vm-scalability case-swap-w-seq) inside the
+//!   guest, 2 MiB against 4 KiB swap units, plus randwrite.
+//! - `pageout`: seed 001, a timed "evict everything" per store next to the
+//!   kernel's `madvise(MADV_PAGEOUT)` on a host swap file.
+//! - `fault-latency`: the distribution of fault service time per source
+//!   against the floor measured in the same run (seed 004: worst case, not
+//!   only the average).
+//!
+//! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
+//! figures come from its `--stats-json`, exactly what a user would get, and
+//! a crashing run cannot take the bench down with it.
 
-use anyhow::Result;
+mod fault_latency;
+mod floor;
+mod hist;
+mod host_pageout;
+mod interrupt;
+mod limits;
+mod pageout;
+mod plots;
+mod progress;
+mod report;
+mod runner;
+mod swap_w_seq;
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use limits::Limits;
+use progress::Progress;
+use report::Report;
+
+/// Which suite to run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Suite {
+    /// seqwrite (and randwrite) over a working set 1.5x the memory limit, 2m vs 4k units.
+    SwapWSeq,
+    /// Time to evict 256 MiB to each store, next to the kernel's MADV_PAGEOUT.
+    Pageout,
+    /// Fault service time per source against the measured floor.
+    FaultLatency,
+    /// Disk, memcpy and codec ceilings of this machine.
+    Limits,
+    /// All of the above (limits first).
+    All,
+}
+
+impl Suite {
+    fn name(self) -> &'static str {
+        match self {
+            Suite::SwapWSeq => "swap-w-seq",
+            Suite::Pageout => "pageout",
+            Suite::FaultLatency => "fault-latency",
+            Suite::Limits => "limits",
+            Suite::All => "all",
+        }
+    }
+}
 
 /// Arguments of `hugevmm bench`.
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Suite to run.
-    pub suite: String,
+    #[arg(value_enum)]
+    pub suite: Suite,
+    /// Small sizes and single runs: `all` finishes in under 3 minutes on a
+    /// 2-core machine. Without it (full mode) the sizes and repetitions are
+    /// the ones docs/BENCHMARKS.md reports.
+    #[arg(long)]
+    pub quick: bool,
+    /// Directory for results.json, results.csv, results.md, the SVG plots
+    /// and the raw per-run statistics (created if missing).
+    #[arg(long, default_value = "bench-results")]
+    pub out: PathBuf,
+    /// Directory on a real disk (one that accepts O_DIRECT) for swap store
+    /// files and the host swap file; everything the bench puts there is
+    /// removed afterwards.
+    #[arg(long, default_value = "/var/tmp")]
+    pub store_dir: PathBuf,
+}
+
+/// Quick or full sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `--quick`.
+    Quick,
+    /// The default.
+    Full,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Quick => "quick",
+            Mode::Full => "full",
+        }
+    }
+}
+
+/// What every suite needs: sizes, paths, the progress printer, the report
+/// being built, and the ceilings once measured.
+pub struct Ctx {
+    /// Quick or full.
+    pub mode: Mode,
+    /// `--out`.
+    pub out_dir: PathBuf,
+    /// `--store-dir`.
+    pub store_dir: PathBuf,
+    /// This binary, run as `hugevmm run` for every VM run.
+    pub hugevmm: PathBuf,
+    /// Per-step lines on stderr.
+    pub progress: Progress,
+    /// Everything measured so far.
+    pub report: Report,
+    /// Effective uid 0 (needed for swapon).
+    pub is_root: bool,
+    /// Why VM runs cannot work here, if they cannot (`/dev/kvm`).
+    pub kvm_unusable: Option<String>,
+    /// Ceilings from the `limits` suite, measured once per invocation.
+    pub limits: Option<Limits>,
+}
+
+impl Ctx {
+    /// True in `--quick` mode.
+    pub fn quick(&self) -> bool {
+        self.mode == Mode::Quick
+    }
+
+    /// Records that something was skipped and says so at once.
+    pub fn skip(&mut self, what: &str, reason: &str) {
+        let line = format!("SKIP {what}: {reason}");
+        self.progress.note(&line);
+        self.report.skipped.push(line);
+    }
+
+    /// The ceilings, measuring them (quick sizes) if no `limits` suite ran
+    /// yet in this invocation: every suite reports its I/O as a fraction
+    /// of them.
+    pub fn limits(&mut self) -> Result<Limits> {
+        if let Some(l) = &self.limits {
+            return Ok(l.clone());
+        }
+        let suite = self.progress.current_suite();
+        self.progress.suite("limits (quick sizes: the ceilings this suite's fractions need)");
+        let l = limits::measure(self, Mode::Quick)?;
+        self.limits = Some(l.clone());
+        self.progress.suite(&suite);
+        Ok(l)
+    }
+
+    /// Where a run's raw statistics go.
+    pub fn raw_path(&self, file: &str) -> PathBuf {
+        self.out_dir.join("runs").join(file)
+    }
+
+    /// Runs one VM as a progress step: prints `label`, then `figure` of the
+    /// result. A run that fails is reported (progress line and the report's
+    /// failures) and gives `None`, so the suite goes on with the others;
+    /// only an interrupt is an error.
+    pub fn run_vm(
+        &mut self,
+        spec: &runner::RunSpec,
+        label: &str,
+        figure: impl Fn(&runner::RunResult) -> String,
+    ) -> Result<Option<runner::RunResult>> {
+        interrupt::check()?;
+        if self.kvm_unusable.is_some() {
+            // Said once at the start (SKIP VM runs); not a failure.
+            return Ok(None);
+        }
+        self.progress.start(label);
+        match runner::run(self, spec) {
+            Ok(r) => {
+                self.progress.done(&figure(&r));
+                Ok(Some(r))
+            }
+            Err(e) => {
+                interrupt::check()?;
+                let msg = format!("{e:#}");
+                self.progress.failed(&msg);
+                self.report.failures.push(format!("{label}: {msg}"));
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Checks that /dev/kvm can be opened read-write, as `hugevmm run` will.
+fn kvm_problem() -> Option<String> {
+    match std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        Ok(_) => None,
+        Err(e) => Some(format!(
+            "cannot open /dev/kvm ({e}); VM runs need KVM: run as root or in the group owning /dev/kvm"
+        )),
+    }
+}
+
+fn prepare_dirs(args: &BenchArgs) -> Result<()> {
+    std::fs::create_dir_all(args.out.join("runs"))
+        .with_context(|| format!("cannot create the output directory {}", args.out.display()))?;
+    let meta = std::fs::metadata(&args.store_dir)
+        .with_context(|| format!("--store-dir {} is not usable", args.store_dir.display()))?;
+    if !meta.is_dir() {
+        bail!("--store-dir {} is not a directory", args.store_dir.display());
+    }
+    Ok(())
 }
 
 /// Runs a suite; returns the process exit status.
 pub fn run(args: BenchArgs) -> Result<i32> {
-    anyhow::bail!("bench suite {} is not implemented yet", args.suite)
+    let started = Instant::now();
+    prepare_dirs(&args)?;
+    interrupt::install();
+    let mode = if args.quick { Mode::Quick } else { Mode::Full };
+    let hugevmm = std::env::current_exe().context("cannot find the hugevmm binary (current_exe)")?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let is_root = unsafe { libc::geteuid() } == 0;
+    let mut ctx = Ctx {
+        mode,
+        out_dir: args.out.clone(),
+        store_dir: args.store_dir.clone(),
+        hugevmm,
+        progress: Progress::new(),
+        report: Report::default(),
+        is_root,
+        kvm_unusable: kvm_problem(),
+        limits: None,
+    };
+    let command = format!(
+        "hugevmm bench {}{} --out {} --store-dir {}",
+        args.suite.name(),
+        if args.quick { " --quick" } else { "" },
+        args.out.display(),
+        args.store_dir.display()
+    );
+    ctx.progress.note(&format!(
+        "{command}  ({} mode; {})",
+        mode.name(),
+        report::machine_summary()
+    ));
+    if let Some(why) = ctx.kvm_unusable.clone() {
+        ctx.skip("VM runs", &why);
+    }
+
+    let suites: Vec<Suite> = match args.suite {
+        Suite::All => vec![Suite::Limits, Suite::SwapWSeq, Suite::Pageout, Suite::FaultLatency],
+        one => vec![one],
+    };
+    let mut failures = Vec::new();
+    for suite in suites {
+        if interrupt::requested() {
+            break;
+        }
+        ctx.progress.suite(suite.name());
+        let result = match suite {
+            Suite::Limits => limits::run(&mut ctx),
+            Suite::SwapWSeq => swap_w_seq::run(&mut ctx),
+            Suite::Pageout => pageout::run(&mut ctx),
+            Suite::FaultLatency => fault_latency::run(&mut ctx),
+            Suite::All => unreachable!("expanded above"),
+        };
+        if let Err(e) = result {
+            // One suite failing must not lose what the others measured:
+            // report it, keep going, and exit non-zero at the end.
+            let msg = format!("suite {} failed: {e:#}", suite.name());
+            ctx.progress.note(&msg);
+            failures.push(msg);
+            if interrupt::requested() {
+                break;
+            }
+        }
+    }
+
+    ctx.report.command = command;
+    ctx.report.mode = mode.name().to_string();
+    ctx.report.wall_s = started.elapsed().as_secs_f64();
+    ctx.report.failures.extend(failures.iter().cloned());
+    ctx.report.finish_headline();
+    let written = ctx.report.write(&ctx.out_dir)?;
+    ctx.report.print_tables();
+    eprintln!(
+        "hugevmm bench: {} in {:.0} s; wrote {}",
+        if ctx.report.failures.is_empty() { "done" } else { "finished with failures" },
+        ctx.report.wall_s,
+        written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    );
+    if interrupt::requested() {
+        eprintln!("hugevmm bench: interrupted; partial results written");
+        return Ok(130);
+    }
+    Ok(if ctx.report.failures.is_empty() { 0 } else { 1 })
 }
+

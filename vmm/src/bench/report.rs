@@ -1,0 +1,328 @@
+//! The results of an invocation: `results.json` (one object, a key per
+//! suite plus the headline figures), `results.csv` (one measured value per
+//! line, long format so every suite fits one header), `results.md` (the
+//! tables as markdown, for docs/BENCHMARKS.md) and the tables on stdout.
+
+use anyhow::{Context, Result};
+use serde_json::{json, Map, Value};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// A table printed at the end (and written as markdown).
+#[derive(Debug, Clone)]
+pub struct Table {
+    /// Heading.
+    pub title: String,
+    /// Column names.
+    pub headers: Vec<String>,
+    /// Cells.
+    pub rows: Vec<Vec<String>>,
+    /// Lines printed under the table.
+    pub notes: Vec<String>,
+}
+
+impl Table {
+    /// An empty table.
+    pub fn new(title: &str, headers: &[&str]) -> Table {
+        Table { title: title.into(), headers: headers.iter().map(|h| h.to_string()).collect(), rows: Vec::new(), notes: Vec::new() }
+    }
+
+    /// Adds a row (as many cells as headers).
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// Adds a note line.
+    pub fn note(&mut self, text: &str) {
+        self.notes.push(text.to_string());
+    }
+
+    fn widths(&self) -> Vec<usize> {
+        let mut w: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate() {
+                if i < w.len() {
+                    w[i] = w[i].max(c.chars().count());
+                }
+            }
+        }
+        w
+    }
+
+    /// Plain text with aligned columns (numbers right-aligned).
+    pub fn text(&self) -> String {
+        let w = self.widths();
+        let mut s = format!("\n{}\n", self.title);
+        let line = |cells: &[String]| -> String {
+            let mut l = String::new();
+            for (i, c) in cells.iter().enumerate() {
+                let width = w.get(i).copied().unwrap_or(0);
+                let numeric = c.chars().next().is_some_and(|ch| ch.is_ascii_digit() || ch == '-' || ch == '.') && i > 0;
+                if numeric {
+                    let _ = write!(l, "{c:>width$}  ");
+                } else {
+                    let _ = write!(l, "{c:<width$}  ");
+                }
+            }
+            l.trim_end().to_string() + "\n"
+        };
+        s += &line(&self.headers);
+        s += &(w.iter().map(|n| "-".repeat(*n)).collect::<Vec<_>>().join("  ") + "\n");
+        for r in &self.rows {
+            s += &line(r);
+        }
+        for n in &self.notes {
+            s += &format!("  {n}\n");
+        }
+        s
+    }
+
+    /// GitHub markdown.
+    pub fn markdown(&self) -> String {
+        let mut s = format!("### {}\n\n| {} |\n|{}|\n", self.title, self.headers.join(" | "), self.headers.iter().map(|_| " --- ").collect::<Vec<_>>().join("|"));
+        for r in &self.rows {
+            s += &format!("| {} |\n", r.join(" | "));
+        }
+        if !self.notes.is_empty() {
+            s.push('\n');
+            for n in &self.notes {
+                s += &format!("{n}\n");
+            }
+        }
+        s.push('\n');
+        s
+    }
+}
+
+/// One headline figure against its aim.
+#[derive(Debug, Clone)]
+pub struct Headline {
+    /// Key in results.json.
+    pub key: &'static str,
+    /// What it is.
+    pub what: String,
+    /// The figure.
+    pub value: f64,
+    /// The aim, as text (`>= 10`).
+    pub aim: &'static str,
+    /// Whether the aim is met.
+    pub met: bool,
+    /// How it was computed.
+    pub how: String,
+}
+
+/// Everything measured in one invocation.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// The command line that produced it.
+    pub command: String,
+    /// `quick` or `full`.
+    pub mode: String,
+    /// Wall time of the whole invocation.
+    pub wall_s: f64,
+    /// Suite results by key.
+    pub suites: Map<String, Value>,
+    /// Tables in order.
+    pub tables: Vec<Table>,
+    /// Long-format CSV rows.
+    pub rows: Vec<[String; 7]>,
+    /// Plot file names (in the output directory).
+    pub plots: Vec<String>,
+    /// `SKIP ...` lines.
+    pub skipped: Vec<String>,
+    /// Suites that failed.
+    pub failures: Vec<String>,
+    /// Headline figures (filled by the suites).
+    pub headline: Vec<Headline>,
+    /// Top-level `ratio_2m_over_4k` (swap-w-seq).
+    pub ratio_2m_over_4k: Option<f64>,
+}
+
+/// Formats with `digits` decimals.
+pub fn fmt_f(v: f64, digits: usize) -> String {
+    format!("{v:.digits$}")
+}
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// One line about the machine: cores, memory, CPU, kernel, KVM flavour.
+pub fn machine_summary() -> String {
+    let m = machine_json();
+    format!(
+        "{} cores, {:.0} GiB RAM, {}, Linux {}, KVM {}",
+        m["cores"],
+        m["mem_gib"].as_f64().unwrap_or(0.0),
+        m["cpu"].as_str().unwrap_or("?"),
+        m["kernel"].as_str().unwrap_or("?"),
+        m["kvm"].as_str().unwrap_or("?")
+    )
+}
+
+/// The machine as JSON.
+pub fn machine_json() -> Value {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: f64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0);
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    // PVM is the nested, VMX-less KVM these numbers were first taken on; its
+    // per-exit costs differ a lot from hardware KVM, so say which it is.
+    let kvm = if Path::new("/sys/module/kvm_pvm").exists() {
+        "PVM (kvm_pvm, nested without VMX)"
+    } else if Path::new("/sys/module/kvm_intel").exists() {
+        "kvm_intel"
+    } else if Path::new("/sys/module/kvm_amd").exists() {
+        "kvm_amd"
+    } else {
+        "none"
+    };
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default().trim().to_string();
+    // Other work on the machine moves every figure here; record how busy it
+    // was (1, 5 and 15 minute load averages) when the results were written.
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let loadavg: Vec<f64> = loadavg.split_whitespace().take(3).filter_map(|v| v.parse().ok()).collect();
+    json!({"cores": cores, "mem_gib": mem_kib / 1048576.0, "cpu": cpu, "kernel": kernel, "kvm": kvm, "thp": thp, "loadavg_at_end": loadavg})
+}
+
+impl Report {
+    /// Sets a suite's result object.
+    pub fn set(&mut self, key: &str, value: Value) {
+        self.suites.insert(key.to_string(), value);
+    }
+
+    /// Adds one CSV row: suite, case, variant, run number (0 for a summary),
+    /// metric, value, unit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn csv(&mut self, suite: &str, case: &str, variant: &str, run: usize, metric: &str, value: f64, unit: &str) {
+        self.rows.push([
+            suite.to_string(),
+            case.to_string(),
+            variant.to_string(),
+            run.to_string(),
+            metric.to_string(),
+            format!("{value}"),
+            unit.to_string(),
+        ]);
+    }
+
+    /// Builds the headline table from what the suites filled in.
+    pub fn finish_headline(&mut self) {
+        if self.headline.is_empty() {
+            return;
+        }
+        let mut t = Table::new("headline figures (one invocation)", &["figure", "value", "aim", "met", "how"]);
+        for h in &self.headline {
+            t.row(vec![h.what.clone(), fmt_f(h.value, 2), h.aim.to_string(), if h.met { "yes" } else { "NO" }.into(), h.how.clone()]);
+        }
+        self.tables.push(t);
+    }
+
+    fn json(&self) -> Value {
+        let mut v = json!({
+            "command": self.command,
+            "mode": self.mode,
+            "wall_s": self.wall_s,
+            "machine": machine_json(),
+            "ratio_2m_over_4k": self.ratio_2m_over_4k,
+            "headline": self.headline.iter().map(|h| (h.key.to_string(), json!({
+                "what": h.what, "value": h.value, "aim": h.aim, "met": h.met, "how": h.how,
+            }))).collect::<Map<String, Value>>(),
+            "skipped": self.skipped,
+            "failures": self.failures,
+            "plots": self.plots,
+        });
+        for (k, s) in &self.suites {
+            v[k] = s.clone();
+        }
+        v
+    }
+
+    /// Writes results.json, results.csv and results.md; returns their paths.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
+        let json_path = dir.join("results.json");
+        let text = serde_json::to_string_pretty(&self.json()).context("serializing results")?;
+        std::fs::write(&json_path, text + "\n").with_context(|| format!("cannot write {}", json_path.display()))?;
+
+        let csv_path = dir.join("results.csv");
+        let mut csv = String::from("suite,case,variant,run,metric,value,unit\n");
+        for r in &self.rows {
+            csv += &r.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(",");
+            csv.push('\n');
+        }
+        std::fs::write(&csv_path, csv).with_context(|| format!("cannot write {}", csv_path.display()))?;
+
+        let md_path = dir.join("results.md");
+        let mut md = format!(
+            "# hugevmm bench results\n\n`{}` ({} mode, {:.0} s)\n\nMachine: {}\n\n",
+            self.command,
+            self.mode,
+            self.wall_s,
+            machine_summary()
+        );
+        for t in &self.tables {
+            md += &t.markdown();
+        }
+        for s in &self.skipped {
+            md += &format!("- {s}\n");
+        }
+        for f in &self.failures {
+            md += &format!("- FAILED: {f}\n");
+        }
+        std::fs::write(&md_path, md).with_context(|| format!("cannot write {}", md_path.display()))?;
+        let mut written = vec![json_path, csv_path, md_path];
+        written.extend(self.plots.iter().map(|p| dir.join(p)));
+        Ok(written)
+    }
+
+    /// Prints every table to stdout.
+    pub fn print_tables(&self) {
+        for t in &self.tables {
+            print!("{}", t.text());
+        }
+        for s in &self.skipped {
+            println!("{s}");
+        }
+        for f in &self.failures {
+            println!("FAILED: {f}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_quotes_only_when_needed() {
+        assert_eq!(csv_field("plain"), "plain");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+    }
+
+    #[test]
+    fn table_aligns_columns() {
+        let mut t = Table::new("t", &["name", "value"]);
+        t.row(vec!["a".into(), "1.5".into()]);
+        t.row(vec!["longer".into(), "12.25".into()]);
+        let text = t.text();
+        assert!(text.contains(&format!("a{}1.5", " ".repeat(9))), "{text}");
+        assert!(t.markdown().contains("| longer | 12.25 |"));
+    }
+}
