@@ -71,7 +71,11 @@ fn histogram_json(h: &LatencyHistogram, buckets: bool) -> Value {
         "max": h.max(),
     });
     if buckets {
-        value["buckets"] = h.buckets().into_iter().map(|(lo, hi, n)| json!([lo, hi, n])).collect();
+        value["buckets"] = h
+            .buckets()
+            .into_iter()
+            .map(|(lo, hi, n)| json!([lo, hi, n]))
+            .collect();
     }
     value
 }
@@ -115,7 +119,12 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
     if detail {
         let by_source: serde_json::Map<String, Value> = FaultSource::ALL
             .iter()
-            .map(|&src| (src.name().to_string(), histogram_json(s.fault_latency_by_source.get(src), true)))
+            .map(|&src| {
+                (
+                    src.name().to_string(),
+                    histogram_json(s.fault_latency_by_source.get(src), true),
+                )
+            })
             .collect();
         value["fault_latency_by_source_us"] = Value::Object(by_source);
     }

@@ -24,25 +24,49 @@ fn bench_limits_quick_writes_json_csv_and_svg() {
         .expect("run hugevmm bench");
     let stderr = String::from_utf8_lossy(&result.stderr);
     let stdout = String::from_utf8_lossy(&result.stdout);
-    assert!(result.status.success(), "hugevmm bench limits --quick failed: {}\n{stderr}\n{stdout}", result.status);
-    assert!(stdout.contains("limits: this machine's ceilings"), "no table on stdout:\n{stdout}");
-    assert!(stderr.contains("limits"), "no progress lines on stderr:\n{stderr}");
+    assert!(
+        result.status.success(),
+        "hugevmm bench limits --quick failed: {}\n{stderr}\n{stdout}",
+        result.status
+    );
+    assert!(
+        stdout.contains("limits: this machine's ceilings"),
+        "no table on stdout:\n{stdout}"
+    );
+    assert!(
+        stderr.contains("limits"),
+        "no progress lines on stderr:\n{stderr}"
+    );
 
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).expect("results.json")).expect("results.json parses");
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("results.json")).expect("results.json"),
+    )
+    .expect("results.json parses");
     for key in ["write_gibs", "read_gibs", "read_qd1_gibs"] {
-        assert!(json["limits"]["disk"][key].is_number(), "results.json lacks limits.disk.{key}: {json}");
+        assert!(
+            json["limits"]["disk"][key].is_number(),
+            "results.json lacks limits.disk.{key}: {json}"
+        );
     }
     assert!(json["limits"]["memcpy_2m_gibs"].is_number());
     assert!(json["limits"]["codecs"]["lz4"]["seqwrite"]["ratio"].is_number());
 
     let csv = std::fs::read_to_string(out.join("results.csv")).expect("results.csv");
     let mut lines = csv.lines();
-    assert_eq!(lines.next(), Some("suite,case,variant,run,metric,value,unit"));
-    assert!(lines.any(|l| l.starts_with("limits,machine,,0,memcpy_2m_gibs,")), "{csv}");
+    assert_eq!(
+        lines.next(),
+        Some("suite,case,variant,run,metric,value,unit")
+    );
+    assert!(
+        lines.any(|l| l.starts_with("limits,machine,,0,memcpy_2m_gibs,")),
+        "{csv}"
+    );
 
     let svg = std::fs::read_to_string(out.join("limits.svg")).expect("limits.svg");
-    assert!(svg.contains("<svg") && svg.contains("memcpy"), "limits.svg is not the expected plot");
+    assert!(
+        svg.contains("<svg") && svg.contains("memcpy"),
+        "limits.svg is not the expected plot"
+    );
     assert!(out.join("results.md").exists());
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -78,10 +78,8 @@ pub(crate) fn run(s: &Shared) {
                     s.counters
                         .record_latency_us(read_at.elapsed().as_micros() as u64);
                     if let Some(source) = source {
-                        s.counters.record_source_latency_us(
-                            source,
-                            started.elapsed().as_micros() as u64,
-                        );
+                        s.counters
+                            .record_source_latency_us(source, started.elapsed().as_micros() as u64);
                     }
                 }
                 Ok(Outcome::Blocked) => {}

@@ -374,6 +374,9 @@ mod tests {
         assert_eq!(by.get(FaultSource::Zero).count(), 1);
         assert_eq!(by.get(FaultSource::Staging).count(), 0);
         assert_eq!(by.get(FaultSource::WriteProtect).count(), 0);
-        assert_eq!(FaultSource::ALL.map(FaultSource::name), ["store", "staging", "zero", "wp"]);
+        assert_eq!(
+            FaultSource::ALL.map(FaultSource::name),
+            ["store", "staging", "zero", "wp"]
+        );
     }
 }

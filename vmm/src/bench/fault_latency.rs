@@ -38,15 +38,78 @@ struct RunDef {
 fn runs(mode: Mode) -> Vec<RunDef> {
     let rand_timeout_s = if mode == Mode::Quick { 20.0 } else { 45.0 };
     let (big, small, rand) = match mode {
-        Mode::Quick => (("512M", "256M", "bytes=384M passes=2"), ("128M", "64M", "bytes=96M passes=2"), ("256M", "128M", "bytes=192M passes=1")),
-        Mode::Full => (("1G", "512M", "bytes=768M passes=3"), ("256M", "128M", "bytes=192M passes=2"), ("512M", "256M", "bytes=384M passes=2")),
+        Mode::Quick => (
+            ("512M", "256M", "bytes=384M passes=2"),
+            ("128M", "64M", "bytes=96M passes=2"),
+            ("256M", "128M", "bytes=192M passes=1"),
+        ),
+        Mode::Full => (
+            ("1G", "512M", "bytes=768M passes=3"),
+            ("256M", "128M", "bytes=192M passes=2"),
+            ("512M", "256M", "bytes=384M passes=2"),
+        ),
     };
     vec![
-        RunDef { timeout_s: None, key: "file", label: "seqwrite 2m, file store, 1 vCPU", payload: "seqwrite", unit: "2m", store: "default", vcpus: 1, mem: big.0, mem_limit: big.1, args: big.2 },
-        RunDef { timeout_s: None, key: "lz4", label: "seqwrite 2m, mem:lz4, 1 vCPU", payload: "seqwrite", unit: "2m", store: "mem:lz4", vcpus: 1, mem: big.0, mem_limit: big.1, args: big.2 },
-        RunDef { timeout_s: None, key: "4k", label: "seqwrite 4k, file store, 1 vCPU", payload: "seqwrite", unit: "4k", store: "default", vcpus: 1, mem: small.0, mem_limit: small.1, args: small.2 },
-        RunDef { timeout_s: None, key: "loaded", label: "seqwrite 2m, file store, 4 vCPUs on 2 cores", payload: "seqwrite", unit: "2m", store: "default", vcpus: 4, mem: big.0, mem_limit: big.1, args: big.2 },
-        RunDef { timeout_s: Some(rand_timeout_s), key: "rand", label: "randwrite 2m, file store, 4 vCPUs", payload: "randwrite", unit: "2m", store: "default", vcpus: 4, mem: rand.0, mem_limit: rand.1, args: rand.2 },
+        RunDef {
+            timeout_s: None,
+            key: "file",
+            label: "seqwrite 2m, file store, 1 vCPU",
+            payload: "seqwrite",
+            unit: "2m",
+            store: "default",
+            vcpus: 1,
+            mem: big.0,
+            mem_limit: big.1,
+            args: big.2,
+        },
+        RunDef {
+            timeout_s: None,
+            key: "lz4",
+            label: "seqwrite 2m, mem:lz4, 1 vCPU",
+            payload: "seqwrite",
+            unit: "2m",
+            store: "mem:lz4",
+            vcpus: 1,
+            mem: big.0,
+            mem_limit: big.1,
+            args: big.2,
+        },
+        RunDef {
+            timeout_s: None,
+            key: "4k",
+            label: "seqwrite 4k, file store, 1 vCPU",
+            payload: "seqwrite",
+            unit: "4k",
+            store: "default",
+            vcpus: 1,
+            mem: small.0,
+            mem_limit: small.1,
+            args: small.2,
+        },
+        RunDef {
+            timeout_s: None,
+            key: "loaded",
+            label: "seqwrite 2m, file store, 4 vCPUs on 2 cores",
+            payload: "seqwrite",
+            unit: "2m",
+            store: "default",
+            vcpus: 4,
+            mem: big.0,
+            mem_limit: big.1,
+            args: big.2,
+        },
+        RunDef {
+            timeout_s: Some(rand_timeout_s),
+            key: "rand",
+            label: "randwrite 2m, file store, 4 vCPUs",
+            payload: "randwrite",
+            unit: "2m",
+            store: "default",
+            vcpus: 4,
+            mem: rand.0,
+            mem_limit: rand.1,
+            args: rand.2,
+        },
     ]
 }
 
@@ -84,7 +147,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let limits = ctx.limits()?;
     let defs = runs(ctx.mode);
     ctx.progress.plan(defs.len() + 1);
-    ctx.progress.start("floor: store read + THP fill + UFFDIO_MOVE, in this process");
+    ctx.progress
+        .start("floor: store read + THP fill + UFFDIO_MOVE, in this process");
     let floors = match floor::measure(ctx) {
         Ok(f) => {
             ctx.progress.done(&format!(
@@ -117,7 +181,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let mut results: Vec<(&RunDef, RunResult)> = Vec::new();
     for d in &defs {
         let figure = |r: &RunResult| {
-            let h = r.source_hist(if r.spec.unit == "4k" || r.swap("faults/store") > 0.0 { "store" } else { "zero" });
+            let h = r.source_hist(if r.spec.unit == "4k" || r.swap("faults/store") > 0.0 {
+                "store"
+            } else {
+                "zero"
+            });
             format!(
                 "{}{:.0} store / {:.0} staging / {:.0} zero faults; store p50 {} ms, p99 {} ms, max {} ms",
                 if r.timed_out { format!("stopped at {:.0} s (thrashing); ", r.spec.timeout_s) } else { String::new() },
@@ -138,10 +206,20 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let f = &floors;
     if let Some(r) = get("file") {
-        rows.push(Row { name: "2m store, file (1 vCPU)".into(), hist: r.source_hist("store"), floor_us: Some(f.store_file_2m.total_us), floor_what: "read + fill + move" });
+        rows.push(Row {
+            name: "2m store, file (1 vCPU)".into(),
+            hist: r.source_hist("store"),
+            floor_us: Some(f.store_file_2m.total_us),
+            floor_what: "read + fill + move",
+        });
     }
     if let Some(r) = get("lz4") {
-        rows.push(Row { name: "2m store, mem:lz4 (1 vCPU)".into(), hist: r.source_hist("store"), floor_us: Some(f.store_lz4_2m.total_us), floor_what: "decompress + fill + move" });
+        rows.push(Row {
+            name: "2m store, mem:lz4 (1 vCPU)".into(),
+            hist: r.source_hist("store"),
+            floor_us: Some(f.store_lz4_2m.total_us),
+            floor_what: "decompress + fill + move",
+        });
     }
     // Staging, zero and write-protect faults are rare in any one run:
     // merge every 2 MiB run (the buckets are the engine's, so merging is
@@ -155,32 +233,81 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         }
         h
     };
-    rows.push(Row { name: "2m staging (all 2m runs)".into(), hist: merged("staging"), floor_us: Some(f.staging_2m.total_us), floor_what: "move" });
-    rows.push(Row { name: "2m zero (all 2m runs)".into(), hist: merged("zero"), floor_us: Some(f.zero_2m.total_us), floor_what: "fill + move" });
+    rows.push(Row {
+        name: "2m staging (all 2m runs)".into(),
+        hist: merged("staging"),
+        floor_us: Some(f.staging_2m.total_us),
+        floor_what: "move",
+    });
+    rows.push(Row {
+        name: "2m zero (all 2m runs)".into(),
+        hist: merged("zero"),
+        floor_us: Some(f.zero_2m.total_us),
+        floor_what: "fill + move",
+    });
     let wp = merged("wp");
     if wp.count() > 0 {
-        rows.push(Row { name: "2m write-protect (all 2m runs)".into(), hist: wp, floor_us: None, floor_what: "" });
+        rows.push(Row {
+            name: "2m write-protect (all 2m runs)".into(),
+            hist: wp,
+            floor_us: None,
+            floor_what: "",
+        });
     }
     if let Some(r) = get("4k") {
-        rows.push(Row { name: "4k store, file (1 vCPU)".into(), hist: r.source_hist("store"), floor_us: Some(f.store_file_4k.total_us), floor_what: "4 KiB read + UFFDIO_COPY" });
-        rows.push(Row { name: "4k zero (1 vCPU)".into(), hist: r.source_hist("zero"), floor_us: Some(f.zero_4k.total_us), floor_what: "UFFDIO_ZEROPAGE" });
+        rows.push(Row {
+            name: "4k store, file (1 vCPU)".into(),
+            hist: r.source_hist("store"),
+            floor_us: Some(f.store_file_4k.total_us),
+            floor_what: "4 KiB read + UFFDIO_COPY",
+        });
+        rows.push(Row {
+            name: "4k zero (1 vCPU)".into(),
+            hist: r.source_hist("zero"),
+            floor_us: Some(f.zero_4k.total_us),
+            floor_what: "UFFDIO_ZEROPAGE",
+        });
     }
     if let Some(r) = get("loaded") {
-        rows.push(Row { name: "2m store, file, 4 vCPUs on 2 cores".into(), hist: r.source_hist("store"), floor_us: Some(f.store_file_2m.total_us), floor_what: "read + fill + move" });
+        rows.push(Row {
+            name: "2m store, file, 4 vCPUs on 2 cores".into(),
+            hist: r.source_hist("store"),
+            floor_us: Some(f.store_file_2m.total_us),
+            floor_what: "read + fill + move",
+        });
     }
     if let Some(r) = get("rand") {
-        rows.push(Row { name: "2m store, file, randwrite 4 vCPUs".into(), hist: r.source_hist("store"), floor_us: Some(f.store_file_2m.total_us), floor_what: "read + fill + move" });
+        rows.push(Row {
+            name: "2m store, file, randwrite 4 vCPUs".into(),
+            hist: r.source_hist("store"),
+            floor_us: Some(f.store_file_2m.total_us),
+            floor_what: "read + fill + move",
+        });
     }
 
     let mut t = Table::new(
         "fault-latency: service time per source (ms)",
-        &["source", "count", "p50", "p90", "p99", "p99.9", "max", "floor", "p99/floor", "floor is"],
+        &[
+            "source",
+            "count",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "floor",
+            "p99/floor",
+            "floor is",
+        ],
     );
     let mut rows_json = Vec::new();
     for row in &rows {
         let h = &row.hist;
         let p99 = h.quantile_us(0.99);
-        let ratio = row.floor_us.filter(|f| *f > 0.0 && h.count() > 0).map(|f| p99 as f64 / f);
+        let ratio = row
+            .floor_us
+            .filter(|f| *f > 0.0 && h.count() > 0)
+            .map(|f| p99 as f64 / f);
         t.row(vec![
             row.name.clone(),
             h.count().to_string(),
@@ -189,7 +316,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             ms(p99),
             ms(h.quantile_us(0.999)),
             ms(h.max_us),
-            row.floor_us.map(|f| format!("{:.3}", f / 1000.0)).unwrap_or_default(),
+            row.floor_us
+                .map(|f| format!("{:.3}", f / 1000.0))
+                .unwrap_or_default(),
             ratio.map(|r| format!("{r:.2}")).unwrap_or_default(),
             row.floor_what.into(),
         ]);
@@ -203,7 +332,15 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             ("floor_us", row.floor_us.unwrap_or(0.0)),
             ("p99_over_floor", ratio.unwrap_or(0.0)),
         ] {
-            ctx.report.csv("fault-latency", &row.name, "", 0, metric, v, if metric.ends_with("_us") { "us" } else { "" });
+            ctx.report.csv(
+                "fault-latency",
+                &row.name,
+                "",
+                0,
+                metric,
+                v,
+                if metric.ends_with("_us") { "us" } else { "" },
+            );
         }
         let mut v = h.summary_json();
         v["source"] = json!(row.name);
@@ -232,7 +369,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // at the mixed rate `limits` measured. Shown for context, not the aim.
     let loaded_read_us = (CHUNK_BYTES as f64 / GIB) / limits.disk_mixed_read_gibs.max(1e-9) * 1e6;
     let loaded_floor_us = loaded_read_us + f.store_file_2m.fill_us + f.store_file_2m.install_us;
-    if let Some(row) = rows.first().filter(|r| r.name.starts_with("2m store, file") && r.hist.count() > 0) {
+    if let Some(row) = rows
+        .first()
+        .filter(|r| r.name.starts_with("2m store, file") && r.hist.count() > 0)
+    {
         t.note(&format!(
             "context: with the disk also writing, as while swapping, a 2 MiB read at the mixed rate of limits ({:.2} GiB/s) makes the floor {:.2} ms; p99 / that = {:.2}",
             limits.disk_mixed_read_gibs,
@@ -240,7 +380,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             row.hist.quantile_us(0.99) as f64 / loaded_floor_us
         ));
     }
-    if let Some(row) = rows.first().filter(|r| r.name.starts_with("2m store, file") && r.hist.count() > 0) {
+    if let Some(row) = rows
+        .first()
+        .filter(|r| r.name.starts_with("2m store, file") && r.hist.count() > 0)
+    {
         let p99 = row.hist.quantile_us(0.99) as f64;
         let floor = row.floor_us.unwrap_or(0.0);
         if floor > 0.0 {
@@ -267,7 +410,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let pick = |names: &[&str]| -> Vec<LatencySeries> {
         rows.iter()
             .filter(|r| r.hist.count() > 0 && names.iter().any(|n| r.name.starts_with(n)))
-            .map(|r| LatencySeries { name: r.name.clone(), buckets: r.hist.buckets.clone() })
+            .map(|r| LatencySeries {
+                name: r.name.clone(),
+                buckets: r.hist.buckets.clone(),
+            })
             .collect()
     };
     let stores = pick(&["2m store", "4k store"]);
@@ -284,13 +430,21 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         )?;
         ctx.report.plots.push("fault_latency.svg".into());
     }
-    let sources = pick(&["2m store, file (1 vCPU)", "2m staging", "2m zero", "2m write-protect"]);
+    let sources = pick(&[
+        "2m store, file (1 vCPU)",
+        "2m staging",
+        "2m zero",
+        "2m write-protect",
+    ]);
     if !sources.is_empty() {
         plots::latency_histograms(
             &ctx.out_dir.join("fault_latency_sources.svg"),
             "2 MiB faults by source: service time (log-log)",
             &sources,
-            &[("floor zero (fill + move)".into(), f.zero_2m.total_us), ("floor staging (move)".into(), f.staging_2m.total_us)],
+            &[
+                ("floor zero (fill + move)".into(), f.zero_2m.total_us),
+                ("floor staging (move)".into(), f.staging_2m.total_us),
+            ],
         )?;
         ctx.report.plots.push("fault_latency_sources.svg".into());
     }

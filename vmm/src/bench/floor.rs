@@ -11,6 +11,7 @@
 //! - move: `UFFDIO_MOVE` of the buffer onto an empty 2 MiB chunk of a
 //!   region registered with a userfaultfd, then the wake, as the engine
 //!   installs a unit.
+//!
 //! The floor is the median of the per-iteration sums. The zero-fill floor
 //! is fill + move, the staging floor move alone (a parked unit is moved
 //! back). For 4 KiB units: a 4 KiB slot read plus `UFFDIO_COPY` of the
@@ -50,7 +51,11 @@ pub struct Parts {
 impl Parts {
     fn from_samples(read: &[f64], fill: &[f64], install: &[f64]) -> Parts {
         let totals: Vec<f64> = (0..read.len().max(fill.len()).max(install.len()))
-            .map(|i| read.get(i).unwrap_or(&0.0) + fill.get(i).unwrap_or(&0.0) + install.get(i).unwrap_or(&0.0))
+            .map(|i| {
+                read.get(i).unwrap_or(&0.0)
+                    + fill.get(i).unwrap_or(&0.0)
+                    + install.get(i).unwrap_or(&0.0)
+            })
             .collect();
         Parts {
             read_us: median(read).unwrap_or(0.0),
@@ -130,11 +135,14 @@ impl Registered {
         let map = AnonMapping::new(len).context("cannot map the destination region")?;
         let r = map.range();
         if huge {
-            r.advise_hugepage(0, r.len()).context("madvise(MADV_HUGEPAGE)")?;
+            r.advise_hugepage(0, r.len())
+                .context("madvise(MADV_HUGEPAGE)")?;
         } else {
-            r.advise_nohugepage(0, r.len()).context("madvise(MADV_NOHUGEPAGE)")?;
+            r.advise_nohugepage(0, r.len())
+                .context("madvise(MADV_NOHUGEPAGE)")?;
         }
-        uffd.register(r.base(), r.len(), mode::MISSING).context("cannot register the destination with the userfaultfd")?;
+        uffd.register(r.base(), r.len(), mode::MISSING)
+            .context("cannot register the destination with the userfaultfd")?;
         Ok(Registered { uffd, map })
     }
 }
@@ -169,7 +177,10 @@ fn write_slots(store: &dyn Store, n: usize, unit: u64) -> Result<Vec<u32>> {
             .iter()
             .map(|&i| {
                 let off = (i as u64 * unit) % CHUNK_BYTES;
-                WriteRequest { gpa: (1 << 32) + i as u64 * unit, data: &chunk[off as usize..(off + unit) as usize] }
+                WriteRequest {
+                    gpa: (1 << 32) + i as u64 * unit,
+                    data: &chunk[off as usize..(off + unit) as usize],
+                }
             })
             .collect();
         for r in store.write_batch(&reqs) {
@@ -180,7 +191,13 @@ fn write_slots(store: &dyn Store, n: usize, unit: u64) -> Result<Vec<u32>> {
 }
 
 /// Fill, read and move, `n` times; `None` store: fill and move only.
-fn thp_restores(dst: &Registered, buf: &AnonMapping, store: Option<&dyn Store>, slots: &[u32], n: usize) -> Result<(Parts, bool)> {
+fn thp_restores(
+    dst: &Registered,
+    buf: &AnonMapping,
+    store: Option<&dyn Store>,
+    slots: &[u32],
+    n: usize,
+) -> Result<(Parts, bool)> {
     let b = buf.range();
     let d = dst.map.range();
     let (mut read, mut fill, mut install) = (Vec::new(), Vec::new(), Vec::new());
@@ -198,22 +215,35 @@ fn thp_restores(dst: &Registered, buf: &AnonMapping, store: Option<&dyn Store>, 
             // SAFETY: the buffer is a private, populated mapping of this
             // function's caller that nothing else accesses during the call.
             let data = unsafe { b.slice_mut(0, CHUNK_BYTES) };
-            store.read(slots[i % slots.len()], 1 << 32, data).context("floor: store read failed")?;
+            store
+                .read(slots[i % slots.len()], 1 << 32, data)
+                .context("floor: store read failed")?;
             read.push(us(t));
         }
         let t = Instant::now();
         let dst_addr = d.base() + (i as u64 % (d.len() / CHUNK_BYTES)) * CHUNK_BYTES;
         dst.uffd
-            .move_pages(dst_addr, b.base(), CHUNK_BYTES, MoveOptions { allow_src_holes: false, dont_wake: true })
+            .move_pages(
+                dst_addr,
+                b.base(),
+                CHUNK_BYTES,
+                MoveOptions {
+                    allow_src_holes: false,
+                    dont_wake: true,
+                },
+            )
             .context("floor: UFFDIO_MOVE failed")?;
-        dst.uffd.wake(dst_addr, CHUNK_BYTES).context("floor: UFFDIO_WAKE failed")?;
+        dst.uffd
+            .wake(dst_addr, CHUNK_BYTES)
+            .context("floor: UFFDIO_WAKE failed")?;
         install.push(us(t));
         if i == 0 {
             pmd = anon_huge_kb_at(dst_addr).is_some_and(|kb| kb >= 2048);
         }
         // Empty the destination again (frees the huge page) without
         // touching it.
-        d.discard(dst_addr - d.base(), CHUNK_BYTES).context("floor: MADV_DONTNEED")?;
+        d.discard(dst_addr - d.base(), CHUNK_BYTES)
+            .context("floor: MADV_DONTNEED")?;
     }
     Ok((Parts::from_samples(&read, &fill, &install), pmd))
 }
@@ -221,22 +251,37 @@ fn thp_restores(dst: &Registered, buf: &AnonMapping, store: Option<&dyn Store>, 
 /// Measures every floor. `uffd` parts are skipped (with the reason kept)
 /// when no userfaultfd can be opened here.
 pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
-    let (n2m, n4k) = if ctx.mode == Mode::Quick { (24usize, 256usize) } else { (64, 1024) };
+    let (n2m, n4k) = if ctx.mode == Mode::Quick {
+        (24usize, 256usize)
+    } else {
+        (64, 1024)
+    };
     let mut f = Floors::default();
 
     let file: SharedStore = std::sync::Arc::new(
-        FileStore::temporary(&ctx.store_dir, CHUNK_BYTES as usize, n2m as u64 * CHUNK_BYTES)
-            .context("floor: cannot open a file store in --store-dir")?,
+        FileStore::temporary(
+            &ctx.store_dir,
+            CHUNK_BYTES as usize,
+            n2m as u64 * CHUNK_BYTES,
+        )
+        .context("floor: cannot open a file store in --store-dir")?,
     );
     let file_slots = write_slots(file.as_ref(), n2m, CHUNK_BYTES)?;
-    let lz4: SharedStore = std::sync::Arc::new(MemStore::new(Codec::Lz4, CHUNK_BYTES as usize, n2m as u64, None)?);
+    let lz4: SharedStore = std::sync::Arc::new(MemStore::new(
+        Codec::Lz4,
+        CHUNK_BYTES as usize,
+        n2m as u64,
+        None,
+    )?);
     let lz4_slots = write_slots(lz4.as_ref(), n2m, CHUNK_BYTES)?;
     interrupt::check()?;
 
     match Registered::new(4 * CHUNK_BYTES, true) {
         Ok(dst) => {
             let buf = AnonMapping::new(CHUNK_BYTES).context("floor: cannot map the buffer")?;
-            buf.range().advise_hugepage(0, CHUNK_BYTES).context("madvise(MADV_HUGEPAGE)")?;
+            buf.range()
+                .advise_hugepage(0, CHUNK_BYTES)
+                .context("madvise(MADV_HUGEPAGE)")?;
             // One untimed round warms the code paths and the allocator.
             thp_restores(&dst, &buf, Some(file.as_ref()), &file_slots, 2)?;
             let (p, pmd) = thp_restores(&dst, &buf, Some(file.as_ref()), &file_slots, n2m)?;
@@ -254,9 +299,9 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
             // none, and the table says what is missing.
             let mut buf = swap::blockio::AlignedBuf::new(CHUNK_BYTES as usize, 4096);
             let mut read = Vec::new();
-            for i in 0..n2m {
+            for &slot in &file_slots {
                 let t = Instant::now();
-                file.read(file_slots[i], 1 << 32, &mut buf)?;
+                file.read(slot, 1 << 32, &mut buf)?;
                 read.push(us(t));
             }
             f.store_file_2m = Parts::from_samples(&read, &[], &[]);
@@ -266,14 +311,17 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
 
     // 4 KiB units.
     let file4k: SharedStore = std::sync::Arc::new(
-        FileStore::temporary(&ctx.store_dir, PAGE as usize, n4k as u64 * PAGE).context("floor: cannot open a 4 KiB file store")?,
+        FileStore::temporary(&ctx.store_dir, PAGE as usize, n4k as u64 * PAGE)
+            .context("floor: cannot open a 4 KiB file store")?,
     );
     let slots4k = write_slots(file4k.as_ref(), n4k, PAGE)?;
     let mut page = swap::blockio::AlignedBuf::new(PAGE as usize, 4096);
     let mut read = Vec::new();
-    for i in 0..n4k {
+    for &slot in &slots4k {
         let t = Instant::now();
-        file4k.read(slots4k[i], 1 << 32, &mut page).context("floor: 4 KiB read failed")?;
+        file4k
+            .read(slot, 1 << 32, &mut page)
+            .context("floor: 4 KiB read failed")?;
         read.push(us(t));
     }
     match Registered::new(CHUNK_BYTES, false) {
@@ -284,13 +332,23 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
                 let addr = d.base() + (i as u64 % (d.len() / PAGE)) * PAGE;
                 let t = Instant::now();
                 dst.uffd
-                    .copy(addr, page.as_ptr() as u64, PAGE, CopyOptions { write_protect: false, dont_wake: true })
+                    .copy(
+                        addr,
+                        page.as_ptr() as u64,
+                        PAGE,
+                        CopyOptions {
+                            write_protect: false,
+                            dont_wake: true,
+                        },
+                    )
                     .context("floor: UFFDIO_COPY failed")?;
                 dst.uffd.wake(addr, PAGE)?;
                 copy.push(us(t));
                 d.discard(addr - d.base(), PAGE)?;
                 let t = Instant::now();
-                dst.uffd.zeropage(addr, PAGE, true).context("floor: UFFDIO_ZEROPAGE failed")?;
+                dst.uffd
+                    .zeropage(addr, PAGE, true)
+                    .context("floor: UFFDIO_ZEROPAGE failed")?;
                 dst.uffd.wake(addr, PAGE)?;
                 zero.push(us(t));
                 d.discard(addr - d.base(), PAGE)?;

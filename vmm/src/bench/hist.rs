@@ -25,7 +25,10 @@ impl Hist {
             })
             .unwrap_or_default();
         buckets.sort_unstable();
-        Hist { buckets, max_us: v["max"].as_u64().unwrap_or(0) }
+        Hist {
+            buckets,
+            max_us: v["max"].as_u64().unwrap_or(0),
+        }
     }
 
     /// Adds another histogram's counts (same bucket layout: the engine's).
@@ -86,7 +89,11 @@ pub fn median(values: &[f64]) -> Option<f64> {
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
 }
 
 /// The `q` quantile of a sample (nearest rank); 0 when empty.
@@ -117,11 +124,20 @@ mod tests {
 
     #[test]
     fn merge_adds_counts_and_quantiles_follow() {
-        let mut a = Hist { buckets: vec![(10, 11, 5), (100, 112, 5)], max_us: 105 };
-        let b = Hist { buckets: vec![(10, 11, 5), (1000, 1024, 1)], max_us: 1010 };
+        let mut a = Hist {
+            buckets: vec![(10, 11, 5), (100, 112, 5)],
+            max_us: 105,
+        };
+        let b = Hist {
+            buckets: vec![(10, 11, 5), (1000, 1024, 1)],
+            max_us: 1010,
+        };
         a.merge(&b);
         assert_eq!(a.count(), 16);
-        assert_eq!(a.buckets, vec![(10, 11, 10), (100, 112, 5), (1000, 1024, 1)]);
+        assert_eq!(
+            a.buckets,
+            vec![(10, 11, 10), (100, 112, 5), (1000, 1024, 1)]
+        );
         assert_eq!(a.quantile_us(0.5), 10);
         assert_eq!(a.quantile_us(0.9), 111);
         assert_eq!(a.quantile_us(1.0), 1010);

@@ -151,8 +151,12 @@ impl Probe {
     /// Writes the source to a fresh temporary directory and compiles it.
     pub fn build() -> Result<Probe> {
         let dir = std::env::temp_dir().join(format!("hugevmm-bench-probe-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let probe = Probe { exe: dir.join("pageout_probe"), dir };
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let probe = Probe {
+            exe: dir.join("pageout_probe"),
+            dir,
+        };
         let src = probe.dir.join("pageout_probe.c");
         std::fs::write(&src, PROBE_C).with_context(|| format!("cannot write {}", src.display()))?;
         let out = Command::new("gcc")
@@ -162,7 +166,10 @@ impl Probe {
             .output()
             .context("cannot run gcc (install it: apt-get install gcc)")?;
         if !out.status.success() {
-            bail!("gcc failed on the pageout probe:\n{}", String::from_utf8_lossy(&out.stderr));
+            bail!(
+                "gcc failed on the pageout probe:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         Ok(probe)
     }
@@ -174,7 +181,11 @@ impl Probe {
             .output()
             .with_context(|| format!("cannot run {}", self.exe.display()))?;
         if !out.status.success() {
-            bail!("the pageout probe failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+            bail!(
+                "the pageout probe failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         KernelPageout::parse(&String::from_utf8_lossy(&out.stdout), mib)
     }
@@ -209,11 +220,18 @@ pub struct KernelPageout {
 
 impl KernelPageout {
     fn parse(line: &str, mib: u64) -> Result<KernelPageout> {
-        let mut k = KernelPageout { mib, ..Default::default() };
+        let mut k = KernelPageout {
+            mib,
+            ..Default::default()
+        };
         let mut seen = 0;
         for word in line.split_whitespace() {
-            let Some((key, value)) = word.split_once('=') else { continue };
-            let v: f64 = value.parse().with_context(|| format!("bad probe output {word:?}"))?;
+            let Some((key, value)) = word.split_once('=') else {
+                continue;
+            };
+            let v: f64 = value
+                .parse()
+                .with_context(|| format!("bad probe output {word:?}"))?;
             seen += 1;
             match key {
                 "madvise_ms" => k.madvise_ms = v,
@@ -242,13 +260,16 @@ impl KernelPageout {
 
     /// Share of the region that got swap slots (SwapFree drop).
     pub fn swapped_fraction(&self) -> f64 {
-        ((self.swapfree_before_kb - self.swapfree_after_kb) / (self.mib as f64 * 1024.0)).clamp(0.0, 1.0)
+        ((self.swapfree_before_kb - self.swapfree_after_kb) / (self.mib as f64 * 1024.0))
+            .clamp(0.0, 1.0)
     }
 
     /// True when the kernel really paged the region out: at least 90% of
     /// it both left the page tables and took swap space.
     pub fn really_paged_out(&self) -> bool {
-        self.unmapped_fraction() >= 0.9 && self.swapped_fraction() >= 0.9 && !self.writeback_timed_out
+        self.unmapped_fraction() >= 0.9
+            && self.swapped_fraction() >= 0.9
+            && !self.writeback_timed_out
     }
 }
 
@@ -264,10 +285,16 @@ impl SwapFile {
     /// the highest priority (so the kernel uses it before any other swap).
     pub fn create(dir: &Path, bytes: u64) -> Result<SwapFile> {
         let path = dir.join(format!("hugevmm-bench-swap-{}.img", std::process::id()));
-        let mut swap = SwapFile { path, active: false };
+        let mut swap = SwapFile {
+            path,
+            active: false,
+        };
         write_zeros(&swap.path, bytes)?;
         run_tool("mkswap", &[swap.path.as_os_str()])?;
-        run_tool("swapon", &["-p".as_ref(), "32767".as_ref(), swap.path.as_os_str()])?;
+        run_tool(
+            "swapon",
+            &["-p".as_ref(), "32767".as_ref(), swap.path.as_os_str()],
+        )?;
         swap.active = true;
         Ok(swap)
     }
@@ -308,10 +335,12 @@ fn write_zeros(path: &Path, bytes: u64) -> Result<()> {
     let mut left = bytes;
     while left > 0 {
         let n = left.min(block.len() as u64) as usize;
-        f.write_all(&block[..n]).with_context(|| format!("cannot write the swap file {}", path.display()))?;
+        f.write_all(&block[..n])
+            .with_context(|| format!("cannot write the swap file {}", path.display()))?;
         left -= n as u64;
     }
-    f.sync_all().with_context(|| format!("cannot sync the swap file {}", path.display()))?;
+    f.sync_all()
+        .with_context(|| format!("cannot sync the swap file {}", path.display()))?;
     Ok(())
 }
 
@@ -321,7 +350,11 @@ fn run_tool(tool: &str, args: &[&std::ffi::OsStr]) -> Result<()> {
         .output()
         .with_context(|| format!("cannot run {tool} (util-linux)"))?;
     if !out.status.success() {
-        bail!("{tool} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{tool} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }
@@ -343,7 +376,10 @@ mod tests {
         let k = KernelPageout::parse(line, 256).unwrap();
         assert_eq!(k.written_ms, 180.0);
         assert!(k.really_paged_out());
-        let noop = KernelPageout { rss_after_kb: 262200.0, ..k.clone() };
+        let noop = KernelPageout {
+            rss_after_kb: 262200.0,
+            ..k.clone()
+        };
         assert!(!noop.really_paged_out());
         assert!(KernelPageout::parse("garbage", 256).is_err());
     }

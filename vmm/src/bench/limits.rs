@@ -57,7 +57,10 @@ impl Limits {
     /// alone-times would overstate what it can do.)
     pub fn disk_seconds(&self, read_bytes: f64, written_bytes: f64) -> f64 {
         let (r, w) = (read_bytes / GIB, written_bytes / GIB);
-        let (rm, wm) = (self.disk_mixed_read_gibs.max(1e-9), self.disk_mixed_write_gibs.max(1e-9));
+        let (rm, wm) = (
+            self.disk_mixed_read_gibs.max(1e-9),
+            self.disk_mixed_write_gibs.max(1e-9),
+        );
         if r / rm <= w / wm {
             let both = r / rm;
             both + (w - wm * both).max(0.0) / self.disk_write_gibs
@@ -76,7 +79,13 @@ impl Limits {
 
     /// The busy fraction of the store's medium for a run on `store`
     /// (`default`/`file:` → disk, `mem:lz4`/`mem:zstd` → codec).
-    pub fn store_fraction(&self, store: &str, read_bytes: f64, written_bytes: f64, elapsed_s: f64) -> f64 {
+    pub fn store_fraction(
+        &self,
+        store: &str,
+        read_bytes: f64,
+        written_bytes: f64,
+        elapsed_s: f64,
+    ) -> f64 {
         let seconds = match store {
             "mem:lz4" => self.codec_seconds(Codec::Lz4, read_bytes, written_bytes),
             "mem:zstd" => self.codec_seconds(Codec::Zstd, read_bytes, written_bytes),
@@ -108,7 +117,8 @@ pub fn seqwrite_chunk(gpa: u64, key: u64) -> AlignedBuf {
 /// per 4 KiB page, half are zero, a quarter hold text, a quarter random
 /// bytes (xorshift). Deterministic in `seed`.
 pub fn guest_like_chunk(seed: u64) -> AlignedBuf {
-    const TEXT: &[u8] = b"static int init_module(void) { return page_alloc(GFP_KERNEL, order); } /* swap */\n";
+    const TEXT: &[u8] =
+        b"static int init_module(void) { return page_alloc(GFP_KERNEL, order); } /* swap */\n";
     let mut buf = AlignedBuf::new(CHUNK_BYTES as usize, 4096);
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut next = move || {
@@ -161,13 +171,19 @@ fn mixed(file: &BlockFile, blocks: usize) -> Result<(f64, f64)> {
     let finish = || {
         let mut end = first_end.lock().unwrap_or_else(|e| e.into_inner());
         if end.is_none() {
-            *end = Some((start.elapsed().as_secs_f64(), read_done.load(Ordering::SeqCst), written_done.load(Ordering::SeqCst)));
+            *end = Some((
+                start.elapsed().as_secs_f64(),
+                read_done.load(Ordering::SeqCst),
+                written_done.load(Ordering::SeqCst),
+            ));
         }
         stop.store(true, Ordering::SeqCst);
     };
     let result: Result<()> = std::thread::scope(|scope| {
         let reader = scope.spawn(|| -> Result<()> {
-            let mut bufs: Vec<AlignedBuf> = (0..QUEUE_DEPTH).map(|_| AlignedBuf::new(CHUNK_BYTES as usize, 4096)).collect();
+            let mut bufs: Vec<AlignedBuf> = (0..QUEUE_DEPTH)
+                .map(|_| AlignedBuf::new(CHUNK_BYTES as usize, 4096))
+                .collect();
             for first in (0..half).step_by(QUEUE_DEPTH) {
                 if stop.load(Ordering::SeqCst) {
                     return Ok(());
@@ -176,7 +192,10 @@ fn mixed(file: &BlockFile, blocks: usize) -> Result<(f64, f64)> {
                 let mut ops: Vec<BlockOp<'_>> = bufs[..n]
                     .iter_mut()
                     .enumerate()
-                    .map(|(i, buf)| BlockOp::Read { offset: (first + i) as u64 * CHUNK_BYTES, buf })
+                    .map(|(i, buf)| BlockOp::Read {
+                        offset: (first + i) as u64 * CHUNK_BYTES,
+                        buf,
+                    })
                     .collect();
                 for r in file.submit(&mut ops) {
                     r.context("O_DIRECT read (mixed) failed")?;
@@ -187,14 +206,19 @@ fn mixed(file: &BlockFile, blocks: usize) -> Result<(f64, f64)> {
             Ok(())
         });
         let writer = scope.spawn(|| -> Result<()> {
-            let bufs: Vec<AlignedBuf> = (0..QUEUE_DEPTH).map(|i| seqwrite_chunk(i as u64 * CHUNK_BYTES, 0x0bad_cafe)).collect();
+            let bufs: Vec<AlignedBuf> = (0..QUEUE_DEPTH)
+                .map(|i| seqwrite_chunk(i as u64 * CHUNK_BYTES, 0x0bad_cafe))
+                .collect();
             for first in (half..2 * half).step_by(QUEUE_DEPTH) {
                 if stop.load(Ordering::SeqCst) {
                     return Ok(());
                 }
                 let n = (first + QUEUE_DEPTH).min(2 * half) - first;
                 let mut ops: Vec<BlockOp<'_>> = (0..n)
-                    .map(|i| BlockOp::Write { offset: (first + i) as u64 * CHUNK_BYTES, buf: &bufs[i] })
+                    .map(|i| BlockOp::Write {
+                        offset: (first + i) as u64 * CHUNK_BYTES,
+                        buf: &bufs[i],
+                    })
                     .collect();
                 for r in file.submit(&mut ops) {
                     r.context("O_DIRECT write (mixed) failed")?;
@@ -204,30 +228,43 @@ fn mixed(file: &BlockFile, blocks: usize) -> Result<(f64, f64)> {
             finish();
             Ok(())
         });
-        reader.join().map_err(|_| anyhow::anyhow!("mixed-I/O reader panicked"))??;
-        writer.join().map_err(|_| anyhow::anyhow!("mixed-I/O writer panicked"))??;
+        reader
+            .join()
+            .map_err(|_| anyhow::anyhow!("mixed-I/O reader panicked"))??;
+        writer
+            .join()
+            .map_err(|_| anyhow::anyhow!("mixed-I/O writer panicked"))??;
         Ok(())
     });
     result?;
-    let (t, r, w) = first_end.into_inner().unwrap_or_else(|e| e.into_inner()).unwrap_or((1.0, 0, 0));
+    let (t, r, w) = first_end
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or((1.0, 0, 0));
     Ok((r as f64 / GIB / t.max(1e-9), w as f64 / GIB / t.max(1e-9)))
 }
 
 fn disk(ctx: &Ctx, total_bytes: u64) -> Result<DiskResult> {
-    let file = BlockFile::temporary_in(&ctx.store_dir, &BlockOptions::default()).with_context(|| {
-        format!(
-            "cannot open an O_DIRECT file in --store-dir {}; give a directory on a real disk",
-            ctx.store_dir.display()
-        )
-    })?;
+    let file =
+        BlockFile::temporary_in(&ctx.store_dir, &BlockOptions::default()).with_context(|| {
+            format!(
+                "cannot open an O_DIRECT file in --store-dir {}; give a directory on a real disk",
+                ctx.store_dir.display()
+            )
+        })?;
     let blocks = (total_bytes / CHUNK_BYTES) as usize;
     // Distinct content per buffer so nothing below could deduplicate.
-    let mut bufs: Vec<AlignedBuf> = (0..QUEUE_DEPTH).map(|i| seqwrite_chunk(i as u64 * CHUNK_BYTES, 0x5bd1_e995)).collect();
+    let mut bufs: Vec<AlignedBuf> = (0..QUEUE_DEPTH)
+        .map(|i| seqwrite_chunk(i as u64 * CHUNK_BYTES, 0x5bd1_e995))
+        .collect();
     let write_pass = |file: &BlockFile, bufs: &[AlignedBuf]| -> Result<f64> {
         let t = Instant::now();
         for first in (0..blocks).step_by(QUEUE_DEPTH) {
             let mut ops: Vec<BlockOp<'_>> = (first..(first + QUEUE_DEPTH).min(blocks))
-                .map(|b| BlockOp::Write { offset: b as u64 * CHUNK_BYTES, buf: &bufs[b % QUEUE_DEPTH] })
+                .map(|b| BlockOp::Write {
+                    offset: b as u64 * CHUNK_BYTES,
+                    buf: &bufs[b % QUEUE_DEPTH],
+                })
                 .collect();
             for r in file.submit(&mut ops) {
                 r.context("O_DIRECT write in the store directory failed")?;
@@ -245,7 +282,10 @@ fn disk(ctx: &Ctx, total_bytes: u64) -> Result<DiskResult> {
         let mut ops: Vec<BlockOp<'_>> = bufs[..n]
             .iter_mut()
             .enumerate()
-            .map(|(i, buf)| BlockOp::Read { offset: (first + i) as u64 * CHUNK_BYTES, buf })
+            .map(|(i, buf)| BlockOp::Read {
+                offset: (first + i) as u64 * CHUNK_BYTES,
+                buf,
+            })
             .collect();
         for r in file.submit(&mut ops) {
             r.context("O_DIRECT read in the store directory failed")?;
@@ -257,7 +297,8 @@ fn disk(ctx: &Ctx, total_bytes: u64) -> Result<DiskResult> {
     let t = Instant::now();
     for b in 0..blocks {
         let one = Instant::now();
-        file.read_at(b as u64 * CHUNK_BYTES, &mut bufs[0]).context("O_DIRECT read failed")?;
+        file.read_at(b as u64 * CHUNK_BYTES, &mut bufs[0])
+            .context("O_DIRECT read failed")?;
         read_qd1_ms.push(one.elapsed().as_secs_f64() * 1e3);
     }
     let read_qd1_gibs = blocks as f64 * CHUNK_BYTES as f64 / GIB / t.elapsed().as_secs_f64();
@@ -309,7 +350,9 @@ struct CodecResult {
 }
 
 fn codec_speed(codec: Codec, chunk: &[u8], min_seconds: f64) -> Result<CodecResult> {
-    let packed = codec.compress(chunk).with_context(|| format!("{codec} compression failed"))?;
+    let packed = codec
+        .compress(chunk)
+        .with_context(|| format!("{codec} compression failed"))?;
     let mut rounds = 0u64;
     let t = Instant::now();
     while rounds < 3 || t.elapsed().as_secs_f64() < min_seconds {
@@ -326,7 +369,11 @@ fn codec_speed(codec: Codec, chunk: &[u8], min_seconds: f64) -> Result<CodecResu
     }
     let decompress_gibs = rounds as f64 * chunk.len() as f64 / GIB / t.elapsed().as_secs_f64();
     anyhow::ensure!(out[..] == chunk[..], "{codec} round trip changed the data");
-    Ok(CodecResult { compress_gibs, decompress_gibs, ratio: chunk.len() as f64 / packed.len() as f64 })
+    Ok(CodecResult {
+        compress_gibs,
+        decompress_gibs,
+        ratio: chunk.len() as f64 / packed.len() as f64,
+    })
 }
 
 /// Measures the ceilings with `mode`'s sizes, adding them to the report.
@@ -356,8 +403,20 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
                 engine: r.engine,
                 // The better round as a pair: the two rates of one round
                 // belong together.
-                mixed_read_gibs: if r.mixed_read_gibs + r.mixed_write_gibs > best.mixed_read_gibs + best.mixed_write_gibs { r.mixed_read_gibs } else { best.mixed_read_gibs },
-                mixed_write_gibs: if r.mixed_read_gibs + r.mixed_write_gibs > best.mixed_read_gibs + best.mixed_write_gibs { r.mixed_write_gibs } else { best.mixed_write_gibs },
+                mixed_read_gibs: if r.mixed_read_gibs + r.mixed_write_gibs
+                    > best.mixed_read_gibs + best.mixed_write_gibs
+                {
+                    r.mixed_read_gibs
+                } else {
+                    best.mixed_read_gibs
+                },
+                mixed_write_gibs: if r.mixed_read_gibs + r.mixed_write_gibs
+                    > best.mixed_read_gibs + best.mixed_write_gibs
+                {
+                    r.mixed_write_gibs
+                } else {
+                    best.mixed_write_gibs
+                },
                 write_grow_gibs: best.write_grow_gibs.max(r.write_grow_gibs),
                 write_overwrite_gibs: best.write_overwrite_gibs.max(r.write_overwrite_gibs),
                 read_gibs: best.read_gibs.max(r.read_gibs),
@@ -369,12 +428,19 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
     }
     let d = d.expect("at least one disk round");
     interrupt::check()?;
-    ctx.progress.start(&format!("memcpy of 2 MiB blocks over {} MiB", memcpy_bytes >> 20));
+    ctx.progress.start(&format!(
+        "memcpy of 2 MiB blocks over {} MiB",
+        memcpy_bytes >> 20
+    ));
     let memcpy = memcpy_gibs(memcpy_bytes, min_s);
     ctx.progress.done(&format!("{memcpy:.2} GiB/s"));
     interrupt::check()?;
-    ctx.progress.start("lz4/zstd on a guest-like chunk and on the seqwrite payload's chunk");
-    let contents = [("guest-like", guest_like_chunk(1)), ("seqwrite", seqwrite_chunk(1 << 32, 0x2545_f491_4f6c_dd1d))];
+    ctx.progress
+        .start("lz4/zstd on a guest-like chunk and on the seqwrite payload's chunk");
+    let contents = [
+        ("guest-like", guest_like_chunk(1)),
+        ("seqwrite", seqwrite_chunk(1 << 32, 0x2545_f491_4f6c_dd1d)),
+    ];
     let mut codec_json = serde_json::Map::new();
     let mut codec_rows = Vec::new();
     let mut compress_gibs = [0.0; 2];
@@ -437,19 +503,50 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         "limits: this machine's ceilings",
         &["what", "GiB/s", "note"],
     );
-    t.row(vec!["O_DIRECT write 2 MiB, growing the file".into(), fmt_f(d.write_grow_gibs, 2), format!("{QUEUE_DEPTH} in flight, {}", d.engine)]);
-    t.row(vec!["O_DIRECT write 2 MiB, overwriting".into(), fmt_f(d.write_overwrite_gibs, 2), format!("{QUEUE_DEPTH} in flight")]);
-    t.row(vec!["O_DIRECT read 2 MiB".into(), fmt_f(d.read_gibs, 2), format!("{QUEUE_DEPTH} in flight")]);
-    t.row(vec!["O_DIRECT read 2 MiB, one at a time".into(), fmt_f(d.read_qd1_gibs, 2), format!("p50 {qd1_median_ms:.2} ms per 2 MiB")]);
+    t.row(vec![
+        "O_DIRECT write 2 MiB, growing the file".into(),
+        fmt_f(d.write_grow_gibs, 2),
+        format!("{QUEUE_DEPTH} in flight, {}", d.engine),
+    ]);
+    t.row(vec![
+        "O_DIRECT write 2 MiB, overwriting".into(),
+        fmt_f(d.write_overwrite_gibs, 2),
+        format!("{QUEUE_DEPTH} in flight"),
+    ]);
+    t.row(vec![
+        "O_DIRECT read 2 MiB".into(),
+        fmt_f(d.read_gibs, 2),
+        format!("{QUEUE_DEPTH} in flight"),
+    ]);
+    t.row(vec![
+        "O_DIRECT read 2 MiB, one at a time".into(),
+        fmt_f(d.read_qd1_gibs, 2),
+        format!("p50 {qd1_median_ms:.2} ms per 2 MiB"),
+    ]);
     t.row(vec![
         "O_DIRECT read + write 2 MiB at once".into(),
         fmt_f(d.mixed_read_gibs + d.mixed_write_gibs, 2),
-        format!("read {:.2} + write {:.2}, one stream each", d.mixed_read_gibs, d.mixed_write_gibs),
+        format!(
+            "read {:.2} + write {:.2}, one stream each",
+            d.mixed_read_gibs, d.mixed_write_gibs
+        ),
     ]);
-    t.row(vec!["memcpy 2 MiB blocks".into(), fmt_f(memcpy, 2), format!("{} MiB working set", memcpy_bytes >> 20)]);
+    t.row(vec![
+        "memcpy 2 MiB blocks".into(),
+        fmt_f(memcpy, 2),
+        format!("{} MiB working set", memcpy_bytes >> 20),
+    ]);
     for (codec, content, r) in &codec_rows {
-        t.row(vec![format!("{codec} compress, {content} chunk"), fmt_f(r.compress_gibs, 2), format!("ratio {:.2}", r.ratio)]);
-        t.row(vec![format!("{codec} decompress, {content} chunk"), fmt_f(r.decompress_gibs, 2), "one core".into()]);
+        t.row(vec![
+            format!("{codec} compress, {content} chunk"),
+            fmt_f(r.compress_gibs, 2),
+            format!("ratio {:.2}", r.ratio),
+        ]);
+        t.row(vec![
+            format!("{codec} decompress, {content} chunk"),
+            fmt_f(r.decompress_gibs, 2),
+            "one core".into(),
+        ]);
     }
     t.note(&format!(
         "store directory {}; disk figures are the best of {disk_reps} round(s); the other suites time their store I/O with these: both streams at once at {:.2} (read) and {:.2} (write) GiB/s, the rest alone at {:.2} (read) or {:.2} (write) GiB/s",
@@ -461,8 +558,20 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
     ));
     ctx.report.tables.push(t);
     for (codec, content, r) in &codec_rows {
-        for (metric, v) in [("compress_gibs", r.compress_gibs), ("decompress_gibs", r.decompress_gibs), ("ratio", r.ratio)] {
-            ctx.report.csv("limits", &format!("{codec}"), content, 0, metric, v, if metric == "ratio" { "x" } else { "GiB/s" });
+        for (metric, v) in [
+            ("compress_gibs", r.compress_gibs),
+            ("decompress_gibs", r.decompress_gibs),
+            ("ratio", r.ratio),
+        ] {
+            ctx.report.csv(
+                "limits",
+                &format!("{codec}"),
+                content,
+                0,
+                metric,
+                v,
+                if metric == "ratio" { "x" } else { "GiB/s" },
+            );
         }
     }
     for (metric, v) in [
@@ -474,25 +583,56 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         ("disk_mixed_write_gibs", d.mixed_write_gibs),
         ("memcpy_2m_gibs", memcpy),
     ] {
-        ctx.report.csv("limits", "machine", "", 0, metric, v, "GiB/s");
+        ctx.report
+            .csv("limits", "machine", "", 0, metric, v, "GiB/s");
     }
     let mut bars: Vec<plots::Bar> = [
         ("disk write (growing)", d.write_grow_gibs),
         ("disk write (overwriting)", d.write_overwrite_gibs),
         ("disk read", d.read_gibs),
         ("disk read, one at a time", d.read_qd1_gibs),
-        ("disk read + write at once", d.mixed_read_gibs + d.mixed_write_gibs),
+        (
+            "disk read + write at once",
+            d.mixed_read_gibs + d.mixed_write_gibs,
+        ),
     ]
     .into_iter()
-    .map(|(label, value)| plots::Bar { label: label.into(), value, series: 0 })
+    .map(|(label, value)| plots::Bar {
+        label: label.into(),
+        value,
+        series: 0,
+    })
     .collect();
-    bars.push(plots::Bar { label: "memcpy 2 MiB".into(), value: memcpy, series: 1 });
+    bars.push(plots::Bar {
+        label: "memcpy 2 MiB".into(),
+        value: memcpy,
+        series: 1,
+    });
     for (codec, _, r) in codec_rows.iter().filter(|r| r.1 == "seqwrite") {
-        bars.push(plots::Bar { label: format!("{codec} compress"), value: r.compress_gibs, series: 2 });
-        bars.push(plots::Bar { label: format!("{codec} decompress"), value: r.decompress_gibs, series: 2 });
+        bars.push(plots::Bar {
+            label: format!("{codec} compress"),
+            value: r.compress_gibs,
+            series: 2,
+        });
+        bars.push(plots::Bar {
+            label: format!("{codec} decompress"),
+            value: r.decompress_gibs,
+            series: 2,
+        });
     }
     let path = ctx.out_dir.join("limits.svg");
-    plots::hbars(&path, "Ceilings of this machine", "GiB/s", &bars, &["disk, O_DIRECT 2 MiB", "memcpy", "codec, one core (seqwrite chunk)"], false)?;
+    plots::hbars(
+        &path,
+        "Ceilings of this machine",
+        "GiB/s",
+        &bars,
+        &[
+            "disk, O_DIRECT 2 MiB",
+            "memcpy",
+            "codec, one core (seqwrite chunk)",
+        ],
+        false,
+    )?;
     ctx.report.plots.push("limits.svg".into());
     Ok(limits)
 }

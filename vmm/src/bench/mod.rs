@@ -149,7 +149,8 @@ impl Ctx {
             return Ok(l.clone());
         }
         let suite = self.progress.current_suite();
-        self.progress.suite("limits (quick sizes: the ceilings this suite's fractions need)");
+        self.progress
+            .suite("limits (quick sizes: the ceilings this suite's fractions need)");
         let l = limits::measure(self, Mode::Quick)?;
         self.limits = Some(l.clone());
         self.progress.suite(&suite);
@@ -209,7 +210,10 @@ fn prepare_dirs(args: &BenchArgs) -> Result<()> {
     let meta = std::fs::metadata(&args.store_dir)
         .with_context(|| format!("--store-dir {} is not usable", args.store_dir.display()))?;
     if !meta.is_dir() {
-        bail!("--store-dir {} is not a directory", args.store_dir.display());
+        bail!(
+            "--store-dir {} is not a directory",
+            args.store_dir.display()
+        );
     }
     Ok(())
 }
@@ -220,7 +224,8 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     prepare_dirs(&args)?;
     interrupt::install();
     let mode = if args.quick { Mode::Quick } else { Mode::Full };
-    let hugevmm = std::env::current_exe().context("cannot find the hugevmm binary (current_exe)")?;
+    let hugevmm =
+        std::env::current_exe().context("cannot find the hugevmm binary (current_exe)")?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let is_root = unsafe { libc::geteuid() } == 0;
     let mut ctx = Ctx {
@@ -251,7 +256,12 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     }
 
     let suites: Vec<Suite> = match args.suite {
-        Suite::All => vec![Suite::Limits, Suite::SwapWSeq, Suite::Pageout, Suite::FaultLatency],
+        Suite::All => vec![
+            Suite::Limits,
+            Suite::SwapWSeq,
+            Suite::Pageout,
+            Suite::FaultLatency,
+        ],
         one => vec![one],
     };
     let mut failures = Vec::new();
@@ -288,9 +298,17 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     ctx.report.print_tables();
     eprintln!(
         "hugevmm bench: {} in {:.0} s; wrote {}",
-        if ctx.report.failures.is_empty() { "done" } else { "finished with failures" },
+        if ctx.report.failures.is_empty() {
+            "done"
+        } else {
+            "finished with failures"
+        },
         ctx.report.wall_s,
-        written.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+        written
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     if interrupt::requested() {
         eprintln!("hugevmm bench: interrupted; partial results written");
@@ -298,4 +316,3 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     }
     Ok(if ctx.report.failures.is_empty() { 0 } else { 1 })
 }
-

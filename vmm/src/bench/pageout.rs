@@ -68,9 +68,14 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     if !ctx.is_root {
         ctx.skip("pageout host comparison", "needs root for swapon");
     } else {
-        match Probe::build().and_then(|p| Ok((p, SwapFile::create(&ctx.store_dir, 2 * PAGEOUT_MIB << 20)?))) {
+        match Probe::build()
+            .and_then(|p| Ok((p, SwapFile::create(&ctx.store_dir, (2 * PAGEOUT_MIB) << 20)?)))
+        {
             Ok((p, s)) => {
-                host_note = format!("host swap file {} (512 MiB, priority 32767)", s.path().display());
+                host_note = format!(
+                    "host swap file {} (512 MiB, priority 32767)",
+                    s.path().display()
+                );
                 ctx.progress.note(&host_note);
                 host = Some((p, s));
             }
@@ -81,14 +86,23 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     if host.is_some() && zswap {
         ctx.progress.note("NOTE: zswap is enabled: the kernel compresses into RAM instead of writing the swap file");
     }
-    let steps = reps * (STORES.len() + if host.is_some() { KERNEL_VARIANTS.len() } else { 0 });
+    let steps = reps
+        * (STORES.len()
+            + if host.is_some() {
+                KERNEL_VARIANTS.len()
+            } else {
+                0
+            });
     ctx.progress.plan(steps);
 
     let mut vm: Vec<(usize, RunResult)> = Vec::new();
     let mut kernel: Vec<(usize, usize, KernelPageout)> = Vec::new();
     for rep in 1..=reps {
         for (si, store) in STORES.iter().enumerate() {
-            let label = format!("hugevmm pageout of {PAGEOUT_MIB} MiB to {} #{rep}/{reps}", store_label(store));
+            let label = format!(
+                "hugevmm pageout of {PAGEOUT_MIB} MiB to {} #{rep}/{reps}",
+                store_label(store)
+            );
             let figure = |r: &RunResult| {
                 format!(
                     "{:.1} ms ({:.0} MiB resident before, {:.0} MiB written)",
@@ -104,7 +118,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         if let Some((probe, _)) = &host {
             for (vi, (name, fill, pages)) in KERNEL_VARIANTS.iter().enumerate() {
                 interrupt::check()?;
-                ctx.progress.start(&format!("kernel MADV_PAGEOUT of {PAGEOUT_MIB} MiB, {name} #{rep}/{reps}"));
+                ctx.progress.start(&format!(
+                    "kernel MADV_PAGEOUT of {PAGEOUT_MIB} MiB, {name} #{rep}/{reps}"
+                ));
                 match probe.run(PAGEOUT_MIB, fill, pages) {
                     Ok(k) => {
                         ctx.progress.done(&format!(
@@ -119,7 +135,9 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     }
                     Err(e) => {
                         ctx.progress.failed(&format!("{e:#}"));
-                        ctx.report.failures.push(format!("kernel pageout {name} #{rep}: {e:#}"));
+                        ctx.report
+                            .failures
+                            .push(format!("kernel pageout {name} #{rep}: {e:#}"));
                     }
                 }
             }
@@ -134,20 +152,49 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // Summaries.
     let mut t = Table::new(
         &format!("pageout: evict {PAGEOUT_MIB} MiB of written memory (median of {reps})"),
-        &["who", "store / variant", "ms", "MiB/s", "of store ceiling", "check"],
+        &[
+            "who",
+            "store / variant",
+            "ms",
+            "MiB/s",
+            "of store ceiling",
+            "check",
+        ],
     );
     let mut vm_json = Vec::new();
     let mut vm_file_ms = None;
     let mut bars = Vec::new();
     for (si, store) in STORES.iter().enumerate() {
-        let runs: Vec<&RunResult> = vm.iter().filter(|(i, _)| *i == si).map(|(_, r)| r).collect();
+        let runs: Vec<&RunResult> = vm
+            .iter()
+            .filter(|(i, _)| *i == si)
+            .map(|(_, r)| r)
+            .collect();
         if runs.is_empty() {
             continue;
         }
         let ms = median(&runs.iter().map(|r| pageout_ms(r)).collect::<Vec<_>>()).unwrap_or(0.0);
-        let written = median(&runs.iter().map(|r| num(&r.stats, "/pageout/written_bytes")).collect::<Vec<_>>()).unwrap_or(0.0);
-        let before = median(&runs.iter().map(|r| num(&r.stats, "/pageout/resident_bytes_before")).collect::<Vec<_>>()).unwrap_or(0.0);
-        let after = median(&runs.iter().map(|r| num(&r.stats, "/pageout/resident_bytes_after")).collect::<Vec<_>>()).unwrap_or(0.0);
+        let written = median(
+            &runs
+                .iter()
+                .map(|r| num(&r.stats, "/pageout/written_bytes"))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0);
+        let before = median(
+            &runs
+                .iter()
+                .map(|r| num(&r.stats, "/pageout/resident_bytes_before"))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0);
+        let after = median(
+            &runs
+                .iter()
+                .map(|r| num(&r.stats, "/pageout/resident_bytes_after"))
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0);
         let fraction = limits.store_fraction(store, 0.0, written, ms / 1e3);
         let rate = written / MIB / (ms / 1e3).max(1e-9);
         if *store == "default" {
@@ -162,10 +209,30 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             format!("{:.0} -> {:.0} MiB resident", before / MIB, after / MIB),
         ]);
         for (i, r) in runs.iter().enumerate() {
-            ctx.report.csv("pageout", "hugevmm", store_label(store), i + 1, "pageout_ms", pageout_ms(r), "ms");
+            ctx.report.csv(
+                "pageout",
+                "hugevmm",
+                store_label(store),
+                i + 1,
+                "pageout_ms",
+                pageout_ms(r),
+                "ms",
+            );
         }
-        ctx.report.csv("pageout", "hugevmm", store_label(store), 0, "median_pageout_ms", ms, "ms");
-        bars.push(Bar { label: format!("hugevmm, {}", store_label(store)), value: ms, series: 0 });
+        ctx.report.csv(
+            "pageout",
+            "hugevmm",
+            store_label(store),
+            0,
+            "median_pageout_ms",
+            ms,
+            "ms",
+        );
+        bars.push(Bar {
+            label: format!("hugevmm, {}", store_label(store)),
+            value: ms,
+            series: 0,
+        });
         vm_json.push(json!({
             "store": store, "runs": runs.len(), "median_ms": ms, "written_bytes": written,
             "resident_bytes_before": before, "resident_bytes_after": after, "mib_per_s": rate,
@@ -177,17 +244,37 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let mut kernel_json = Vec::new();
     let mut kernel_headline: Option<(f64, f64, bool)> = None;
     for (vi, (name, fill, pages)) in KERNEL_VARIANTS.iter().enumerate() {
-        let runs: Vec<&KernelPageout> = kernel.iter().filter(|(i, _, _)| *i == vi).map(|(_, _, k)| k).collect();
+        let runs: Vec<&KernelPageout> = kernel
+            .iter()
+            .filter(|(i, _, _)| *i == vi)
+            .map(|(_, _, k)| k)
+            .collect();
         if runs.is_empty() {
             continue;
         }
         let madvise = median(&runs.iter().map(|k| k.madvise_ms).collect::<Vec<_>>()).unwrap_or(0.0);
         let written = median(&runs.iter().map(|k| k.written_ms).collect::<Vec<_>>()).unwrap_or(0.0);
         let really = runs.iter().all(|k| k.really_paged_out());
-        let unmapped = median(&runs.iter().map(|k| k.unmapped_fraction()).collect::<Vec<_>>()).unwrap_or(0.0);
-        let swapped = median(&runs.iter().map(|k| k.swapped_fraction()).collect::<Vec<_>>()).unwrap_or(0.0);
+        let unmapped = median(
+            &runs
+                .iter()
+                .map(|k| k.unmapped_fraction())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0);
+        let swapped = median(
+            &runs
+                .iter()
+                .map(|k| k.swapped_fraction())
+                .collect::<Vec<_>>(),
+        )
+        .unwrap_or(0.0);
         let io = *fill == "pattern";
-        let fraction = if io { limits.disk_seconds(0.0, (PAGEOUT_MIB << 20) as f64) / (written / 1e3).max(1e-9) } else { 0.0 };
+        let fraction = if io {
+            limits.disk_seconds(0.0, (PAGEOUT_MIB << 20) as f64) / (written / 1e3).max(1e-9)
+        } else {
+            0.0
+        };
         if vi == KERNEL_HEADLINE {
             kernel_headline = Some((madvise, written, really));
         }
@@ -195,7 +282,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "kernel MADV_PAGEOUT".into(),
             (*name).into(),
             format!("{} (call {})", fmt_f(written, 1), fmt_f(madvise, 1)),
-            if io { fmt_f(PAGEOUT_MIB as f64 / (written / 1e3).max(1e-9), 0) } else { "no I/O".into() },
+            if io {
+                fmt_f(PAGEOUT_MIB as f64 / (written / 1e3).max(1e-9), 0)
+            } else {
+                "no I/O".into()
+            },
             if io { fmt_f(fraction, 2) } else { "-".into() },
             format!(
                 "{} (unmapped {:.0}%, swap used {:.0}%)",
@@ -205,10 +296,30 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             ),
         ]);
         for (i, k) in runs.iter().enumerate() {
-            ctx.report.csv("pageout", "kernel", name, i + 1, "madvise_ms", k.madvise_ms, "ms");
-            ctx.report.csv("pageout", "kernel", name, i + 1, "written_ms", k.written_ms, "ms");
+            ctx.report.csv(
+                "pageout",
+                "kernel",
+                name,
+                i + 1,
+                "madvise_ms",
+                k.madvise_ms,
+                "ms",
+            );
+            ctx.report.csv(
+                "pageout",
+                "kernel",
+                name,
+                i + 1,
+                "written_ms",
+                k.written_ms,
+                "ms",
+            );
         }
-        bars.push(Bar { label: format!("kernel, {name}"), value: written, series: 1 });
+        bars.push(Bar {
+            label: format!("kernel, {name}"),
+            value: written,
+            series: 1,
+        });
         kernel_json.push(json!({
             "variant": name, "fill": fill, "pages": pages, "runs": runs.len(),
             "median_madvise_ms": madvise, "median_written_ms": written,
@@ -248,7 +359,15 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 if really { "" } else { "; the kernel did NOT really page out" }
             ),
         });
-        ctx.report.csv("pageout", "ratio", "hugevmm file / kernel", 0, "ratio", ratio, "x");
+        ctx.report.csv(
+            "pageout",
+            "ratio",
+            "hugevmm file / kernel",
+            0,
+            "ratio",
+            ratio,
+            "x",
+        );
     }
     ctx.report.tables.push(t);
     if !bars.is_empty() {

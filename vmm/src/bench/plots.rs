@@ -44,14 +44,29 @@ pub struct Bar {
 /// `log` makes the value axis logarithmic (for rates that differ by more
 /// than 10x, like 2 MiB against 4 KiB units). `legend` names the colour
 /// indexes; empty for no legend.
-pub fn hbars(path: &Path, title: &str, value_label: &str, bars: &[Bar], legend: &[&str], log: bool) -> Result<()> {
+pub fn hbars(
+    path: &Path,
+    title: &str,
+    value_label: &str,
+    bars: &[Bar],
+    legend: &[&str],
+    log: bool,
+) -> Result<()> {
     let n = bars.len().max(1);
     let height = 120 + 34 * n as u32;
     let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
     let err = plot_err(path);
     root.fill(&WHITE).map_err(&err)?;
-    let max = bars.iter().map(|b| b.value).fold(0.0f64, f64::max).max(1e-9);
-    let min_pos = bars.iter().map(|b| b.value).filter(|v| *v > 0.0).fold(f64::INFINITY, f64::min);
+    let max = bars
+        .iter()
+        .map(|b| b.value)
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
+    let min_pos = bars
+        .iter()
+        .map(|b| b.value)
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min);
     let label_of = |y: &f64| -> String {
         let i = y.round();
         if (y - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < bars.len() {
@@ -63,11 +78,22 @@ pub fn hbars(path: &Path, title: &str, value_label: &str, bars: &[Bar], legend: 
     };
     let y_range = -0.5f64..(n as f64 - 0.5);
     let mut builder = ChartBuilder::on(&root);
-    builder.caption(title, ("sans-serif", 20)).margin(12).x_label_area_size(40).y_label_area_size(250);
-    let draw = |x0: f64, y: f64, x1: f64, i: usize| Rectangle::new([(x0, y - 0.36), (x1, y + 0.36)], color(bars[i].series).filled());
+    builder
+        .caption(title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(250);
+    let draw = |x0: f64, y: f64, x1: f64, i: usize| {
+        Rectangle::new(
+            [(x0, y - 0.36), (x1, y + 0.36)],
+            color(bars[i].series).filled(),
+        )
+    };
     if log {
         let lo = (min_pos.min(max) / 2.0).max(1e-9);
-        let mut chart = builder.build_cartesian_2d((lo..max * 3.0).log_scale(), y_range).map_err(&err)?;
+        let mut chart = builder
+            .build_cartesian_2d((lo..max * 3.0).log_scale(), y_range)
+            .map_err(&err)?;
         chart
             .configure_mesh()
             .y_labels(n)
@@ -78,14 +104,22 @@ pub fn hbars(path: &Path, title: &str, value_label: &str, bars: &[Bar], legend: 
             .map_err(&err)?;
         for (i, b) in bars.iter().enumerate() {
             let y = (bars.len() - 1 - i) as f64;
-            chart.draw_series(std::iter::once(draw(lo, y, b.value.max(lo), i))).map_err(&err)?;
             chart
-                .draw_series(std::iter::once(Text::new(format!(" {}", short(b.value)), (b.value.max(lo), y + 0.15), ("sans-serif", 14))))
+                .draw_series(std::iter::once(draw(lo, y, b.value.max(lo), i)))
+                .map_err(&err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!(" {}", short(b.value)),
+                    (b.value.max(lo), y + 0.15),
+                    ("sans-serif", 14),
+                )))
                 .map_err(&err)?;
         }
         legend_boxes(&mut chart, legend).map_err(&err)?;
     } else {
-        let mut chart = builder.build_cartesian_2d(0.0..max * 1.25, y_range).map_err(&err)?;
+        let mut chart = builder
+            .build_cartesian_2d(0.0..max * 1.25, y_range)
+            .map_err(&err)?;
         chart
             .configure_mesh()
             .y_labels(n)
@@ -96,9 +130,15 @@ pub fn hbars(path: &Path, title: &str, value_label: &str, bars: &[Bar], legend: 
             .map_err(&err)?;
         for (i, b) in bars.iter().enumerate() {
             let y = (bars.len() - 1 - i) as f64;
-            chart.draw_series(std::iter::once(draw(0.0, y, b.value, i))).map_err(&err)?;
             chart
-                .draw_series(std::iter::once(Text::new(format!(" {}", short(b.value)), (b.value, y + 0.15), ("sans-serif", 14))))
+                .draw_series(std::iter::once(draw(0.0, y, b.value, i)))
+                .map_err(&err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    format!(" {}", short(b.value)),
+                    (b.value, y + 0.15),
+                    ("sans-serif", 14),
+                )))
                 .map_err(&err)?;
         }
         legend_boxes(&mut chart, legend).map_err(&err)?;
@@ -110,7 +150,11 @@ pub fn hbars(path: &Path, title: &str, value_label: &str, bars: &[Bar], legend: 
 /// Legend entries for bar colours, via plotters' series labels (an empty
 /// series per entry carries the label).
 fn legend_boxes<'a, X>(
-    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
+    chart: &mut ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
+    >,
     legend: &[&str],
 ) -> Result<(), DrawingAreaErrorKind<<SVGBackend<'a> as DrawingBackend>::ErrorType>>
 where
@@ -154,7 +198,12 @@ pub struct LatencySeries {
 
 /// Log-log histogram: x = fault service time (µs), y = share of the
 /// series' faults per bucket. Vertical lines mark the floors.
-pub fn latency_histograms(path: &Path, title: &str, series: &[LatencySeries], floors: &[(String, f64)]) -> Result<()> {
+pub fn latency_histograms(
+    path: &Path,
+    title: &str,
+    series: &[LatencySeries],
+    floors: &[(String, f64)],
+) -> Result<()> {
     let root = SVGBackend::new(path, (WIDTH, 560)).into_drawing_area();
     let err = plot_err(path);
     root.fill(&WHITE).map_err(&err)?;
@@ -216,7 +265,10 @@ pub fn latency_histograms(path: &Path, title: &str, series: &[LatencySeries], fl
     for (j, (name, us)) in floors.iter().enumerate() {
         let c = color(series.len() + j);
         chart
-            .draw_series(LineSeries::new(vec![(*us, y_lo), (*us, 1.5)], c.stroke_width(1)))
+            .draw_series(LineSeries::new(
+                vec![(*us, y_lo), (*us, 1.5)],
+                c.stroke_width(1),
+            ))
             .map_err(&err)?
             .label(format!("{name}: {}", fmt_us(*us)))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(1)));
@@ -256,31 +308,51 @@ pub struct TimePoint {
 
 /// Two panels over time: resident memory (with the limit), and cumulative
 /// faults with store restores.
-pub fn timeline(path: &Path, title: &str, points: &[TimePoint], limit_mib: Option<f64>) -> Result<()> {
+pub fn timeline(
+    path: &Path,
+    title: &str,
+    points: &[TimePoint],
+    limit_mib: Option<f64>,
+) -> Result<()> {
     let root = SVGBackend::new(path, (WIDTH, 640)).into_drawing_area();
     let err = plot_err(path);
     root.fill(&WHITE).map_err(&err)?;
     let root = root.titled(title, ("sans-serif", 20)).map_err(&err)?;
     let (top, bottom) = root.split_vertically(300);
     let t_max = points.last().map_or(1.0, |p| p.t_s).max(1e-3);
-    let mem_max = points.iter().map(|p| p.resident_mib).fold(limit_mib.unwrap_or(1.0), f64::max) * 1.15;
+    let mem_max = points
+        .iter()
+        .map(|p| p.resident_mib)
+        .fold(limit_mib.unwrap_or(1.0), f64::max)
+        * 1.15;
     let mut chart = ChartBuilder::on(&top)
         .margin(10)
         .x_label_area_size(36)
         .y_label_area_size(70)
         .build_cartesian_2d(0.0..t_max, 0.0..mem_max)
         .map_err(&err)?;
-    chart.configure_mesh().x_desc("s").y_desc("resident MiB").draw().map_err(&err)?;
+    chart
+        .configure_mesh()
+        .x_desc("s")
+        .y_desc("resident MiB")
+        .draw()
+        .map_err(&err)?;
     let c0 = color(0);
     chart
-        .draw_series(LineSeries::new(points.iter().map(|p| (p.t_s, p.resident_mib)), c0.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            points.iter().map(|p| (p.t_s, p.resident_mib)),
+            c0.stroke_width(2),
+        ))
         .map_err(&err)?
         .label("guest memory held (resident + staged)")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c0.stroke_width(2)));
     if let Some(limit) = limit_mib {
         let c = color(6);
         chart
-            .draw_series(LineSeries::new(vec![(0.0, limit), (t_max, limit)], c.stroke_width(1)))
+            .draw_series(LineSeries::new(
+                vec![(0.0, limit), (t_max, limit)],
+                c.stroke_width(1),
+            ))
             .map_err(&err)?
             .label(format!("--mem-limit {limit:.0} MiB"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(1)));
@@ -293,7 +365,11 @@ pub fn timeline(path: &Path, title: &str, points: &[TimePoint], limit_mib: Optio
         .draw()
         .map_err(&err)?;
 
-    let f_max = points.iter().map(|p| p.faults.max(p.store_faults)).fold(1.0, f64::max) * 1.1;
+    let f_max = points
+        .iter()
+        .map(|p| p.faults.max(p.store_faults))
+        .fold(1.0, f64::max)
+        * 1.1;
     let io_max = points.iter().map(|p| p.io_mib).fold(1.0, f64::max) * 1.1;
     let mut chart = ChartBuilder::on(&bottom)
         .margin(10)
@@ -303,21 +379,39 @@ pub fn timeline(path: &Path, title: &str, points: &[TimePoint], limit_mib: Optio
         .build_cartesian_2d(0.0..t_max, 0.0..f_max)
         .map_err(&err)?
         .set_secondary_coord(0.0..t_max, 0.0..io_max);
-    chart.configure_mesh().x_desc("s").y_desc("faults (cumulative)").draw().map_err(&err)?;
-    chart.configure_secondary_axes().y_desc("store I/O MiB (cumulative)").draw().map_err(&err)?;
+    chart
+        .configure_mesh()
+        .x_desc("s")
+        .y_desc("faults (cumulative)")
+        .draw()
+        .map_err(&err)?;
+    chart
+        .configure_secondary_axes()
+        .y_desc("store I/O MiB (cumulative)")
+        .draw()
+        .map_err(&err)?;
     let (c1, c2, c3) = (color(1), color(2), color(3));
     chart
-        .draw_series(LineSeries::new(points.iter().map(|p| (p.t_s, p.faults)), c1.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            points.iter().map(|p| (p.t_s, p.faults)),
+            c1.stroke_width(2),
+        ))
         .map_err(&err)?
         .label("fault messages served")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c1.stroke_width(2)));
     chart
-        .draw_series(LineSeries::new(points.iter().map(|p| (p.t_s, p.store_faults)), c2.stroke_width(2)))
+        .draw_series(LineSeries::new(
+            points.iter().map(|p| (p.t_s, p.store_faults)),
+            c2.stroke_width(2),
+        ))
         .map_err(&err)?
         .label("restores from the store")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c2.stroke_width(2)));
     chart
-        .draw_secondary_series(LineSeries::new(points.iter().map(|p| (p.t_s, p.io_mib)), c3.stroke_width(1)))
+        .draw_secondary_series(LineSeries::new(
+            points.iter().map(|p| (p.t_s, p.io_mib)),
+            c3.stroke_width(1),
+        ))
         .map_err(&err)?
         .label("store I/O MiB (right axis)")
         .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c3.stroke_width(1)));

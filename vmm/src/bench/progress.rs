@@ -16,7 +16,12 @@ pub struct Progress {
 impl Progress {
     /// Starts the clock.
     pub fn new() -> Progress {
-        Progress { started: Instant::now(), suite: String::new(), step: 0, steps: 0 }
+        Progress {
+            started: Instant::now(),
+            suite: String::new(),
+            step: 0,
+            steps: 0,
+        }
     }
 
     fn stamp(&self) -> String {

@@ -24,7 +24,12 @@ pub struct Table {
 impl Table {
     /// An empty table.
     pub fn new(title: &str, headers: &[&str]) -> Table {
-        Table { title: title.into(), headers: headers.iter().map(|h| h.to_string()).collect(), rows: Vec::new(), notes: Vec::new() }
+        Table {
+            title: title.into(),
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            rows: Vec::new(),
+            notes: Vec::new(),
+        }
     }
 
     /// Adds a row (as many cells as headers).
@@ -57,7 +62,11 @@ impl Table {
             let mut l = String::new();
             for (i, c) in cells.iter().enumerate() {
                 let width = w.get(i).copied().unwrap_or(0);
-                let numeric = c.chars().next().is_some_and(|ch| ch.is_ascii_digit() || ch == '-' || ch == '.') && i > 0;
+                let numeric = c
+                    .chars()
+                    .next()
+                    .is_some_and(|ch| ch.is_ascii_digit() || ch == '-' || ch == '.')
+                    && i > 0;
                 if numeric {
                     let _ = write!(l, "{c:>width$}  ");
                 } else {
@@ -67,7 +76,12 @@ impl Table {
             l.trim_end().to_string() + "\n"
         };
         s += &line(&self.headers);
-        s += &(w.iter().map(|n| "-".repeat(*n)).collect::<Vec<_>>().join("  ") + "\n");
+        s += &(w
+            .iter()
+            .map(|n| "-".repeat(*n))
+            .collect::<Vec<_>>()
+            .join("  ")
+            + "\n");
         for r in &self.rows {
             s += &line(r);
         }
@@ -79,7 +93,16 @@ impl Table {
 
     /// GitHub markdown.
     pub fn markdown(&self) -> String {
-        let mut s = format!("### {}\n\n| {} |\n|{}|\n", self.title, self.headers.join(" | "), self.headers.iter().map(|_| " --- ").collect::<Vec<_>>().join("|"));
+        let mut s = format!(
+            "### {}\n\n| {} |\n|{}|\n",
+            self.title,
+            self.headers.join(" | "),
+            self.headers
+                .iter()
+                .map(|_| " --- ")
+                .collect::<Vec<_>>()
+                .join("|")
+        );
         for r in &self.rows {
             s += &format!("| {} |\n", r.join(" | "));
         }
@@ -166,7 +189,9 @@ pub fn machine_summary() -> String {
 
 /// The machine as JSON.
 pub fn machine_json() -> Value {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     let mem_kib: f64 = meminfo
         .lines()
@@ -181,7 +206,10 @@ pub fn machine_json() -> Value {
         .and_then(|l| l.split_once(':'))
         .map(|(_, v)| v.trim().to_string())
         .unwrap_or_else(|| "unknown CPU".into());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     // PVM is the nested, VMX-less KVM these numbers were first taken on; its
     // per-exit costs differ a lot from hardware KVM, so say which it is.
     let kvm = if Path::new("/sys/module/kvm_pvm").exists() {
@@ -193,11 +221,18 @@ pub fn machine_json() -> Value {
     } else {
         "none"
     };
-    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default().trim().to_string();
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
     // Other work on the machine moves every figure here; record how busy it
     // was (1, 5 and 15 minute load averages) when the results were written.
     let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let loadavg: Vec<f64> = loadavg.split_whitespace().take(3).filter_map(|v| v.parse().ok()).collect();
+    let loadavg: Vec<f64> = loadavg
+        .split_whitespace()
+        .take(3)
+        .filter_map(|v| v.parse().ok())
+        .collect();
     json!({"cores": cores, "mem_gib": mem_kib / 1048576.0, "cpu": cpu, "kernel": kernel, "kvm": kvm, "thp": thp, "loadavg_at_end": loadavg})
 }
 
@@ -210,7 +245,16 @@ impl Report {
     /// Adds one CSV row: suite, case, variant, run number (0 for a summary),
     /// metric, value, unit.
     #[allow(clippy::too_many_arguments)]
-    pub fn csv(&mut self, suite: &str, case: &str, variant: &str, run: usize, metric: &str, value: f64, unit: &str) {
+    pub fn csv(
+        &mut self,
+        suite: &str,
+        case: &str,
+        variant: &str,
+        run: usize,
+        metric: &str,
+        value: f64,
+        unit: &str,
+    ) {
         self.rows.push([
             suite.to_string(),
             case.to_string(),
@@ -227,9 +271,18 @@ impl Report {
         if self.headline.is_empty() {
             return;
         }
-        let mut t = Table::new("headline figures (one invocation)", &["figure", "value", "aim", "met", "how"]);
+        let mut t = Table::new(
+            "headline figures (one invocation)",
+            &["figure", "value", "aim", "met", "how"],
+        );
         for h in &self.headline {
-            t.row(vec![h.what.clone(), fmt_f(h.value, 2), h.aim.to_string(), if h.met { "yes" } else { "NO" }.into(), h.how.clone()]);
+            t.row(vec![
+                h.what.clone(),
+                fmt_f(h.value, 2),
+                h.aim.to_string(),
+                if h.met { "yes" } else { "NO" }.into(),
+                h.how.clone(),
+            ]);
         }
         self.tables.push(t);
     }
@@ -258,7 +311,8 @@ impl Report {
     pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>> {
         let json_path = dir.join("results.json");
         let text = serde_json::to_string_pretty(&self.json()).context("serializing results")?;
-        std::fs::write(&json_path, text + "\n").with_context(|| format!("cannot write {}", json_path.display()))?;
+        std::fs::write(&json_path, text + "\n")
+            .with_context(|| format!("cannot write {}", json_path.display()))?;
 
         let csv_path = dir.join("results.csv");
         let mut csv = String::from("suite,case,variant,run,metric,value,unit\n");
@@ -266,7 +320,8 @@ impl Report {
             csv += &r.iter().map(|f| csv_field(f)).collect::<Vec<_>>().join(",");
             csv.push('\n');
         }
-        std::fs::write(&csv_path, csv).with_context(|| format!("cannot write {}", csv_path.display()))?;
+        std::fs::write(&csv_path, csv)
+            .with_context(|| format!("cannot write {}", csv_path.display()))?;
 
         let md_path = dir.join("results.md");
         let mut md = format!(
@@ -285,7 +340,8 @@ impl Report {
         for f in &self.failures {
             md += &format!("- FAILED: {f}\n");
         }
-        std::fs::write(&md_path, md).with_context(|| format!("cannot write {}", md_path.display()))?;
+        std::fs::write(&md_path, md)
+            .with_context(|| format!("cannot write {}", md_path.display()))?;
         let mut written = vec![json_path, csv_path, md_path];
         written.extend(self.plots.iter().map(|p| dir.join(p)));
         Ok(written)

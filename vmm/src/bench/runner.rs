@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::hist::Hist;
@@ -51,7 +51,7 @@ pub struct RunSpec {
 
 impl RunSpec {
     /// The `hugevmm run` arguments.
-    fn args(&self, stats: &PathBuf, timeline: Option<&PathBuf>) -> Vec<String> {
+    fn args(&self, stats: &Path, timeline: Option<&PathBuf>) -> Vec<String> {
         let mut a = vec![
             "run".to_string(),
             "--payload".into(),
@@ -151,7 +151,14 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
     let stderr = String::from_utf8_lossy(&output.stderr);
     let timed_out = spec.allow_timeout && output.status.code() == Some(124) && stats_path.exists();
     if !output.status.success() && !timed_out {
-        let tail: Vec<&str> = stderr.lines().rev().take(6).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: Vec<&str> = stderr
+            .lines()
+            .rev()
+            .take(6)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         bail!(
             "`{}` failed ({}):\n    {}",
             spec.command_line(),
@@ -159,10 +166,20 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
             tail.join("\n    ")
         );
     }
-    let text = std::fs::read_to_string(&stats_path)
-        .with_context(|| format!("run {} wrote no stats at {}", spec.name, stats_path.display()))?;
-    let stats: Value = serde_json::from_str(&text)
-        .with_context(|| format!("cannot parse the stats of run {} ({})", spec.name, stats_path.display()))?;
+    let text = std::fs::read_to_string(&stats_path).with_context(|| {
+        format!(
+            "run {} wrote no stats at {}",
+            spec.name,
+            stats_path.display()
+        )
+    })?;
+    let stats: Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "cannot parse the stats of run {} ({})",
+            spec.name,
+            stats_path.display()
+        )
+    })?;
     let lines = parse_payload_lines(spec.payload, &stdout);
     let timeline = match timeline {
         Some(path) => std::fs::read_to_string(path)
@@ -174,7 +191,13 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
             .with_context(|| format!("cannot parse the timeline of run {}", spec.name))?,
         None => Vec::new(),
     };
-    Ok(RunResult { spec: spec.clone(), stats, lines, timeline, timed_out })
+    Ok(RunResult {
+        spec: spec.clone(),
+        stats,
+        lines,
+        timeline,
+        timed_out,
+    })
 }
 
 fn parse_payload_lines(payload: &str, stdout: &str) -> Vec<PayloadLine> {

@@ -70,7 +70,11 @@ impl Workload {
 /// than the limit): every unit, every pass after the first.
 fn ideal_store_faults(w: &Workload, unit: &str) -> f64 {
     let bytes = guestmem::parse_size(w.bytes).unwrap_or(0) as f64;
-    let unit_bytes = if unit == "4k" { 4096.0 } else { CHUNK_BYTES as f64 };
+    let unit_bytes = if unit == "4k" {
+        4096.0
+    } else {
+        CHUNK_BYTES as f64
+    };
     (bytes / unit_bytes).floor() * f64::from(w.passes.saturating_sub(1))
 }
 
@@ -91,18 +95,72 @@ fn plan(mode: Mode) -> Plan {
         // About 45 s here: 4 KiB runs dominate (~130 us per fault through
         // nested KVM).
         Mode::Quick => Plan {
-            seq: Workload { payload: "seqwrite", vcpus: 4, mem: "512M", mem_limit: "256M", bytes: "384M", passes: 2, runs: 1, time_bound_s: None },
-            strict: Workload { payload: "seqwrite", vcpus: 1, mem: "256M", mem_limit: "128M", bytes: "192M", passes: 2, runs: 1, time_bound_s: None },
-            rand: Workload { payload: "randwrite", vcpus: 4, mem: "128M", mem_limit: "64M", bytes: "96M", passes: 1, runs: 1, time_bound_s: Some(20.0) },
+            seq: Workload {
+                payload: "seqwrite",
+                vcpus: 4,
+                mem: "512M",
+                mem_limit: "256M",
+                bytes: "384M",
+                passes: 2,
+                runs: 1,
+                time_bound_s: None,
+            },
+            strict: Workload {
+                payload: "seqwrite",
+                vcpus: 1,
+                mem: "256M",
+                mem_limit: "128M",
+                bytes: "192M",
+                passes: 2,
+                runs: 1,
+                time_bound_s: None,
+            },
+            rand: Workload {
+                payload: "randwrite",
+                vcpus: 4,
+                mem: "128M",
+                mem_limit: "64M",
+                bytes: "96M",
+                passes: 1,
+                runs: 1,
+                time_bound_s: Some(20.0),
+            },
             warmup: false,
             timeline_ms: 50,
         },
         // The seed's 6 GiB over 4 GiB, scaled to this machine: 1.5 GiB over
         // 1 GiB. A 4 KiB run of it takes about two minutes.
         Mode::Full => Plan {
-            seq: Workload { payload: "seqwrite", vcpus: 4, mem: "2G", mem_limit: "1G", bytes: "1536M", passes: 4, runs: 3, time_bound_s: None },
-            strict: Workload { payload: "seqwrite", vcpus: 1, mem: "1G", mem_limit: "512M", bytes: "768M", passes: 3, runs: 2, time_bound_s: None },
-            rand: Workload { payload: "randwrite", vcpus: 4, mem: "256M", mem_limit: "128M", bytes: "192M", passes: 1, runs: 3, time_bound_s: Some(45.0) },
+            seq: Workload {
+                payload: "seqwrite",
+                vcpus: 4,
+                mem: "2G",
+                mem_limit: "1G",
+                bytes: "1536M",
+                passes: 4,
+                runs: 3,
+                time_bound_s: None,
+            },
+            strict: Workload {
+                payload: "seqwrite",
+                vcpus: 1,
+                mem: "1G",
+                mem_limit: "512M",
+                bytes: "768M",
+                passes: 3,
+                runs: 2,
+                time_bound_s: None,
+            },
+            rand: Workload {
+                payload: "randwrite",
+                vcpus: 4,
+                mem: "256M",
+                mem_limit: "128M",
+                bytes: "192M",
+                passes: 1,
+                runs: 3,
+                time_bound_s: Some(45.0),
+            },
             warmup: true,
             timeline_ms: 100,
         },
@@ -145,23 +203,37 @@ fn swapping_window(r: &RunResult) -> (f64, f64, f64) {
     let (end_s, end_r, end_w) = (r.elapsed_s(), r.swap("bytes_read"), r.swap("bytes_written"));
     // The sample before the first one with I/O: the I/O started in
     // between, so the window starts there (never later than the I/O).
-    let first = r.timeline.iter().position(|s| num(s, "/swap/bytes_read") + num(s, "/swap/bytes_written") > 0.0);
+    let first = r
+        .timeline
+        .iter()
+        .position(|s| num(s, "/swap/bytes_read") + num(s, "/swap/bytes_written") > 0.0);
     match first {
         Some(i) if i > 0 => {
             let s = &r.timeline[i - 1];
-            (end_s - num(s, "/t_s"), end_r - num(s, "/swap/bytes_read"), end_w - num(s, "/swap/bytes_written"))
+            (
+                end_s - num(s, "/t_s"),
+                end_r - num(s, "/swap/bytes_read"),
+                end_w - num(s, "/swap/bytes_written"),
+            )
         }
         _ => (end_s, end_r, end_w),
     }
 }
 
 impl RunFigures {
-    fn of(r: &RunResult, case: &'static str, run: usize, limits: &Limits, w: &Workload) -> RunFigures {
+    fn of(
+        r: &RunResult,
+        case: &'static str,
+        run: usize,
+        limits: &Limits,
+        w: &Workload,
+    ) -> RunFigures {
         let planned_mib = guest_mib(w) as f64;
         let (swapping_s, win_r, win_w) = swapping_window(r);
         let ideal = ideal_store_faults(w, r.spec.unit);
         RunFigures {
-            swapped_share: (w.payload == "seqwrite" && ideal > 0.0).then(|| r.swap("faults/store") / ideal),
+            swapped_share: (w.payload == "seqwrite" && ideal > 0.0)
+                .then(|| r.swap("faults/store") / ideal),
             timed_out: r.timed_out,
             swapping_fraction: limits.store_fraction(&r.spec.store, win_r, win_w, swapping_s),
             swapping_s,
@@ -169,13 +241,22 @@ impl RunFigures {
             unit: r.spec.unit,
             store: store_name(&r.spec.store).into(),
             run,
-            throughput_mibs: if r.timed_out { planned_mib / r.elapsed_s().max(1e-9) } else { r.throughput_mibs() },
+            throughput_mibs: if r.timed_out {
+                planned_mib / r.elapsed_s().max(1e-9)
+            } else {
+                r.throughput_mibs()
+            },
             elapsed_s: r.elapsed_s(),
             faults: r.swap("faults/total"),
             store_faults: r.swap("faults/store"),
             evictions: r.swap("evictions"),
             io_gibs: r.io_gibs(),
-            store_fraction: limits.store_fraction(&r.spec.store, r.swap("bytes_read"), r.swap("bytes_written"), r.elapsed_s()),
+            store_fraction: limits.store_fraction(
+                &r.spec.store,
+                r.swap("bytes_read"),
+                r.swap("bytes_written"),
+                r.elapsed_s(),
+            ),
             pages_2m_coverage: r.pages_2m_coverage(),
             store_p99_ms: r.source_hist("store").quantile_us(0.99) as f64 / 1000.0,
         }
@@ -224,23 +305,38 @@ impl RunFigures {
             ("evictions", self.evictions, "count"),
             ("swap_io_gibs", self.io_gibs, "GiB/s"),
             ("store_busy_fraction", self.store_fraction, "fraction"),
-            ("store_busy_fraction_while_swapping", self.swapping_fraction, "fraction"),
+            (
+                "store_busy_fraction_while_swapping",
+                self.swapping_fraction,
+                "fraction",
+            ),
             ("pages_2m_coverage", self.pages_2m_coverage, "fraction"),
             ("store_fault_p99_ms", self.store_p99_ms, "ms"),
-            ("swapped_in_share_of_ideal", self.swapped_share.unwrap_or(0.0), "fraction"),
+            (
+                "swapped_in_share_of_ideal",
+                self.swapped_share.unwrap_or(0.0),
+                "fraction",
+            ),
         ] {
-            ctx.report.csv("swap-w-seq", self.case, &variant, self.run, metric, v, unit);
+            ctx.report
+                .csv("swap-w-seq", self.case, &variant, self.run, metric, v, unit);
         }
     }
 
     fn cells(&self) -> Vec<String> {
         vec![
             format!("{} {} {} #{}", self.case, self.unit, self.store, self.run),
-            if self.timed_out { format!("<{}", fmt_f(self.throughput_mibs, 1)) } else { fmt_f(self.throughput_mibs, 1) },
+            if self.timed_out {
+                format!("<{}", fmt_f(self.throughput_mibs, 1))
+            } else {
+                fmt_f(self.throughput_mibs, 1)
+            },
             fmt_f(self.elapsed_s, 2),
             format!("{:.0}", self.faults),
             format!("{:.0}", self.evictions),
-            self.swapped_share.map(|v| format!("{:.0}%", v * 100.0)).unwrap_or_else(|| "-".into()),
+            self.swapped_share
+                .map(|v| format!("{:.0}%", v * 100.0))
+                .unwrap_or_else(|| "-".into()),
             fmt_f(self.io_gibs, 3),
             fmt_f(self.store_fraction, 2),
             fmt_f(self.swapping_fraction, 2),
@@ -315,8 +411,13 @@ fn groups(figs: &[RunFigures]) -> Vec<Group> {
     }
     keys.into_iter()
         .map(|(case, unit, store)| {
-            let g: Vec<&RunFigures> = figs.iter().filter(|f| f.case == case && f.unit == unit && f.store == store).collect();
-            let m = |f: fn(&RunFigures) -> f64| median(&g.iter().map(|x| f(x)).collect::<Vec<_>>()).unwrap_or(0.0);
+            let g: Vec<&RunFigures> = figs
+                .iter()
+                .filter(|f| f.case == case && f.unit == unit && f.store == store)
+                .collect();
+            let m = |f: fn(&RunFigures) -> f64| {
+                median(&g.iter().map(|x| f(x)).collect::<Vec<_>>()).unwrap_or(0.0)
+            };
             Group {
                 case,
                 unit,
@@ -330,14 +431,21 @@ fn groups(figs: &[RunFigures]) -> Vec<Group> {
                 store_fraction: m(|f| f.store_fraction),
                 swapping_fraction: m(|f| f.swapping_fraction),
                 coverage: m(|f| f.pages_2m_coverage),
-                swapped_share: median(&g.iter().filter_map(|f| f.swapped_share).collect::<Vec<_>>()),
+                swapped_share: median(
+                    &g.iter().filter_map(|f| f.swapped_share).collect::<Vec<_>>(),
+                ),
             }
         })
         .collect()
 }
 
 fn ratio(groups: &[Group], case: &str, store: &str) -> Option<f64> {
-    let find = |unit: &str| groups.iter().find(|g| g.case == case && g.unit == unit && g.store == store).map(|g| g.throughput_mibs);
+    let find = |unit: &str| {
+        groups
+            .iter()
+            .find(|g| g.case == case && g.unit == unit && g.store == store)
+            .map(|g| g.throughput_mibs)
+    };
     match (find("2m"), find("4k")) {
         (Some(a), Some(b)) if b > 0.0 => Some(a / b),
         _ => None,
@@ -368,34 +476,61 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         let mut w = p.seq.clone();
         w.passes = 1;
         let spec = w.spec("swsq-warmup".into(), "2m", "default", ms);
-        ctx.run_vm(&spec, "warm-up: seqwrite 2m file, 1 pass (not counted)", key_figure)?;
+        ctx.run_vm(
+            &spec,
+            "warm-up: seqwrite 2m file, 1 pass (not counted)",
+            key_figure,
+        )?;
     }
     for i in 1..=p.seq.runs {
         for unit in ["2m", "4k"] {
-            let spec = p.seq.spec(format!("swsq-seq-{unit}-file-{i}"), unit, "default", ms);
-            if let Some(r) = ctx.run_vm(&spec, &format!("seqwrite {unit} file #{i}/{}", p.seq.runs), key_figure)? {
+            let spec = p
+                .seq
+                .spec(format!("swsq-seq-{unit}-file-{i}"), unit, "default", ms);
+            if let Some(r) = ctx.run_vm(
+                &spec,
+                &format!("seqwrite {unit} file #{i}/{}", p.seq.runs),
+                key_figure,
+            )? {
                 results.push((RunFigures::of(&r, "seqwrite", i, &limits, &p.seq), r));
             }
         }
     }
     for unit in ["2m", "4k"] {
-        let spec = p.seq.spec(format!("swsq-seq-{unit}-lz4-1"), unit, "mem:lz4", ms);
+        let spec = p
+            .seq
+            .spec(format!("swsq-seq-{unit}-lz4-1"), unit, "mem:lz4", ms);
         if let Some(r) = ctx.run_vm(&spec, &format!("seqwrite {unit} mem:lz4 #1/1"), key_figure)? {
             results.push((RunFigures::of(&r, "seqwrite", 1, &limits, &p.seq), r));
         }
     }
     for i in 1..=p.strict.runs {
         for unit in ["2m", "4k"] {
-            let spec = p.strict.spec(format!("swsq-seq1-{unit}-file-{i}"), unit, "default", ms);
-            if let Some(r) = ctx.run_vm(&spec, &format!("seqwrite 1 vCPU {unit} file #{i}/{}", p.strict.runs), key_figure)? {
-                results.push((RunFigures::of(&r, "seqwrite 1 vCPU", i, &limits, &p.strict), r));
+            let spec = p
+                .strict
+                .spec(format!("swsq-seq1-{unit}-file-{i}"), unit, "default", ms);
+            if let Some(r) = ctx.run_vm(
+                &spec,
+                &format!("seqwrite 1 vCPU {unit} file #{i}/{}", p.strict.runs),
+                key_figure,
+            )? {
+                results.push((
+                    RunFigures::of(&r, "seqwrite 1 vCPU", i, &limits, &p.strict),
+                    r,
+                ));
             }
         }
     }
     for i in 1..=p.rand.runs {
         for unit in ["2m", "4k"] {
-            let spec = p.rand.spec(format!("swsq-rand-{unit}-file-{i}"), unit, "default", ms);
-            if let Some(r) = ctx.run_vm(&spec, &format!("randwrite {unit} file #{i}/{}", p.rand.runs), key_figure)? {
+            let spec = p
+                .rand
+                .spec(format!("swsq-rand-{unit}-file-{i}"), unit, "default", ms);
+            if let Some(r) = ctx.run_vm(
+                &spec,
+                &format!("randwrite {unit} file #{i}/{}", p.rand.runs),
+                key_figure,
+            )? {
                 results.push((RunFigures::of(&r, "randwrite", i, &limits, &p.rand), r));
             }
         }
@@ -408,7 +543,18 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // Tables, JSON, CSV.
     let mut t = Table::new(
         "swap-w-seq: every run",
-        &["run", "MiB/s", "elapsed s", "userfaults", "evictions", "swapped in", "swap I/O GiB/s", "of ceiling, run", "of ceiling, swapping", "2M coverage"],
+        &[
+            "run",
+            "MiB/s",
+            "elapsed s",
+            "userfaults",
+            "evictions",
+            "swapped in",
+            "swap I/O GiB/s",
+            "of ceiling, run",
+            "of ceiling, swapping",
+            "2M coverage",
+        ],
     );
     for (f, _) in &results {
         t.row(f.cells());
@@ -426,12 +572,30 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let groups = groups(&figs);
     let mut s = Table::new(
         "swap-w-seq: medians (2m vs 4k, same work)",
-        &["case", "unit", "store", "runs", "MiB/s", "elapsed s", "userfaults", "swapped in", "swap I/O GiB/s", "of ceiling, run", "of ceiling, swapping", "2M coverage", "2m/4k"],
+        &[
+            "case",
+            "unit",
+            "store",
+            "runs",
+            "MiB/s",
+            "elapsed s",
+            "userfaults",
+            "swapped in",
+            "swap I/O GiB/s",
+            "of ceiling, run",
+            "of ceiling, swapping",
+            "2M coverage",
+            "2m/4k",
+        ],
     );
     for g in &groups {
-        let bound = groups.iter().any(|x| x.case == g.case && x.store == g.store && x.timed_out > 0);
+        let bound = groups
+            .iter()
+            .any(|x| x.case == g.case && x.store == g.store && x.timed_out > 0);
         let r = if g.unit == "2m" {
-            ratio(&groups, g.case, &g.store).map(|r| format!("{}{r:.2}x", if bound { "~" } else { "" })).unwrap_or_default()
+            ratio(&groups, g.case, &g.store)
+                .map(|r| format!("{}{r:.2}x", if bound { "~" } else { "" }))
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -439,11 +603,21 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             g.case.into(),
             g.unit.into(),
             g.store.clone(),
-            if g.timed_out > 0 { format!("{} ({} stopped)", g.runs, g.timed_out) } else { g.runs.to_string() },
-            if g.timed_out > 0 { format!("<{}", fmt_f(g.throughput_mibs, 1)) } else { fmt_f(g.throughput_mibs, 1) },
+            if g.timed_out > 0 {
+                format!("{} ({} stopped)", g.runs, g.timed_out)
+            } else {
+                g.runs.to_string()
+            },
+            if g.timed_out > 0 {
+                format!("<{}", fmt_f(g.throughput_mibs, 1))
+            } else {
+                fmt_f(g.throughput_mibs, 1)
+            },
             fmt_f(g.elapsed_s, 2),
             format!("{:.0}", g.faults),
-            g.swapped_share.map(|v| format!("{:.0}%", v * 100.0)).unwrap_or_else(|| "-".into()),
+            g.swapped_share
+                .map(|v| format!("{:.0}%", v * 100.0))
+                .unwrap_or_else(|| "-".into()),
             fmt_f(g.io_gibs, 3),
             fmt_f(g.store_fraction, 2),
             fmt_f(g.swapping_fraction, 2),
@@ -454,9 +628,26 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             ("median_throughput_mibs", g.throughput_mibs),
             ("median_elapsed_s", g.elapsed_s),
             ("median_store_busy_fraction", g.store_fraction),
-            ("median_store_busy_fraction_while_swapping", g.swapping_fraction),
+            (
+                "median_store_busy_fraction_while_swapping",
+                g.swapping_fraction,
+            ),
         ] {
-            ctx.report.csv("swap-w-seq", g.case, &format!("{} {}", g.unit, g.store), 0, metric, v, if metric.ends_with("_s") { "s" } else if metric.ends_with("mibs") { "MiB/s" } else { "fraction" });
+            ctx.report.csv(
+                "swap-w-seq",
+                g.case,
+                &format!("{} {}", g.unit, g.store),
+                0,
+                metric,
+                v,
+                if metric.ends_with("_s") {
+                    "s"
+                } else if metric.ends_with("mibs") {
+                    "MiB/s"
+                } else {
+                    "fraction"
+                },
+            );
         }
     }
     s.note(&format!(
@@ -475,7 +666,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             value: r,
             aim: ">= 10",
             met: r >= 10.0,
-            how: format!("medians of {} interleaved runs each, seqwrite 4 vCPUs, file store", p.seq.runs),
+            how: format!(
+                "medians of {} interleaved runs each, seqwrite 4 vCPUs, file store",
+                p.seq.runs
+            ),
         });
     }
     if let Some(r) = strict_ratio {
@@ -485,7 +679,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             value: r,
             aim: ">= 10",
             met: r >= 10.0,
-            how: format!("medians of {} interleaved runs each; {}", p.strict.runs, p.strict.work_text()),
+            how: format!(
+                "medians of {} interleaved runs each; {}",
+                p.strict.runs,
+                p.strict.work_text()
+            ),
         });
     }
     // Two rows: the seed's shape (4 vCPUs), where the vCPUs take turns on
@@ -494,10 +692,21 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // every pass swaps the whole working set, which is what shows whether
     // the engine keeps the disk busy.
     for (case, key, what) in [
-        ("seqwrite", "io_fraction_of_disk", "swap I/O / disk bandwidth, seqwrite 2m, 4 vCPUs"),
-        ("seqwrite 1 vCPU", "io_fraction_of_disk_one_vcpu", "swap I/O / disk bandwidth, seqwrite 2m, 1 vCPU"),
+        (
+            "seqwrite",
+            "io_fraction_of_disk",
+            "swap I/O / disk bandwidth, seqwrite 2m, 4 vCPUs",
+        ),
+        (
+            "seqwrite 1 vCPU",
+            "io_fraction_of_disk_one_vcpu",
+            "swap I/O / disk bandwidth, seqwrite 2m, 1 vCPU",
+        ),
     ] {
-        if let Some(g) = groups.iter().find(|g| g.case == case && g.unit == "2m" && g.store == "file") {
+        if let Some(g) = groups
+            .iter()
+            .find(|g| g.case == case && g.unit == "2m" && g.store == "file")
+        {
             ctx.report.headline.push(Headline {
                 key,
                 what: what.into(),
@@ -512,14 +721,26 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             });
         }
     }
-    ctx.report.csv("swap-w-seq", "seqwrite", "file", 0, "ratio_2m_over_4k", seq_ratio.unwrap_or(0.0), "x");
+    ctx.report.csv(
+        "swap-w-seq",
+        "seqwrite",
+        "file",
+        0,
+        "ratio_2m_over_4k",
+        seq_ratio.unwrap_or(0.0),
+        "x",
+    );
     ctx.report.tables.push(s);
     ctx.report.tables.push(t);
 
     // Plots: throughput per unit and store; one timeline per unit.
     let bars: Vec<Bar> = groups
         .iter()
-        .map(|g| Bar { label: format!("{} {} {}", g.case, g.store, g.unit), value: g.throughput_mibs, series: usize::from(g.unit == "4k") })
+        .map(|g| Bar {
+            label: format!("{} {} {}", g.case, g.store, g.unit),
+            value: g.throughput_mibs,
+            series: usize::from(g.unit == "4k"),
+        })
         .collect();
     if !bars.is_empty() {
         plots::hbars(
@@ -532,14 +753,22 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         )?;
         ctx.report.plots.push("throughput.svg".into());
     }
-    for (case, file_tag, w) in [("seqwrite", "", &p.seq), ("seqwrite 1 vCPU", "_1vcpu", &p.strict)] {
+    for (case, file_tag, w) in [
+        ("seqwrite", "", &p.seq),
+        ("seqwrite 1 vCPU", "_1vcpu", &p.strict),
+    ] {
         let limit_mib = parse_mib(w.mem_limit);
         for unit in ["2m", "4k"] {
-            if let Some((_, r)) = results.iter().find(|(f, _)| f.case == case && f.unit == unit && f.store == "file") {
+            if let Some((_, r)) = results
+                .iter()
+                .find(|(f, _)| f.case == case && f.unit == unit && f.store == "file")
+            {
                 let file = format!("timeline_seqwrite{file_tag}_{unit}.svg");
                 plots::timeline(
                     &ctx.out_dir.join(&file),
-                    &format!("{case}, {unit} unit, file store, run #1: memory and faults over time"),
+                    &format!(
+                        "{case}, {unit} unit, file store, run #1: memory and faults over time"
+                    ),
                     &timeline_points(r),
                     limit_mib,
                 )?;
