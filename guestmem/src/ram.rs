@@ -119,7 +119,9 @@ impl GuestRam {
     /// free when no swap engine manages guest RAM (with one, use its
     /// discard, which also keeps its chunk table true).
     pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), GuestMemError> {
-        let end = offset.checked_add(len_bytes).filter(|end| *end <= self.len_bytes());
+        let end = offset
+            .checked_add(len_bytes)
+            .filter(|end| *end <= self.len_bytes());
         if offset % CHUNK_BYTES != 0 || len_bytes % CHUNK_BYTES != 0 || end.is_none() {
             return Err(GuestMemError::DiscardRange { offset, len_bytes });
         }

@@ -276,7 +276,8 @@ impl<'a> Evictor<'a> {
             };
             if unchanged {
                 s.parking.release(p);
-                s.table.finish(unit, settled_state(resident, Tag::Stored, slot));
+                s.table
+                    .finish(unit, settled_state(resident, Tag::Stored, slot));
                 s.limiter.release();
                 self.report.clean_dropped_units += 1;
                 bump(&s.counters.clean_drops);
@@ -288,7 +289,8 @@ impl<'a> Evictor<'a> {
         let content = content.unwrap_or_else(|| scan(data));
         if content.zero {
             s.parking.release(p);
-            s.table.finish(unit, settled_state(resident, Tag::Absent, 0));
+            s.table
+                .finish(unit, settled_state(resident, Tag::Absent, 0));
             s.limiter.release();
             self.report.zero_units += 1;
             bump(&s.counters.zero_chunks);

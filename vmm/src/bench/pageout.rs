@@ -68,9 +68,12 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     if !ctx.is_root {
         ctx.skip("pageout host comparison", "needs root for swapon");
     } else {
-        match Probe::build()
-            .and_then(|p| Ok((p, SwapFile::create(&ctx.store_dir, (2 * PAGEOUT_MIB) << 20)?)))
-        {
+        match Probe::build().and_then(|p| {
+            Ok((
+                p,
+                SwapFile::create(&ctx.store_dir, (2 * PAGEOUT_MIB) << 20)?,
+            ))
+        }) {
             Ok((p, s)) => {
                 host_note = format!(
                     "host swap file {} (512 MiB, priority 32767)",

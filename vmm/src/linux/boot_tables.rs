@@ -45,10 +45,17 @@ pub const fn descriptor(base: u32, limit: u32, access: u8, flags: u8) -> u64 {
 /// The GDT bytes: null, unused, `__BOOT_CS`, `__BOOT_DS`, TSS (two slots).
 pub fn gdt() -> Vec<u8> {
     // The TSS base is below 4 GiB, so the descriptor's upper half is zero.
-    [0, 0, BOOT_CS_DESCRIPTOR, BOOT_DS_DESCRIPTOR, TSS_DESCRIPTOR_LOW, 0]
-        .iter()
-        .flat_map(|d: &u64| d.to_le_bytes())
-        .collect()
+    [
+        0,
+        0,
+        BOOT_CS_DESCRIPTOR,
+        BOOT_DS_DESCRIPTOR,
+        TSS_DESCRIPTOR_LOW,
+        0,
+    ]
+    .iter()
+    .flat_map(|d: &u64| d.to_le_bytes())
+    .collect()
 }
 
 /// The GDT limit register value.
@@ -87,7 +94,13 @@ mod tests {
         assert_eq!(BOOT_DS_DESCRIPTOR, 0x00cf_9300_0000_ffff);
         assert_eq!(TSS_DESCRIPTOR_LOW, 0x0000_8b00_1800_0067);
         let gdt = gdt();
-        let at = |selector: u16| u64::from_le_bytes(gdt[selector as usize..selector as usize + 8].try_into().unwrap());
+        let at = |selector: u16| {
+            u64::from_le_bytes(
+                gdt[selector as usize..selector as usize + 8]
+                    .try_into()
+                    .unwrap(),
+            )
+        };
         assert_eq!(at(BOOT_CS_SELECTOR), BOOT_CS_DESCRIPTOR);
         assert_eq!(at(BOOT_DS_SELECTOR), BOOT_DS_DESCRIPTOR);
         assert_eq!(gdt_limit(), 47);
@@ -118,7 +131,13 @@ mod tests {
     fn low_4g_is_identity_mapped() {
         let tables = identity_page_tables();
         assert_eq!(tables.len() as u64, (2 + PD_COUNT) * PAGE_BYTES);
-        for va in [0, 0x7000, 0x100_0000 + 0x1234, 0xbfff_ffff, IDENTITY_MAPPED_BYTES - 1] {
+        for va in [
+            0,
+            0x7000,
+            0x100_0000 + 0x1234,
+            0xbfff_ffff,
+            IDENTITY_MAPPED_BYTES - 1,
+        ] {
             assert_eq!(translate(&tables, va), Some(va), "{va:#x}");
         }
         assert_eq!(translate(&tables, IDENTITY_MAPPED_BYTES), None);

@@ -45,9 +45,16 @@ pub fn parse(image: &[u8]) -> Result<BzImage<'_>, BzImageError> {
     let payload_length_bytes = header.payload_length_bytes();
     let end = payload_start + u64::from(payload_length_bytes);
     if payload_length_bytes == 0 || end > image.len() as u64 {
-        return Err(BzImageError::PayloadOutside { payload_start, payload_length_bytes, image_bytes: image.len() });
+        return Err(BzImageError::PayloadOutside {
+            payload_start,
+            payload_length_bytes,
+            image_bytes: image.len(),
+        });
     }
-    Ok(BzImage { header, payload: &image[payload_start as usize..end as usize] })
+    Ok(BzImage {
+        header,
+        payload: &image[payload_start as usize..end as usize],
+    })
 }
 
 #[cfg(test)]
@@ -70,7 +77,10 @@ mod tests {
         assert_eq!(bz.payload, &[0xab; 16]);
 
         le::put(&mut image, field::PAYLOAD_LENGTH, &0x41_u32.to_le_bytes());
-        assert!(matches!(parse(&image), Err(BzImageError::PayloadOutside { .. })));
+        assert!(matches!(
+            parse(&image),
+            Err(BzImageError::PayloadOutside { .. })
+        ));
     }
 
     #[test]

@@ -133,7 +133,10 @@ extern "C" fn restore_terminal_at_exit() {
 pub fn stdin_is_foreground_terminal() -> bool {
     // SAFETY: isatty, tcgetpgrp and getpgrp only inspect fd 0 and the
     // process; no memory is passed.
-    unsafe { libc::isatty(libc::STDIN_FILENO) == 1 && libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() }
+    unsafe {
+        libc::isatty(libc::STDIN_FILENO) == 1
+            && libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp()
+    }
 }
 
 /// Puts fd 0 in raw input mode and remembers how to undo it.
@@ -143,7 +146,10 @@ fn enter_raw_mode() -> Result<(), ConsoleInputError> {
     let mut termios: libc::termios = unsafe { std::mem::zeroed() };
     // SAFETY: `termios` is a valid, writable termios struct.
     if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut termios) } != 0 {
-        return Err(ConsoleInputError::Termios { step: "tcgetattr", error: io::Error::last_os_error() });
+        return Err(ConsoleInputError::Termios {
+            step: "tcgetattr",
+            error: io::Error::last_os_error(),
+        });
     }
     let original = termios;
     // Raw input: no line editing, echo or signal keys (the guest's shell
@@ -173,8 +179,14 @@ fn enter_raw_mode() -> Result<(), ConsoleInputError> {
     let rc = unsafe { libc::tcsetattr(libc::STDIN_FILENO, libc::TCSANOW, &termios) };
     if rc != 0 {
         let error = io::Error::last_os_error();
-        SAVED_TERMIOS.lock().unwrap_or_else(|e| e.into_inner()).take();
-        return Err(ConsoleInputError::Termios { step: "tcsetattr", error });
+        SAVED_TERMIOS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        return Err(ConsoleInputError::Termios {
+            step: "tcsetattr",
+            error,
+        });
     }
     Ok(())
 }
@@ -212,7 +224,9 @@ pub fn start(
     let stop = Arc::new(AtomicBool::new(false));
     let thread = {
         let stop = stop.clone();
-        std::thread::Builder::new().name("console-input".into()).spawn(move || input_loop(&serial, &events, &stop))
+        std::thread::Builder::new()
+            .name("console-input".into())
+            .spawn(move || input_loop(&serial, &events, &stop))
     };
     let thread = match thread {
         Ok(thread) => thread,
@@ -222,12 +236,19 @@ pub fn start(
         }
     };
     eprintln!("hugevmm: console input from this terminal; Ctrl-A x quits, Ctrl-A h lists the keys");
-    Ok(Some(ConsoleInput { stop, thread: Some(thread) }))
+    Ok(Some(ConsoleInput {
+        stop,
+        thread: Some(thread),
+    }))
 }
 
 /// Waits up to `timeout` for fd 0 to be readable.
 fn wait_readable(timeout: Duration) -> bool {
-    let mut fd = libc::pollfd { fd: libc::STDIN_FILENO, events: libc::POLLIN, revents: 0 };
+    let mut fd = libc::pollfd {
+        fd: libc::STDIN_FILENO,
+        events: libc::POLLIN,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd, count 1.
     let rc = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as libc::c_int) };
     rc > 0 && fd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
@@ -240,7 +261,11 @@ fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<VcpuEvent>, stop: &Ato
     while !stop.load(Ordering::SeqCst) {
         // Keep reading while the guest's FIFO is full, so Ctrl-A x works
         // even when the guest never reads its console.
-        let timeout = if pending.is_empty() { IDLE_POLL } else { FULL_FIFO_RETRY };
+        let timeout = if pending.is_empty() {
+            IDLE_POLL
+        } else {
+            FULL_FIFO_RETRY
+        };
         if stdin_open && wait_readable(timeout) {
             let mut buf = [0u8; 256];
             // SAFETY: `buf` is valid for writes of its length.
@@ -249,7 +274,10 @@ fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<VcpuEvent>, stop: &Ato
                 0 => stdin_open = false,
                 n if n < 0 => {
                     let error = io::Error::last_os_error();
-                    if !matches!(error.kind(), io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock) {
+                    if !matches!(
+                        error.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+                    ) {
                         stdin_open = false;
                     }
                 }
@@ -258,7 +286,9 @@ fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<VcpuEvent>, stop: &Ato
                     for command in filter.feed(&buf[..n as usize], &mut typed) {
                         match command {
                             ConsoleCommand::Quit => {
-                                let _ = events.send(VcpuEvent::GuestReset { how: "console quit (Ctrl-A x)" });
+                                let _ = events.send(VcpuEvent::GuestReset {
+                                    how: "console quit (Ctrl-A x)",
+                                });
                                 return;
                             }
                             ConsoleCommand::Help => eprint!("{HELP}"),
@@ -272,7 +302,10 @@ fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<VcpuEvent>, stop: &Ato
             std::thread::sleep(timeout);
         }
         if !pending.is_empty() {
-            let taken = serial.lock().unwrap_or_else(|e| e.into_inner()).enqueue_raw_bytes(&pending);
+            let taken = serial
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .enqueue_raw_bytes(&pending);
             pending.drain(..taken);
         }
     }
@@ -291,13 +324,19 @@ mod tests {
     #[test]
     fn plain_bytes_pass_through() {
         let mut f = EscapeFilter::default();
-        assert_eq!(run(&mut f, b"ls -l\r\x03"), (b"ls -l\r\x03".to_vec(), vec![]));
+        assert_eq!(
+            run(&mut f, b"ls -l\r\x03"),
+            (b"ls -l\r\x03".to_vec(), vec![])
+        );
     }
 
     #[test]
     fn ctrl_a_x_quits_and_drops_the_rest() {
         let mut f = EscapeFilter::default();
-        assert_eq!(run(&mut f, b"ab\x01xcd"), (b"ab".to_vec(), vec![ConsoleCommand::Quit]));
+        assert_eq!(
+            run(&mut f, b"ab\x01xcd"),
+            (b"ab".to_vec(), vec![ConsoleCommand::Quit])
+        );
         let mut f = EscapeFilter::default();
         assert_eq!(run(&mut f, b"\x01X"), (vec![], vec![ConsoleCommand::Quit]));
     }
@@ -314,7 +353,10 @@ mod tests {
         let mut f = EscapeFilter::default();
         assert_eq!(run(&mut f, b"\x01\x01"), (vec![ESCAPE], vec![]));
         assert_eq!(run(&mut f, b"\x01q"), (vec![ESCAPE, b'q'], vec![]));
-        assert_eq!(run(&mut f, b"\x01h!"), (b"!".to_vec(), vec![ConsoleCommand::Help]));
+        assert_eq!(
+            run(&mut f, b"\x01h!"),
+            (b"!".to_vec(), vec![ConsoleCommand::Help])
+        );
         // After a complete sequence the filter is back to plain bytes.
         assert_eq!(run(&mut f, b"x"), (b"x".to_vec(), vec![]));
     }

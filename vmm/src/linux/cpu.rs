@@ -11,8 +11,8 @@ use kvm_bindings::{kvm_fpu, kvm_regs, kvm_segment, kvm_sregs, KVM_MAX_CPUID_ENTR
 use kvm_ioctls::{Kvm, VcpuFd};
 
 use super::boot_tables::{
-    gdt_limit, BOOT_CS_DESCRIPTOR, BOOT_CS_SELECTOR, BOOT_DS_DESCRIPTOR, BOOT_DS_SELECTOR, TSS_DESCRIPTOR_LOW,
-    TSS_SELECTOR,
+    gdt_limit, BOOT_CS_DESCRIPTOR, BOOT_CS_SELECTOR, BOOT_DS_DESCRIPTOR, BOOT_DS_SELECTOR,
+    TSS_DESCRIPTOR_LOW, TSS_SELECTOR,
 };
 use super::cpuid::{self, CpuidError};
 use super::lapic;
@@ -71,7 +71,11 @@ pub fn segment_from_descriptor(selector: u16, descriptor: u64) -> kvm_segment {
     let granular = bit(55);
     kvm_segment {
         base: ((descriptor >> 16) & 0xff_ffff) | ((descriptor >> 32) & 0xff00_0000),
-        limit: if granular == 1 { ((raw_limit << 12) | 0xfff) as u32 } else { raw_limit as u32 },
+        limit: if granular == 1 {
+            ((raw_limit << 12) | 0xfff) as u32
+        } else {
+            raw_limit as u32
+        },
         selector,
         type_: ((descriptor >> 40) & 0xf) as u8,
         s: bit(44),
@@ -97,7 +101,12 @@ pub fn boot_sregs(mut sregs: kvm_sregs) -> kvm_sregs {
     sregs.gs = data;
     sregs.ss = data;
     sregs.tr = segment_from_descriptor(TSS_SELECTOR, TSS_DESCRIPTOR_LOW);
-    sregs.ldt = kvm_segment { type_: 0x2, present: 1, unusable: 1, ..Default::default() };
+    sregs.ldt = kvm_segment {
+        type_: 0x2,
+        present: 1,
+        unusable: 1,
+        ..Default::default()
+    };
     sregs.gdt.base = GDT_GPA;
     sregs.gdt.limit = gdt_limit();
     // No IDT: the kernel installs its early one before it can fault.
@@ -124,18 +133,32 @@ pub fn boot_regs(entry: EntryPoint) -> kvm_regs {
 
 /// Sets up vCPU `index` (its APIC ID) for a Linux boot; `entry` is used by
 /// vCPU 0 only. The VM must already have its in-kernel irqchip.
-pub fn configure_vcpu(kvm: &Kvm, vcpu: &VcpuFd, index: u32, entry: EntryPoint) -> Result<(), VcpuSetupError> {
-    let supported = kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(kvm_step("KVM_GET_SUPPORTED_CPUID"))?;
+pub fn configure_vcpu(
+    kvm: &Kvm,
+    vcpu: &VcpuFd,
+    index: u32,
+    entry: EntryPoint,
+) -> Result<(), VcpuSetupError> {
+    let supported = kvm
+        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+        .map_err(kvm_step("KVM_GET_SUPPORTED_CPUID"))?;
     let cpuid = cpuid::vcpu_cpuid(&supported, index)?;
-    vcpu.set_cpuid2(&cpuid).map_err(kvm_step("KVM_SET_CPUID2"))?;
+    vcpu.set_cpuid2(&cpuid)
+        .map_err(kvm_step("KVM_SET_CPUID2"))?;
     msrs::set_boot_msrs(vcpu)?;
-    let fpu = kvm_fpu { fcw: FCW_DEFAULT, mxcsr: MXCSR_DEFAULT, ..Default::default() };
+    let fpu = kvm_fpu {
+        fcw: FCW_DEFAULT,
+        mxcsr: MXCSR_DEFAULT,
+        ..Default::default()
+    };
     vcpu.set_fpu(&fpu).map_err(kvm_step("KVM_SET_FPU"))?;
     lapic::configure(vcpu).map_err(kvm_step("KVM_GET_LAPIC/KVM_SET_LAPIC"))?;
     if index == 0 {
         let sregs = vcpu.get_sregs().map_err(kvm_step("KVM_GET_SREGS"))?;
-        vcpu.set_sregs(&boot_sregs(sregs)).map_err(kvm_step("KVM_SET_SREGS"))?;
-        vcpu.set_regs(&boot_regs(entry)).map_err(kvm_step("KVM_SET_REGS"))?;
+        vcpu.set_sregs(&boot_sregs(sregs))
+            .map_err(kvm_step("KVM_SET_SREGS"))?;
+        vcpu.set_regs(&boot_regs(entry))
+            .map_err(kvm_step("KVM_SET_REGS"))?;
     }
     Ok(())
 }
@@ -149,11 +172,20 @@ mod tests {
     fn boot_segments_are_flat_ring0_long_mode() {
         let sregs = boot_sregs(kvm_sregs::default());
         assert_eq!(sregs.cs.selector, 0x10);
-        assert_eq!((sregs.cs.l, sregs.cs.db, sregs.cs.dpl, sregs.cs.type_), (1, 0, 0, 0xb));
+        assert_eq!(
+            (sregs.cs.l, sregs.cs.db, sregs.cs.dpl, sregs.cs.type_),
+            (1, 0, 0, 0xb)
+        );
         assert_eq!(sregs.cs.limit, 0xffff_ffff);
         assert_eq!(sregs.ds.selector, 0x18);
-        assert_eq!((sregs.ss.db, sregs.ss.type_, sregs.ss.present, sregs.ss.s), (1, 0x3, 1, 1));
-        assert_eq!((sregs.tr.base, sregs.tr.limit, sregs.tr.type_, sregs.tr.s), (TSS_GPA, 103, 0xb, 0));
+        assert_eq!(
+            (sregs.ss.db, sregs.ss.type_, sregs.ss.present, sregs.ss.s),
+            (1, 0x3, 1, 1)
+        );
+        assert_eq!(
+            (sregs.tr.base, sregs.tr.limit, sregs.tr.type_, sregs.tr.s),
+            (TSS_GPA, 103, 0xb, 0)
+        );
         assert_eq!(sregs.efer & (EFER_LME | EFER_LMA), EFER_LME | EFER_LMA);
         assert_ne!(sregs.cr0 & CR0_PG, 0);
         assert_eq!(sregs.cr3, PML4_GPA);
@@ -161,7 +193,10 @@ mod tests {
 
     #[test]
     fn boot_registers_point_at_entry_and_zero_page() {
-        let regs = boot_regs(EntryPoint { entry_gpa: 0x100_0000, zero_page_gpa: 0x7000 });
+        let regs = boot_regs(EntryPoint {
+            entry_gpa: 0x100_0000,
+            zero_page_gpa: 0x7000,
+        });
         assert_eq!(regs.rip, 0x100_0000);
         assert_eq!(regs.rsi, 0x7000);
         assert_eq!(regs.rflags & (1 << 9), 0, "interrupts off");

@@ -63,11 +63,20 @@ mod tests {
     use super::*;
 
     fn entry(function: u32, ebx: u32, ecx: u32) -> kvm_cpuid_entry2 {
-        kvm_cpuid_entry2 { function, ebx, ecx, ..Default::default() }
+        kvm_cpuid_entry2 {
+            function,
+            ebx,
+            ecx,
+            ..Default::default()
+        }
     }
 
     fn find(cpuid: &CpuId, function: u32) -> kvm_cpuid_entry2 {
-        *cpuid.as_slice().iter().find(|e| e.function == function).unwrap()
+        *cpuid
+            .as_slice()
+            .iter()
+            .find(|e| e.function == function)
+            .unwrap()
     }
 
     #[test]
@@ -78,7 +87,9 @@ mod tests {
 
     #[test]
     fn sets_apic_id_hypervisor_bit_and_signature() {
-        let supported = CpuId::from_entries(&[entry(0, 0, 0), entry(1, 0x0012_3456, 0x1), entry(0xb, 0, 0)]).unwrap();
+        let supported =
+            CpuId::from_entries(&[entry(0, 0, 0), entry(1, 0x0012_3456, 0x1), entry(0xb, 0, 0)])
+                .unwrap();
         let cpuid = vcpu_cpuid(&supported, 3).unwrap();
         let leaf1 = find(&cpuid, 1);
         assert_eq!(leaf1.ebx, 0x0312_3456);

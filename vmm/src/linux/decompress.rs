@@ -49,7 +49,10 @@ impl PayloadFormat {
             (&[0x28, 0xb5, 0x2f, 0xfd], PayloadFormat::Zstd),
             (&[0x7f, b'E', b'L', b'F'], PayloadFormat::Uncompressed),
         ];
-        MAGICS.iter().find(|(magic, _)| payload.starts_with(magic)).map(|(_, format)| *format)
+        MAGICS
+            .iter()
+            .find(|(magic, _)| payload.starts_with(magic))
+            .map(|(_, format)| *format)
     }
 
     /// The name the kernel's Kconfig uses.
@@ -71,7 +74,9 @@ impl PayloadFormat {
 #[derive(Debug, thiserror::Error)]
 pub enum DecompressError {
     /// The magic matches no known format.
-    #[error("the kernel payload starts with {magic:02x?}, which is no compression format Linux uses")]
+    #[error(
+        "the kernel payload starts with {magic:02x?}, which is no compression format Linux uses"
+    )]
     UnknownFormat {
         /// The first bytes.
         magic: Vec<u8>,
@@ -128,49 +133,75 @@ pub enum DecompressError {
 
 /// Decompresses a bzImage payload into the vmlinux ELF.
 pub fn decompress(payload: &[u8]) -> Result<(PayloadFormat, Vec<u8>), DecompressError> {
-    let format = PayloadFormat::detect(payload)
-        .ok_or_else(|| DecompressError::UnknownFormat { magic: payload[..payload.len().min(6)].to_vec() })?;
+    let format = PayloadFormat::detect(payload).ok_or_else(|| DecompressError::UnknownFormat {
+        magic: payload[..payload.len().min(6)].to_vec(),
+    })?;
     if format == PayloadFormat::Uncompressed {
         return Ok((format, payload.to_vec()));
     }
     if payload.len() < 8 {
-        return Err(DecompressError::Truncated { format, len_bytes: payload.len() });
+        return Err(DecompressError::Truncated {
+            format,
+            len_bytes: payload.len(),
+        });
     }
     let (stream, size_field) = payload.split_at(payload.len() - 4);
     let expected_bytes = u32::from_le_bytes(size_field.try_into().expect("split at len - 4"));
     if expected_bytes > MAX_KERNEL_BYTES {
-        return Err(DecompressError::TooLarge { format, size_bytes: expected_bytes });
+        return Err(DecompressError::TooLarge {
+            format,
+            size_bytes: expected_bytes,
+        });
     }
     let corrupt = |reason: String| DecompressError::Corrupt { format, reason };
     let capacity = expected_bytes as usize;
     let out = match format {
         // ISIZE is part of the gzip stream, so gzip gets it back.
-        PayloadFormat::Gzip => read_all(flate2::read::GzDecoder::new(payload), capacity).map_err(corrupt)?,
+        PayloadFormat::Gzip => {
+            read_all(flate2::read::GzDecoder::new(payload), capacity).map_err(corrupt)?
+        }
         PayloadFormat::Xz => {
             let stream_decoder = xz2::stream::Stream::new_stream_decoder(u64::MAX, 0)
                 .map_err(|e| corrupt(format!("cannot start the xz decoder: {e}")))?;
-            read_all(xz2::read::XzDecoder::new_stream(stream, stream_decoder), capacity).map_err(corrupt)?
+            read_all(
+                xz2::read::XzDecoder::new_stream(stream, stream_decoder),
+                capacity,
+            )
+            .map_err(corrupt)?
         }
         PayloadFormat::Lzma => {
             let stream_decoder = xz2::stream::Stream::new_lzma_decoder(u64::MAX)
                 .map_err(|e| corrupt(format!("cannot start the lzma decoder: {e}")))?;
-            read_all(xz2::read::XzDecoder::new_stream(stream, stream_decoder), capacity).map_err(corrupt)?
+            read_all(
+                xz2::read::XzDecoder::new_stream(stream, stream_decoder),
+                capacity,
+            )
+            .map_err(corrupt)?
         }
         // The one-shot API, because the kernel's `zstd -22 --ultra` frames
         // can have windows beyond what the streaming decoder allows by
         // default, and the output size is known anyway.
-        PayloadFormat::Zstd => zstd::bulk::decompress(stream, capacity).map_err(|e| corrupt(e.to_string()))?,
+        PayloadFormat::Zstd => {
+            zstd::bulk::decompress(stream, capacity).map_err(|e| corrupt(e.to_string()))?
+        }
         PayloadFormat::Lz4Legacy => {
             let mut out = vec![0u8; capacity];
-            let produced = lz4_legacy::decode_into(stream, &mut out).map_err(|e| corrupt(e.to_string()))?;
+            let produced =
+                lz4_legacy::decode_into(stream, &mut out).map_err(|e| corrupt(e.to_string()))?;
             out.truncate(produced);
             out
         }
-        PayloadFormat::Bzip2 | PayloadFormat::Lzo => return Err(DecompressError::Unsupported { format }),
+        PayloadFormat::Bzip2 | PayloadFormat::Lzo => {
+            return Err(DecompressError::Unsupported { format })
+        }
         PayloadFormat::Uncompressed => unreachable!("returned above"),
     };
     if out.len() != capacity {
-        return Err(DecompressError::SizeMismatch { format, expected_bytes, actual_bytes: out.len() });
+        return Err(DecompressError::SizeMismatch {
+            format,
+            expected_bytes,
+            actual_bytes: out.len(),
+        });
     }
     Ok((format, out))
 }
@@ -179,7 +210,10 @@ pub fn decompress(payload: &[u8]) -> Result<(PayloadFormat, Vec<u8>), Decompress
 /// is enough to notice a size mismatch without unbounded output).
 fn read_all(reader: impl Read, expected_bytes: usize) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(expected_bytes);
-    reader.take(expected_bytes as u64 + 1).read_to_end(&mut out).map_err(|e| e.to_string())?;
+    reader
+        .take(expected_bytes as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| e.to_string())?;
     Ok(out)
 }
 
@@ -220,10 +254,15 @@ mod tests {
         let mut filters = xz2::stream::Filters::new();
         filters.x86();
         filters.lzma2(&xz2::stream::LzmaOptions::new_preset(6).unwrap());
-        let stream = xz2::stream::Stream::new_stream_encoder(&filters, xz2::stream::Check::Crc32).unwrap();
+        let stream =
+            xz2::stream::Stream::new_stream_encoder(&filters, xz2::stream::Check::Crc32).unwrap();
         let mut encoder = xz2::write::XzEncoder::new_stream(Vec::new(), stream);
         encoder.write_all(&data).unwrap();
-        roundtrip(&with_size(encoder.finish().unwrap(), data.len()), PayloadFormat::Xz, &data);
+        roundtrip(
+            &with_size(encoder.finish().unwrap(), data.len()),
+            PayloadFormat::Xz,
+            &data,
+        );
     }
 
     #[test]
@@ -233,7 +272,11 @@ mod tests {
         let stream = xz2::stream::Stream::new_lzma_encoder(&options).unwrap();
         let mut encoder = xz2::write::XzEncoder::new_stream(Vec::new(), stream);
         encoder.write_all(&data).unwrap();
-        roundtrip(&with_size(encoder.finish().unwrap(), data.len()), PayloadFormat::Lzma, &data);
+        roundtrip(
+            &with_size(encoder.finish().unwrap(), data.len()),
+            PayloadFormat::Lzma,
+            &data,
+        );
     }
 
     #[test]
@@ -247,7 +290,11 @@ mod tests {
     fn lz4_legacy_frame() {
         let data = sample();
         let stream = lz4_legacy::tests::encode(&data, 64 << 10);
-        roundtrip(&with_size(stream, data.len()), PayloadFormat::Lz4Legacy, &data);
+        roundtrip(
+            &with_size(stream, data.len()),
+            PayloadFormat::Lz4Legacy,
+            &data,
+        );
     }
 
     #[test]
@@ -261,8 +308,18 @@ mod tests {
         let data = sample();
         let stream = zstd::bulk::compress(&data, 3).unwrap();
         let err = decompress(&with_size(stream.clone(), data.len() + 1)).unwrap_err();
-        assert!(matches!(err, DecompressError::SizeMismatch { .. } | DecompressError::Corrupt { .. }), "{err}");
-        let err = decompress(&with_size(lz4_legacy::tests::encode(&data, 4096), data.len() - 1)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DecompressError::SizeMismatch { .. } | DecompressError::Corrupt { .. }
+            ),
+            "{err}"
+        );
+        let err = decompress(&with_size(
+            lz4_legacy::tests::encode(&data, 4096),
+            data.len() - 1,
+        ))
+        .unwrap_err();
         assert!(err.to_string().contains("lz4"), "{err}");
     }
 
@@ -273,6 +330,9 @@ mod tests {
         let err = decompress(b"\x89LZO\0\r\n\x1a\n\0\0").unwrap_err();
         assert!(err.to_string().contains("compressed with lzo"), "{err}");
         let err = decompress(b"\x00\x01\x02\x03\x04\x05\x06\x07").unwrap_err();
-        assert!(err.to_string().contains("[00, 01, 02, 03, 04, 05]"), "{err}");
+        assert!(
+            err.to_string().contains("[00, 01, 02, 03, 04, 05]"),
+            "{err}"
+        );
     }
 }

@@ -67,12 +67,28 @@ pub fn e820_map(layout: &Layout) -> Vec<E820Entry> {
     for region in layout.regions() {
         let end = region.end_gpa();
         if region.gpa == 0 && end > HIGH_MEMORY_GPA {
-            map.push(E820Entry { gpa: 0, len_bytes: EBDA_GPA, kind: E820Kind::Ram });
-            map.push(E820Entry { gpa: EBDA_GPA, len_bytes: HIGH_MEMORY_GPA - EBDA_GPA, kind: E820Kind::Reserved });
-            map.push(E820Entry { gpa: HIGH_MEMORY_GPA, len_bytes: end - HIGH_MEMORY_GPA, kind: E820Kind::Ram });
+            map.push(E820Entry {
+                gpa: 0,
+                len_bytes: EBDA_GPA,
+                kind: E820Kind::Ram,
+            });
+            map.push(E820Entry {
+                gpa: EBDA_GPA,
+                len_bytes: HIGH_MEMORY_GPA - EBDA_GPA,
+                kind: E820Kind::Reserved,
+            });
+            map.push(E820Entry {
+                gpa: HIGH_MEMORY_GPA,
+                len_bytes: end - HIGH_MEMORY_GPA,
+                kind: E820Kind::Ram,
+            });
         } else {
             // Layouts start at 4 MiB, so only a region not at 0 gets here.
-            map.push(E820Entry { gpa: region.gpa, len_bytes: region.len_bytes, kind: E820Kind::Ram });
+            map.push(E820Entry {
+                gpa: region.gpa,
+                len_bytes: region.len_bytes,
+                kind: E820Kind::Ram,
+            });
         }
     }
     map
@@ -103,10 +119,31 @@ mod tests {
     fn ram_above_3g_continues_at_4g() {
         let map = e820_map(&Layout::new(5 * GIB).unwrap());
         assert_eq!(map.len(), 4);
-        assert_eq!(map[2], E820Entry { gpa: MIB, len_bytes: 3 * GIB - MIB, kind: E820Kind::Ram });
-        assert_eq!(map[3], E820Entry { gpa: 4 * GIB, len_bytes: 2 * GIB, kind: E820Kind::Ram });
-        assert_eq!(map[3].kernel_log_line(), "BIOS-e820: [mem 0x0000000100000000-0x000000017fffffff] usable");
-        let usable: u64 = map.iter().filter(|e| e.kind == E820Kind::Ram).map(|e| e.len_bytes).sum();
+        assert_eq!(
+            map[2],
+            E820Entry {
+                gpa: MIB,
+                len_bytes: 3 * GIB - MIB,
+                kind: E820Kind::Ram
+            }
+        );
+        assert_eq!(
+            map[3],
+            E820Entry {
+                gpa: 4 * GIB,
+                len_bytes: 2 * GIB,
+                kind: E820Kind::Ram
+            }
+        );
+        assert_eq!(
+            map[3].kernel_log_line(),
+            "BIOS-e820: [mem 0x0000000100000000-0x000000017fffffff] usable"
+        );
+        let usable: u64 = map
+            .iter()
+            .filter(|e| e.kind == E820Kind::Ram)
+            .map(|e| e.len_bytes)
+            .sum();
         assert_eq!(usable, 5 * GIB - (MIB - EBDA_GPA));
     }
 

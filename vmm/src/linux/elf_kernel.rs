@@ -25,7 +25,9 @@ const PHDR_BYTES: usize = 56;
 #[derive(Debug, thiserror::Error)]
 pub enum ElfKernelError {
     /// The ELF header is missing or not x86-64 little-endian.
-    #[error("the kernel is not an x86-64 ELF executable ({what}); pass a bzImage or an x86-64 vmlinux")]
+    #[error(
+        "the kernel is not an x86-64 ELF executable ({what}); pass a bzImage or an x86-64 vmlinux"
+    )]
     NotX86_64Elf {
         /// What did not match.
         what: String,
@@ -40,7 +42,9 @@ pub enum ElfKernelError {
     #[error("the kernel ELF has no loadable (PT_LOAD) segment")]
     NoSegments,
     /// The entry point is in no segment.
-    #[error("the kernel's entry point {entry:#x} lies in no loadable segment, physical or virtual")]
+    #[error(
+        "the kernel's entry point {entry:#x} lies in no loadable segment, physical or virtual"
+    )]
     EntryOutside {
         /// e_entry.
         entry: u64,
@@ -109,7 +113,11 @@ impl VmlinuxImage {
 
     /// One past the highest physical address the kernel's segments occupy.
     pub fn end_gpa(&self) -> u64 {
-        self.segments.iter().map(|s| s.gpa + s.mem_bytes).max().unwrap_or(0)
+        self.segments
+            .iter()
+            .map(|s| s.gpa + s.mem_bytes)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Checks that `[start_gpa, max(end_gpa, start_gpa + reserve_bytes))`
@@ -128,7 +136,11 @@ impl VmlinuxImage {
                 .map(|r| format!("[{:#x}, {:#x})", r.gpa, r.end_gpa()))
                 .collect::<Vec<_>>()
                 .join(" and ");
-            return Err(ElfKernelError::OutsideRam { start_gpa, end_gpa, ram });
+            return Err(ElfKernelError::OutsideRam {
+                start_gpa,
+                end_gpa,
+                ram,
+            });
         }
         Ok(end_gpa)
     }
@@ -167,7 +179,9 @@ fn program_header(elf: &[u8], at: usize) -> Option<ProgramHeader> {
 
 /// Parses a vmlinux ELF.
 pub fn parse(elf: &[u8]) -> Result<VmlinuxImage, ElfKernelError> {
-    let not_x86 = |what: &str| ElfKernelError::NotX86_64Elf { what: what.to_string() };
+    let not_x86 = |what: &str| ElfKernelError::NotX86_64Elf {
+        what: what.to_string(),
+    };
     if elf.len() < EHDR_BYTES || &elf[..4] != ELF_MAGIC {
         return Err(not_x86("no ELF magic"));
     }
@@ -192,17 +206,25 @@ pub fn parse(elf: &[u8]) -> Result<VmlinuxImage, ElfKernelError> {
     // entry point (some linkers' vmlinux) to its physical address.
     let mut spans = Vec::new();
     for index in 0..phnum {
-        let at = usize::try_from(phoff).ok().and_then(|o| o.checked_add(index * phentsize));
-        let header = at
-            .and_then(|at| program_header(elf, at))
-            .ok_or_else(|| ElfKernelError::Truncated { what: format!("program header {index} is past the end") })?;
+        let at = usize::try_from(phoff)
+            .ok()
+            .and_then(|o| o.checked_add(index * phentsize));
+        let header =
+            at.and_then(|at| program_header(elf, at))
+                .ok_or_else(|| ElfKernelError::Truncated {
+                    what: format!("program header {index} is past the end"),
+                })?;
         if header.kind != PT_LOAD || header.mem_bytes == 0 {
             continue;
         }
         let file_end = header.offset.checked_add(header.file_bytes);
-        if header.file_bytes > header.mem_bytes || file_end.is_none_or(|end| end > elf.len() as u64) {
+        if header.file_bytes > header.mem_bytes || file_end.is_none_or(|end| end > elf.len() as u64)
+        {
             return Err(ElfKernelError::Truncated {
-                what: format!("segment {index} ({} bytes at file offset {:#x})", header.file_bytes, header.offset),
+                what: format!(
+                    "segment {index} ({} bytes at file offset {:#x})",
+                    header.file_bytes, header.offset
+                ),
             });
         }
         segments.push(KernelSegment {
@@ -223,7 +245,10 @@ pub fn parse(elf: &[u8]) -> Result<VmlinuxImage, ElfKernelError> {
         }
     }
     let inside = |start: u64, len: u64, addr: u64| addr >= start && addr - start < len;
-    let entry_gpa = if spans.iter().any(|&(_, paddr, len)| inside(paddr, len, entry)) {
+    let entry_gpa = if spans
+        .iter()
+        .any(|&(_, paddr, len)| inside(paddr, len, entry))
+    {
         entry
     } else {
         spans
@@ -232,7 +257,10 @@ pub fn parse(elf: &[u8]) -> Result<VmlinuxImage, ElfKernelError> {
             .map(|&(vaddr, paddr, _)| entry - vaddr + paddr)
             .ok_or(ElfKernelError::EntryOutside { entry })?
     };
-    Ok(VmlinuxImage { entry_gpa, segments })
+    Ok(VmlinuxImage {
+        entry_gpa,
+        segments,
+    })
 }
 
 #[cfg(test)]
@@ -279,7 +307,10 @@ pub(crate) mod tests {
     fn physical_entry_and_segments() {
         let elf = build_elf(
             0x100_0000,
-            &[(KERNEL_VA, 0x100_0000, &[0x90; 32], 0), (KERNEL_VA + 0x20_0000, 0x120_0000, &[1, 2, 3], 0x1000)],
+            &[
+                (KERNEL_VA, 0x100_0000, &[0x90; 32], 0),
+                (KERNEL_VA + 0x20_0000, 0x120_0000, &[1, 2, 3], 0x1000),
+            ],
         );
         let image = parse(&elf).unwrap();
         assert_eq!(image.entry_gpa, 0x100_0000);
@@ -293,19 +324,37 @@ pub(crate) mod tests {
         let elf = build_elf(KERNEL_VA + 0x10, &[(KERNEL_VA, 0x100_0000, &[0x90; 32], 0)]);
         assert_eq!(parse(&elf).unwrap().entry_gpa, 0x100_0010);
         let elf = build_elf(0x5000, &[(KERNEL_VA, 0x100_0000, &[0x90; 32], 0)]);
-        assert!(matches!(parse(&elf), Err(ElfKernelError::EntryOutside { entry: 0x5000 })));
+        assert!(matches!(
+            parse(&elf),
+            Err(ElfKernelError::EntryOutside { entry: 0x5000 })
+        ));
     }
 
     #[test]
     fn rejects_broken_images() {
         let mut elf = build_elf(0x100_0000, &[(KERNEL_VA, 0x100_0000, &[0x90; 32], 0)]);
         elf[18] = 3;
-        assert!(matches!(parse(&elf), Err(ElfKernelError::NotX86_64Elf { .. })));
+        assert!(matches!(
+            parse(&elf),
+            Err(ElfKernelError::NotX86_64Elf { .. })
+        ));
         let elf = build_elf(0x100_0000, &[(KERNEL_VA, 0x100_0000, &[0x90; 32], 0)]);
-        assert!(matches!(parse(&elf[..elf.len() - 1]), Err(ElfKernelError::Truncated { .. })));
-        let elf = build_elf(0x100_0000, &[(0, 0x100_0000, &[0; 32], 0), (0, 0x100_0010, &[0; 32], 0)]);
-        assert!(matches!(parse(&elf), Err(ElfKernelError::Overlap { gpa: 0x100_0010 })));
-        assert!(matches!(parse(b"MZ"), Err(ElfKernelError::NotX86_64Elf { .. })));
+        assert!(matches!(
+            parse(&elf[..elf.len() - 1]),
+            Err(ElfKernelError::Truncated { .. })
+        ));
+        let elf = build_elf(
+            0x100_0000,
+            &[(0, 0x100_0000, &[0; 32], 0), (0, 0x100_0010, &[0; 32], 0)],
+        );
+        assert!(matches!(
+            parse(&elf),
+            Err(ElfKernelError::Overlap { gpa: 0x100_0010 })
+        ));
+        assert!(matches!(
+            parse(b"MZ"),
+            Err(ElfKernelError::NotX86_64Elf { .. })
+        ));
     }
 
     #[test]
@@ -317,6 +366,11 @@ pub(crate) mod tests {
         let err = image.check_fits(&layout, 0x100_0001).unwrap_err();
         assert!(err.to_string().contains("[0x1000000, 0x2000001)"), "{err}");
         let low = parse(&build_elf(0x8_0000, &[(0, 0x8_0000, &[0x90; 32], 0)])).unwrap();
-        assert!(matches!(low.check_fits(&layout, 0), Err(ElfKernelError::InLowMemory { start_gpa: 0x8_0000 })));
+        assert!(matches!(
+            low.check_fits(&layout, 0),
+            Err(ElfKernelError::InLowMemory {
+                start_gpa: 0x8_0000
+            })
+        ));
     }
 }

@@ -26,9 +26,17 @@ fn write_register(state: &mut kvm_lapic_state, offset: usize, value: u32) {
 /// Sets LINT0 to ExtINT and LINT1 to NMI in a LAPIC state.
 pub fn set_virtual_wire(state: &mut kvm_lapic_state) {
     let lint0 = read_register(state, APIC_LVT_LINT0);
-    write_register(state, APIC_LVT_LINT0, (lint0 & !DELIVERY_MODE_MASK) | DELIVERY_MODE_EXTINT);
+    write_register(
+        state,
+        APIC_LVT_LINT0,
+        (lint0 & !DELIVERY_MODE_MASK) | DELIVERY_MODE_EXTINT,
+    );
     let lint1 = read_register(state, APIC_LVT_LINT1);
-    write_register(state, APIC_LVT_LINT1, (lint1 & !DELIVERY_MODE_MASK) | DELIVERY_MODE_NMI);
+    write_register(
+        state,
+        APIC_LVT_LINT1,
+        (lint1 & !DELIVERY_MODE_MASK) | DELIVERY_MODE_NMI,
+    );
 }
 
 /// Applies [`set_virtual_wire`] to a vCPU's in-kernel LAPIC (which exists

@@ -25,7 +25,11 @@ const VMLINUX_CMDLINE_SIZE_BYTES: u32 = 2047;
 const VMLINUX_INITRD_ADDR_MAX: u32 = 0x7fff_ffff;
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, LinuxBootError> {
-    std::fs::read(path).map_err(|error| LinuxBootError::Read { what, path: path.to_path_buf(), error })
+    std::fs::read(path).map_err(|error| LinuxBootError::Read {
+        what,
+        path: path.to_path_buf(),
+        error,
+    })
 }
 
 /// The kernel file taken apart: the setup header for the zero page, the
@@ -42,58 +46,98 @@ pub struct KernelFile {
 /// Takes a bzImage or vmlinux apart.
 pub fn open_kernel(image: Vec<u8>, path: &Path) -> Result<KernelFile, LinuxBootError> {
     if PayloadFormat::detect(&image) == Some(PayloadFormat::Uncompressed) {
-        let header =
-            SetupHeader::synthesize(VMLINUX_ALIGNMENT_BYTES, VMLINUX_CMDLINE_SIZE_BYTES, VMLINUX_INITRD_ADDR_MAX);
-        return Ok(KernelFile { header, vmlinux: image, kind: KernelKind::Vmlinux });
+        let header = SetupHeader::synthesize(
+            VMLINUX_ALIGNMENT_BYTES,
+            VMLINUX_CMDLINE_SIZE_BYTES,
+            VMLINUX_INITRD_ADDR_MAX,
+        );
+        return Ok(KernelFile {
+            header,
+            vmlinux: image,
+            kind: KernelKind::Vmlinux,
+        });
     }
-    let with_path = |source| LinuxBootError::BzImage { path: path.to_path_buf(), source };
+    let with_path = |source| LinuxBootError::BzImage {
+        path: path.to_path_buf(),
+        source,
+    };
     let bz = bzimage::parse(&image).map_err(with_path)?;
     let started = Instant::now();
-    let (format, vmlinux) = decompress::decompress(bz.payload)
-        .map_err(|source| LinuxBootError::Decompress { path: path.to_path_buf(), source })?;
+    let (format, vmlinux) =
+        decompress::decompress(bz.payload).map_err(|source| LinuxBootError::Decompress {
+            path: path.to_path_buf(),
+            source,
+        })?;
     let kind = KernelKind::BzImage {
         protocol_version: bz.header.version(),
         format,
         compressed_bytes: bz.payload.len() as u64,
         decompress_time: started.elapsed(),
     };
-    Ok(KernelFile { header: bz.header, vmlinux, kind })
+    Ok(KernelFile {
+        header: bz.header,
+        vmlinux,
+        kind,
+    })
 }
 
 /// Loads everything a Linux boot needs into guest RAM; `machine` is what
 /// the MP table describes.
-pub fn load(ram: &GuestRam, config: &LinuxBootConfig, machine: &MachineInfo) -> Result<BootSetup, LinuxBootError> {
+pub fn load(
+    ram: &GuestRam,
+    config: &LinuxBootConfig,
+    machine: &MachineInfo,
+) -> Result<BootSetup, LinuxBootError> {
     let layout = ram.layout();
     // Checked before the kernel is read and decompressed, which is the slow
     // part: a machine the table cannot describe fails fast.
     let mp_table = mptable::build(machine.vcpus, &machine.virtio_irqs)?;
     let kernel = open_kernel(read("kernel", &config.kernel)?, &config.kernel)?;
-    let elf_error = |source| LinuxBootError::Kernel { path: config.kernel.clone(), source };
+    let elf_error = |source| LinuxBootError::Kernel {
+        path: config.kernel.clone(),
+        source,
+    };
     let image = elf_kernel::parse(&kernel.vmlinux).map_err(elf_error)?;
     // init_size counts from the load address, which for a kernel run where
     // it was linked is its first segment.
-    let kernel_end_gpa = image.check_fits(layout, u64::from(kernel.header.init_size_bytes())).map_err(elf_error)?;
+    let kernel_end_gpa = image
+        .check_fits(layout, u64::from(kernel.header.init_size_bytes()))
+        .map_err(elf_error)?;
     let cmdline = placement::cmdline_bytes(&config.cmdline, kernel.header.cmdline_size_bytes())?;
 
     let write = |what: &'static str, gpa: u64, bytes: &[u8]| {
-        ram.write_bytes(gpa, bytes).map_err(|error| LinuxBootError::Write { what, error })
+        ram.write_bytes(gpa, bytes)
+            .map_err(|error| LinuxBootError::Write { what, error })
     };
     image.load(&kernel.vmlinux, ram).map_err(elf_error)?;
     let initrd_gpa = match &config.initrd {
         Some(path) => {
             let initrd = read("initrd", path)?;
-            let range =
-                placement::place_initrd(layout, initrd.len() as u64, kernel.header.initrd_addr_max(), kernel_end_gpa)?;
+            let range = placement::place_initrd(
+                layout,
+                initrd.len() as u64,
+                kernel.header.initrd_addr_max(),
+                kernel_end_gpa,
+            )?;
             write("initrd", range.start, &initrd)?;
             Some(range)
         }
         None => None,
     };
-    let zero_page = zero_page::build(&kernel.header, CMDLINE_GPA, initrd_gpa.clone(), &e820_map(layout))?;
+    let zero_page = zero_page::build(
+        &kernel.header,
+        CMDLINE_GPA,
+        initrd_gpa.clone(),
+        &e820_map(layout),
+    )?;
     write("zero page", ZERO_PAGE_GPA, &zero_page)?;
     write("command line", CMDLINE_GPA, &cmdline)?;
     write("boot GDT", GDT_GPA, &boot_tables::gdt())?;
-    write("boot page tables", PML4_GPA, &boot_tables::identity_page_tables())?;
+    write(
+        "boot page tables",
+        PML4_GPA,
+        &boot_tables::identity_page_tables(),
+    )?;
     write("MP table", MP_TABLE_GPA, &mp_table)?;
     Ok(BootSetup {
         entry_gpa: image.entry_gpa,

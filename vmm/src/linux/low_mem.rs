@@ -76,7 +76,12 @@ mod tests {
         ];
         ranges.sort();
         for pair in ranges.windows(2) {
-            assert!(pair[0].1 <= pair[1].0, "{:x?} overlaps {:x?}", pair[0], pair[1]);
+            assert!(
+                pair[0].1 <= pair[1].0,
+                "{:x?} overlaps {:x?}",
+                pair[0],
+                pair[1]
+            );
         }
         assert!(ranges.iter().all(|r| r.1 <= EBDA_GPA));
         assert_eq!(BOOT_STACK_TOP_GPA % 16, 0);

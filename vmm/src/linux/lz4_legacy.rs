@@ -42,7 +42,10 @@ pub fn decode_into(input: &[u8], out: &mut [u8]) -> Result<usize, Lz4LegacyError
     let mut offset = 4;
     let mut produced = 0;
     while offset < input.len() {
-        let len_bytes = le::u32_at(input, offset).ok_or(Lz4LegacyError::Truncated { offset, len_bytes: 4 })?;
+        let len_bytes = le::u32_at(input, offset).ok_or(Lz4LegacyError::Truncated {
+            offset,
+            len_bytes: 4,
+        })?;
         // `lz4 -l` output concatenated with another frame repeats the magic.
         if len_bytes == MAGIC {
             offset += 4;
@@ -51,9 +54,17 @@ pub fn decode_into(input: &[u8], out: &mut [u8]) -> Result<usize, Lz4LegacyError
         let block_start = offset + 4;
         let block = input
             .get(block_start..block_start + len_bytes as usize)
-            .ok_or(Lz4LegacyError::Truncated { offset, len_bytes: u64::from(len_bytes) })?;
-        let written = lz4_flex::block::decompress_into(block, &mut out[produced..])
-            .map_err(|e| Lz4LegacyError::BadBlock { offset, reason: e.to_string() })?;
+            .ok_or(Lz4LegacyError::Truncated {
+                offset,
+                len_bytes: u64::from(len_bytes),
+            })?;
+        let written =
+            lz4_flex::block::decompress_into(block, &mut out[produced..]).map_err(|e| {
+                Lz4LegacyError::BadBlock {
+                    offset,
+                    reason: e.to_string(),
+                }
+            })?;
         produced += written;
         offset = block_start + len_bytes as usize;
     }
@@ -77,7 +88,9 @@ pub(crate) mod tests {
 
     #[test]
     fn round_trips_several_blocks() {
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8 ^ (i >> 9) as u8).collect();
+        let data: Vec<u8> = (0..100_000u32)
+            .map(|i| (i % 251) as u8 ^ (i >> 9) as u8)
+            .collect();
         let frame = encode(&data, 8 << 10);
         let mut out = vec![0u8; data.len()];
         assert_eq!(decode_into(&frame, &mut out), Ok(data.len()));
@@ -90,9 +103,18 @@ pub(crate) mod tests {
         let frame = encode(&data, 20_000);
         let mut out = vec![0u8; data.len()];
         let cut = &frame[..frame.len() - 1];
-        assert!(matches!(decode_into(cut, &mut out), Err(Lz4LegacyError::Truncated { .. })));
+        assert!(matches!(
+            decode_into(cut, &mut out),
+            Err(Lz4LegacyError::Truncated { .. })
+        ));
         let mut small = vec![0u8; 30_000];
-        assert!(matches!(decode_into(&frame, &mut small), Err(Lz4LegacyError::BadBlock { .. })));
-        assert_eq!(decode_into(b"\x04\x22\x4d\x18", &mut out), Err(Lz4LegacyError::NoMagic));
+        assert!(matches!(
+            decode_into(&frame, &mut small),
+            Err(Lz4LegacyError::BadBlock { .. })
+        ));
+        assert_eq!(
+            decode_into(b"\x04\x22\x4d\x18", &mut out),
+            Err(Lz4LegacyError::NoMagic)
+        );
     }
 }

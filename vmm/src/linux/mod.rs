@@ -167,7 +167,16 @@ pub enum LinuxBootError {
 
 /// Sets up vCPU `index` for the boot that `setup` describes: the boot
 /// state on vCPU 0, firmware-like state on all.
-pub fn configure_vcpu(kvm: &Kvm, vcpu: &VcpuFd, index: u32, setup: &BootSetup) -> Result<(), LinuxBootError> {
-    let entry = cpu::EntryPoint { entry_gpa: setup.entry_gpa, zero_page_gpa: setup.zero_page_gpa };
-    cpu::configure_vcpu(kvm, vcpu, index, entry).map_err(|source| LinuxBootError::Vcpu { index, source })
+pub fn configure_vcpu(
+    kvm: &Kvm,
+    vcpu: &VcpuFd,
+    index: u32,
+    setup: &BootSetup,
+) -> Result<(), LinuxBootError> {
+    let entry = cpu::EntryPoint {
+        entry_gpa: setup.entry_gpa,
+        zero_page_gpa: setup.zero_page_gpa,
+    };
+    cpu::configure_vcpu(kvm, vcpu, index, entry)
+        .map_err(|source| LinuxBootError::Vcpu { index, source })
 }

@@ -108,13 +108,25 @@ pub enum MpTableError {
 /// The byte that makes `bytes` sum to zero (mod 256) when stored in a field
 /// that was zero while summing.
 fn checksum(bytes: &[u8]) -> u8 {
-    bytes.iter().fold(0u8, |sum, b| sum.wrapping_add(*b)).wrapping_neg()
+    bytes
+        .iter()
+        .fold(0u8, |sum, b| sum.wrapping_add(*b))
+        .wrapping_neg()
 }
 
 /// An interrupt entry (I/O or local): both have the same layout.
-fn interrupt_entry(kind: u8, int_type: u8, flags: u16, bus_irq: u8, dest_id: u8, dest_pin: u8) -> [u8; 8] {
+fn interrupt_entry(
+    kind: u8,
+    int_type: u8,
+    flags: u16,
+    bus_irq: u8,
+    dest_id: u8,
+    dest_pin: u8,
+) -> [u8; 8] {
     let f = flags.to_le_bytes();
-    [kind, int_type, f[0], f[1], ISA_BUS_ID, bus_irq, dest_id, dest_pin]
+    [
+        kind, int_type, f[0], f[1], ISA_BUS_ID, bus_irq, dest_id, dest_pin,
+    ]
 }
 
 /// Builds the floating pointer structure and the configuration table for
@@ -135,7 +147,11 @@ pub fn build(vcpus: u32, virtio_irqs: &[u32]) -> Result<Vec<u8>, MpTableError> {
     let mut entries: Vec<u8> = Vec::new();
     let mut count: u16 = 0;
     for apic_id in 0..vcpus {
-        let flags = if apic_id == 0 { CPU_ENABLED | CPU_BOOTSTRAP } else { CPU_ENABLED };
+        let flags = if apic_id == 0 {
+            CPU_ENABLED | CPU_BOOTSTRAP
+        } else {
+            CPU_ENABLED
+        };
         entries.extend_from_slice(&[ENTRY_PROCESSOR, apic_id as u8, LAPIC_VERSION, flags]);
         entries.extend_from_slice(&CPU_SIGNATURE.to_le_bytes());
         entries.extend_from_slice(&CPU_FEATURES.to_le_bytes());
@@ -156,7 +172,11 @@ pub fn build(vcpus: u32, virtio_irqs: &[u32]) -> Result<Vec<u8>, MpTableError> {
         if irq >= ISA_IRQS && !virtio {
             continue;
         }
-        let flags = if virtio { FLAGS_EDGE_HIGH } else { FLAGS_CONFORMING };
+        let flags = if virtio {
+            FLAGS_EDGE_HIGH
+        } else {
+            FLAGS_CONFORMING
+        };
         entries.extend_from_slice(&interrupt_entry(
             ENTRY_IO_INTERRUPT,
             INT_VECTORED,
@@ -169,8 +189,22 @@ pub fn build(vcpus: u32, virtio_irqs: &[u32]) -> Result<Vec<u8>, MpTableError> {
     }
     // Virtual wire mode, as `lapic.rs` programs the LAPICs: the 8259's
     // output on the boot CPU's LINT0, NMI on every CPU's LINT1.
-    entries.extend_from_slice(&interrupt_entry(ENTRY_LOCAL_INTERRUPT, INT_EXTINT, FLAGS_CONFORMING, 0, 0, 0));
-    entries.extend_from_slice(&interrupt_entry(ENTRY_LOCAL_INTERRUPT, INT_NMI, FLAGS_CONFORMING, 0, ALL_LAPICS, 1));
+    entries.extend_from_slice(&interrupt_entry(
+        ENTRY_LOCAL_INTERRUPT,
+        INT_EXTINT,
+        FLAGS_CONFORMING,
+        0,
+        0,
+        0,
+    ));
+    entries.extend_from_slice(&interrupt_entry(
+        ENTRY_LOCAL_INTERRUPT,
+        INT_NMI,
+        FLAGS_CONFORMING,
+        0,
+        ALL_LAPICS,
+        1,
+    ));
     count += 2;
 
     let table_bytes = HEADER_BYTES + entries.len();
@@ -218,7 +252,11 @@ mod tests {
         let mut out = Vec::new();
         let mut at = HEADER_BYTES;
         while at < table.len() {
-            let len = if table[at] == ENTRY_PROCESSOR { PROCESSOR_ENTRY_BYTES } else { SMALL_ENTRY_BYTES };
+            let len = if table[at] == ENTRY_PROCESSOR {
+                PROCESSOR_ENTRY_BYTES
+            } else {
+                SMALL_ENTRY_BYTES
+            };
             out.push((table[at], table[at..at + len].to_vec()));
             at += len;
         }
@@ -253,38 +291,86 @@ mod tests {
         let image = build(3, &[5, 6, 20]).unwrap();
         let table = &image[FLOATING_POINTER_BYTES..];
         let entries = entries(table);
-        assert_eq!(le::u16_at(table, HEADER_ENTRY_COUNT), Some(entries.len() as u16));
+        assert_eq!(
+            le::u16_at(table, HEADER_ENTRY_COUNT),
+            Some(entries.len() as u16)
+        );
         let types: Vec<u8> = entries.iter().map(|e| e.0).collect();
-        assert!(types.windows(2).all(|w| w[0] <= w[1]), "sorted by type: {types:?}");
+        assert!(
+            types.windows(2).all(|w| w[0] <= w[1]),
+            "sorted by type: {types:?}"
+        );
 
-        let cpus: Vec<&Vec<u8>> = entries.iter().filter(|e| e.0 == ENTRY_PROCESSOR).map(|e| &e.1).collect();
+        let cpus: Vec<&Vec<u8>> = entries
+            .iter()
+            .filter(|e| e.0 == ENTRY_PROCESSOR)
+            .map(|e| &e.1)
+            .collect();
         assert_eq!(cpus.len(), 3);
         for (id, cpu) in cpus.iter().enumerate() {
             assert_eq!(cpu[1], id as u8, "APIC ID = vCPU index");
-            let flags = if id == 0 { CPU_ENABLED | CPU_BOOTSTRAP } else { CPU_ENABLED };
+            let flags = if id == 0 {
+                CPU_ENABLED | CPU_BOOTSTRAP
+            } else {
+                CPU_ENABLED
+            };
             assert_eq!(cpu[3], flags);
         }
         let bus = &entries.iter().find(|e| e.0 == ENTRY_BUS).unwrap().1;
         assert_eq!(&bus[2..8], b"ISA   ");
         let ioapic = &entries.iter().find(|e| e.0 == ENTRY_IOAPIC).unwrap().1;
-        assert_eq!((ioapic[1], ioapic[3]), (3, IOAPIC_ENABLED), "IOAPIC id after the last vCPU");
+        assert_eq!(
+            (ioapic[1], ioapic[3]),
+            (3, IOAPIC_ENABLED),
+            "IOAPIC id after the last vCPU"
+        );
         assert_eq!(le::u32_at(ioapic, 4), Some(0xfec0_0000));
 
-        let io: Vec<&Vec<u8>> = entries.iter().filter(|e| e.0 == ENTRY_IO_INTERRUPT).map(|e| &e.1).collect();
+        let io: Vec<&Vec<u8>> = entries
+            .iter()
+            .filter(|e| e.0 == ENTRY_IO_INTERRUPT)
+            .map(|e| &e.1)
+            .collect();
         let pins: Vec<u8> = io.iter().map(|e| e[7]).collect();
         let mut want: Vec<u8> = (0..16).collect();
         want.push(20);
-        assert_eq!(pins, want, "ISA lines 0-15 and the virtio line 20, each once");
+        assert_eq!(
+            pins, want,
+            "ISA lines 0-15 and the virtio line 20, each once"
+        );
         for e in &io {
-            assert_eq!((e[1], e[4], e[5], e[6]), (INT_VECTORED, ISA_BUS_ID, e[7], 3), "line n to pin n");
+            assert_eq!(
+                (e[1], e[4], e[5], e[6]),
+                (INT_VECTORED, ISA_BUS_ID, e[7], 3),
+                "line n to pin n"
+            );
             let flags = le::u16_at(e, 2).unwrap();
             let virtio = [5, 6, 20].contains(&e[7]);
-            assert_eq!(flags, if virtio { FLAGS_EDGE_HIGH } else { FLAGS_CONFORMING });
+            assert_eq!(
+                flags,
+                if virtio {
+                    FLAGS_EDGE_HIGH
+                } else {
+                    FLAGS_CONFORMING
+                }
+            );
         }
-        let local: Vec<&Vec<u8>> = entries.iter().filter(|e| e.0 == ENTRY_LOCAL_INTERRUPT).map(|e| &e.1).collect();
+        let local: Vec<&Vec<u8>> = entries
+            .iter()
+            .filter(|e| e.0 == ENTRY_LOCAL_INTERRUPT)
+            .map(|e| &e.1)
+            .collect();
         assert_eq!(local.len(), 2);
-        assert_eq!((local[0][1], local[0][6], local[0][7]), (INT_EXTINT, 0, 0), "ExtINT to the BSP's LINT0");
-        assert_eq!((local[1][1], local[1][6], local[1][7]), (INT_NMI, 0xff, 1), "NMI to every LINT1");
+        assert_eq!(
+            (local[0][1], local[0][6], local[0][7]),
+            (INT_EXTINT, 0, 0),
+            "ExtINT to the BSP's LINT0"
+        );
+        assert_eq!(
+            (local[1][1], local[1][6], local[1][7]),
+            (INT_NMI, 0xff, 1),
+            "NMI to every LINT1"
+        );
     }
 
     #[test]
@@ -298,7 +384,13 @@ mod tests {
     fn refuses_what_it_cannot_describe() {
         assert_eq!(build(0, &[]), Err(MpTableError::VcpuCount { vcpus: 0 }));
         assert_eq!(build(255, &[]), Err(MpTableError::VcpuCount { vcpus: 255 }));
-        assert_eq!(build(1, &[5, 24]), Err(MpTableError::IrqOutOfRange { irq: 24 }));
-        assert!(matches!(build(200, &[]), Err(MpTableError::TooLarge { vcpus: 200, .. })));
+        assert_eq!(
+            build(1, &[5, 24]),
+            Err(MpTableError::IrqOutOfRange { irq: 24 })
+        );
+        assert!(matches!(
+            build(200, &[]),
+            Err(MpTableError::TooLarge { vcpus: 200, .. })
+        ));
     }
 }

@@ -48,7 +48,11 @@ pub enum MsrError {
 pub fn boot_msrs() -> Vec<(u32, &'static str, u64)> {
     vec![
         (MSR_IA32_TSC, "IA32_TSC", 0),
-        (MSR_IA32_MISC_ENABLE, "IA32_MISC_ENABLE", MISC_ENABLE_FAST_STRING),
+        (
+            MSR_IA32_MISC_ENABLE,
+            "IA32_MISC_ENABLE",
+            MISC_ENABLE_FAST_STRING,
+        ),
         (MSR_IA32_SYSENTER_CS, "IA32_SYSENTER_CS", 0),
         (MSR_IA32_SYSENTER_ESP, "IA32_SYSENTER_ESP", 0),
         (MSR_IA32_SYSENTER_EIP, "IA32_SYSENTER_EIP", 0),
@@ -64,8 +68,14 @@ pub fn boot_msrs() -> Vec<(u32, &'static str, u64)> {
 /// Sets [`boot_msrs`] on a vCPU.
 pub fn set_boot_msrs(vcpu: &VcpuFd) -> Result<(), MsrError> {
     let wanted = boot_msrs();
-    let entries: Vec<kvm_msr_entry> =
-        wanted.iter().map(|&(index, _, data)| kvm_msr_entry { index, data, ..Default::default() }).collect();
+    let entries: Vec<kvm_msr_entry> = wanted
+        .iter()
+        .map(|&(index, _, data)| kvm_msr_entry {
+            index,
+            data,
+            ..Default::default()
+        })
+        .collect();
     let msrs = Msrs::from_entries(&entries).map_err(MsrError::Build)?;
     let set = vcpu.set_msrs(&msrs).map_err(MsrError::Kvm)?;
     // KVM_SET_MSRS stops at the first MSR it refuses and returns how many

@@ -48,7 +48,10 @@ pub fn cmdline_bytes(cmdline: &str, cmdline_size_bytes: u32) -> Result<Vec<u8>, 
     }
     let max_bytes = u64::from(cmdline_size_bytes).min(CMDLINE_MAX_BYTES - 1);
     if cmdline.len() as u64 > max_bytes {
-        return Err(PlacementError::CmdlineTooLong { len_bytes: cmdline.len(), max_bytes });
+        return Err(PlacementError::CmdlineTooLong {
+            len_bytes: cmdline.len(),
+            max_bytes,
+        });
     }
     let mut bytes = Vec::with_capacity(cmdline.len() + 1);
     bytes.extend_from_slice(cmdline.as_bytes());
@@ -70,8 +73,16 @@ pub fn place_initrd(
     let low_end = layout.regions()[0].end_gpa();
     let limit_gpa = low_end.min(LOW_RAM_END).min(u64::from(initrd_addr_max) + 1);
     let floor = kernel_end_gpa.max(HIGH_MEMORY_GPA);
-    let does_not_fit = PlacementError::InitrdDoesNotFit { len_bytes, kernel_end_gpa, limit_gpa };
-    let start = limit_gpa.checked_sub(len_bytes).ok_or(does_not_fit.clone())? / CHUNK_BYTES * CHUNK_BYTES;
+    let does_not_fit = PlacementError::InitrdDoesNotFit {
+        len_bytes,
+        kernel_end_gpa,
+        limit_gpa,
+    };
+    let start = limit_gpa
+        .checked_sub(len_bytes)
+        .ok_or(does_not_fit.clone())?
+        / CHUNK_BYTES
+        * CHUNK_BYTES;
     if start < floor {
         return Err(does_not_fit);
     }
@@ -87,13 +98,25 @@ mod tests {
 
     #[test]
     fn cmdline_is_nul_terminated_and_bounded() {
-        assert_eq!(cmdline_bytes("console=ttyS0", 2047).unwrap(), b"console=ttyS0\0");
+        assert_eq!(
+            cmdline_bytes("console=ttyS0", 2047).unwrap(),
+            b"console=ttyS0\0"
+        );
         assert_eq!(cmdline_bytes("", 2047).unwrap(), b"\0");
         let exact = "x".repeat(2047);
         assert_eq!(cmdline_bytes(&exact, 2047).unwrap().len(), 2048);
         let err = cmdline_bytes(&"x".repeat(2048), 2047).unwrap_err();
-        assert_eq!(err, PlacementError::CmdlineTooLong { len_bytes: 2048, max_bytes: 2047 });
-        assert_eq!(cmdline_bytes("a\0b", 2047), Err(PlacementError::CmdlineNul { offset: 1 }));
+        assert_eq!(
+            err,
+            PlacementError::CmdlineTooLong {
+                len_bytes: 2048,
+                max_bytes: 2047
+            }
+        );
+        assert_eq!(
+            cmdline_bytes("a\0b", 2047),
+            Err(PlacementError::CmdlineNul { offset: 1 })
+        );
         // A kernel claiming a huge cmdline_size is still held to hugevmm's room.
         assert!(cmdline_bytes(&"x".repeat(CMDLINE_MAX_BYTES as usize), u32::MAX).is_err());
     }
@@ -121,7 +144,9 @@ mod tests {
     fn initrd_never_overlaps_the_kernel() {
         let layout = Layout::new(128 * MIB).unwrap();
         let err = place_initrd(&layout, 70 * MIB, 0x7fff_ffff, 64 * MIB).unwrap_err();
-        assert!(matches!(err, PlacementError::InitrdDoesNotFit { limit_gpa, .. } if limit_gpa == 128 * MIB));
+        assert!(
+            matches!(err, PlacementError::InitrdDoesNotFit { limit_gpa, .. } if limit_gpa == 128 * MIB)
+        );
         assert!(place_initrd(&layout, 64 * MIB, 0x7fff_ffff, 64 * MIB).is_ok());
         assert!(place_initrd(&layout, u64::MAX, 0x7fff_ffff, 64 * MIB).is_err());
     }

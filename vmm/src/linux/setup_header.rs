@@ -132,7 +132,10 @@ impl SetupHeader {
     pub fn parse(image: &[u8]) -> Result<SetupHeader, SetupHeaderError> {
         let min_end = field::VERSION + 2;
         if image.len() < min_end {
-            return Err(SetupHeaderError::TooShort { len_bytes: image.len(), needed_bytes: min_end });
+            return Err(SetupHeaderError::TooShort {
+                len_bytes: image.len(),
+                needed_bytes: min_end,
+            });
         }
         let boot_flag = le::u16_at(image, field::BOOT_FLAG).unwrap_or(0);
         let header = le::bytes::<4>(image, field::HEADER).unwrap_or_default();
@@ -147,14 +150,23 @@ impl SetupHeader {
         let end = field::HEADER + usize::from(image[field::JUMP + 1]);
         let needed = end.max(field::PAYLOAD_LENGTH + 4);
         if image.len() < needed {
-            return Err(SetupHeaderError::TooShort { len_bytes: image.len(), needed_bytes: needed });
+            return Err(SetupHeaderError::TooShort {
+                len_bytes: image.len(),
+                needed_bytes: needed,
+            });
         }
-        Ok(SetupHeader { raw: image[HEADER_OFFSET..needed].to_vec() })
+        Ok(SetupHeader {
+            raw: image[HEADER_OFFSET..needed].to_vec(),
+        })
     }
 
     /// A header for a kernel that has none (a bare vmlinux ELF): the fields
     /// a 2.15 boot loader would find in a modern bzImage.
-    pub fn synthesize(kernel_alignment: u32, cmdline_size: u32, initrd_addr_max: u32) -> SetupHeader {
+    pub fn synthesize(
+        kernel_alignment: u32,
+        cmdline_size: u32,
+        initrd_addr_max: u32,
+    ) -> SetupHeader {
         let mut page = vec![0u8; SYNTHESIZED_END];
         le::put(&mut page, field::BOOT_FLAG, &BOOT_FLAG_MAGIC.to_le_bytes());
         // A short jmp whose displacement is the header's length, as in a
@@ -162,16 +174,30 @@ impl SetupHeader {
         page[field::JUMP] = 0xeb;
         page[field::JUMP + 1] = (SYNTHESIZED_END - field::HEADER) as u8;
         le::put(&mut page, field::HEADER, HDRS_MAGIC);
-        le::put(&mut page, field::VERSION, &SYNTHESIZED_VERSION.to_le_bytes());
+        le::put(
+            &mut page,
+            field::VERSION,
+            &SYNTHESIZED_VERSION.to_le_bytes(),
+        );
         // "normal" video mode: no mode switch was requested.
         le::put(&mut page, field::VID_MODE, &0xffff_u16.to_le_bytes());
         page[field::TYPE_OF_LOADER] = LOADER_TYPE_UNDEFINED;
         page[field::LOADFLAGS] = LOADED_HIGH | CAN_USE_HEAP;
-        le::put(&mut page, field::INITRD_ADDR_MAX, &initrd_addr_max.to_le_bytes());
-        le::put(&mut page, field::KERNEL_ALIGNMENT, &kernel_alignment.to_le_bytes());
+        le::put(
+            &mut page,
+            field::INITRD_ADDR_MAX,
+            &initrd_addr_max.to_le_bytes(),
+        );
+        le::put(
+            &mut page,
+            field::KERNEL_ALIGNMENT,
+            &kernel_alignment.to_le_bytes(),
+        );
         le::put(&mut page, field::XLOADFLAGS, &XLF_KERNEL_64.to_le_bytes());
         le::put(&mut page, field::CMDLINE_SIZE, &cmdline_size.to_le_bytes());
-        SetupHeader { raw: page[HEADER_OFFSET..].to_vec() }
+        SetupHeader {
+            raw: page[HEADER_OFFSET..].to_vec(),
+        }
     }
 
     /// Checks what a 64-bit boot of the decompressed kernel needs.
@@ -182,7 +208,9 @@ impl SetupHeader {
         }
         // Older headers cannot say; the vmlinux ELF's class is checked later.
         if self.version() >= VERSION_XLOADFLAGS && self.xloadflags() & XLF_KERNEL_64 == 0 {
-            return Err(SetupHeaderError::Not64Bit { xloadflags: self.xloadflags() });
+            return Err(SetupHeaderError::Not64Bit {
+                xloadflags: self.xloadflags(),
+            });
         }
         Ok(())
     }
@@ -267,7 +295,8 @@ impl SetupHeader {
         if self.version() < VERSION_INIT_SIZE {
             return LEGACY_PREF_ADDRESS;
         }
-        self.u64_field(field::PREF_ADDRESS).unwrap_or(LEGACY_PREF_ADDRESS)
+        self.u64_field(field::PREF_ADDRESS)
+            .unwrap_or(LEGACY_PREF_ADDRESS)
     }
 
     /// Longest command line the kernel accepts, without the NUL.
@@ -275,7 +304,8 @@ impl SetupHeader {
         if self.version() < VERSION_CMDLINE_SIZE {
             return LEGACY_CMDLINE_SIZE;
         }
-        self.u32_field(field::CMDLINE_SIZE).unwrap_or(LEGACY_CMDLINE_SIZE)
+        self.u32_field(field::CMDLINE_SIZE)
+            .unwrap_or(LEGACY_CMDLINE_SIZE)
     }
 
     /// Highest address the initrd's last byte may have.
@@ -300,10 +330,22 @@ pub(crate) mod tests {
         image[field::LOADFLAGS] = loadflags;
         le::put(&mut image, field::XLOADFLAGS, &xloadflags.to_le_bytes());
         le::put(&mut image, field::CMDLINE_SIZE, &2047_u32.to_le_bytes());
-        le::put(&mut image, field::INITRD_ADDR_MAX, &0x7fff_ffff_u32.to_le_bytes());
-        le::put(&mut image, field::KERNEL_ALIGNMENT, &0x20_0000_u32.to_le_bytes());
+        le::put(
+            &mut image,
+            field::INITRD_ADDR_MAX,
+            &0x7fff_ffff_u32.to_le_bytes(),
+        );
+        le::put(
+            &mut image,
+            field::KERNEL_ALIGNMENT,
+            &0x20_0000_u32.to_le_bytes(),
+        );
         image[field::RELOCATABLE_KERNEL] = 1;
-        le::put(&mut image, field::PREF_ADDRESS, &0x100_0000_u64.to_le_bytes());
+        le::put(
+            &mut image,
+            field::PREF_ADDRESS,
+            &0x100_0000_u64.to_le_bytes(),
+        );
         le::put(&mut image, field::INIT_SIZE, &0x300_0000_u32.to_le_bytes());
         image
     }
@@ -327,14 +369,23 @@ pub(crate) mod tests {
     fn rejects_what_cannot_boot() {
         let mut no_magic = header_page(0x020f, LOADED_HIGH, 1);
         no_magic[field::HEADER] = b'X';
-        assert!(matches!(SetupHeader::parse(&no_magic), Err(SetupHeaderError::NoMagic { .. })));
+        assert!(matches!(
+            SetupHeader::parse(&no_magic),
+            Err(SetupHeaderError::NoMagic { .. })
+        ));
         let old = SetupHeader::parse(&header_page(0x0207, LOADED_HIGH, 1)).unwrap_err();
         assert_eq!(old, SetupHeaderError::TooOld { version: 0x0207 });
         assert!(old.to_string().contains("2.07"), "{old}");
         let zimage = SetupHeader::parse(&header_page(0x020f, 0, 1)).unwrap();
-        assert_eq!(zimage.check_bootable(), Err(SetupHeaderError::NotLoadedHigh { loadflags: 0 }));
+        assert_eq!(
+            zimage.check_bootable(),
+            Err(SetupHeaderError::NotLoadedHigh { loadflags: 0 })
+        );
         let i386 = SetupHeader::parse(&header_page(0x020f, LOADED_HIGH, 0)).unwrap();
-        assert_eq!(i386.check_bootable(), Err(SetupHeaderError::Not64Bit { xloadflags: 0 }));
+        assert_eq!(
+            i386.check_bootable(),
+            Err(SetupHeaderError::Not64Bit { xloadflags: 0 })
+        );
         assert!(matches!(
             SetupHeader::parse(&header_page(0x020f, 1, 1)[..0x240]),
             Err(SetupHeaderError::TooShort { .. })
@@ -344,7 +395,9 @@ pub(crate) mod tests {
     #[test]
     fn fields_newer_than_the_version_take_their_defaults() {
         let header = SetupHeader::parse(&header_page(0x0208, LOADED_HIGH, 0)).unwrap();
-        header.check_bootable().expect("2.08 cannot state 64-bit support, so it is not refused");
+        header
+            .check_bootable()
+            .expect("2.08 cannot state 64-bit support, so it is not refused");
         assert_eq!(header.init_size_bytes(), 0);
         assert_eq!(header.pref_address(), 0x10_0000);
         assert_eq!(header.xloadflags(), 0);

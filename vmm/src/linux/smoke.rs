@@ -55,14 +55,28 @@ pub enum SmokeEnd {
 impl fmt::Display for SmokeEnd {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SmokeEnd::EmulationFailure { rip, instruction: Some(bytes) } => {
-                write!(f, "emulation failure at rip {rip:#x} (instruction bytes {bytes:02x?})")
+            SmokeEnd::EmulationFailure {
+                rip,
+                instruction: Some(bytes),
+            } => {
+                write!(
+                    f,
+                    "emulation failure at rip {rip:#x} (instruction bytes {bytes:02x?})"
+                )
             }
-            SmokeEnd::EmulationFailure { rip, instruction: None } => write!(f, "emulation failure at rip {rip:#x}"),
+            SmokeEnd::EmulationFailure {
+                rip,
+                instruction: None,
+            } => write!(f, "emulation failure at rip {rip:#x}"),
             SmokeEnd::InternalError { suberror, rip } => {
-                write!(f, "KVM internal error, suberror {suberror}, at rip {rip:#x}")
+                write!(
+                    f,
+                    "KVM internal error, suberror {suberror}, at rip {rip:#x}"
+                )
             }
-            SmokeEnd::Shutdown { rip } => write!(f, "shutdown (triple fault or reset) at rip {rip:#x}"),
+            SmokeEnd::Shutdown { rip } => {
+                write!(f, "shutdown (triple fault or reset) at rip {rip:#x}")
+            }
             SmokeEnd::SystemEvent { kind } => write!(f, "system event {kind}"),
             SmokeEnd::Timeout => write!(f, "timeout"),
             SmokeEnd::Other(what) => write!(f, "{what}"),
@@ -106,7 +120,9 @@ impl SerialLog {
     fn push(&mut self, byte: u8, at: Duration) {
         match byte {
             b'\n' => {
-                let text = String::from_utf8_lossy(&self.partial).trim_end_matches('\r').to_string();
+                let text = String::from_utf8_lossy(&self.partial)
+                    .trim_end_matches('\r')
+                    .to_string();
                 self.lines.push(SerialLine { at, text });
                 self.partial.clear();
             }
@@ -143,7 +159,12 @@ fn install_kick_handler() -> Result<()> {
 /// Boots `kernel` (a bzImage or vmlinux) on one vCPU with `mem_bytes` of
 /// RAM and returns its serial output and why it stopped: an emulation
 /// failure, a shutdown, or `timeout`.
-pub fn smoke_boot(kernel: &Path, cmdline: &str, mem_bytes: u64, timeout: Duration) -> Result<SmokeBoot> {
+pub fn smoke_boot(
+    kernel: &Path,
+    cmdline: &str,
+    mem_bytes: u64,
+    timeout: Duration,
+) -> Result<SmokeBoot> {
     install_kick_handler()?;
     let kvm = Kvm::new().context("cannot open /dev/kvm")?;
     let layout = Layout::new(mem_bytes)?;
@@ -151,8 +172,19 @@ pub fn smoke_boot(kernel: &Path, cmdline: &str, mem_bytes: u64, timeout: Duratio
     let vm = kvm.create_vm().context("KVM_CREATE_VM failed")?;
     prepare_vm(&vm)?;
     ram.register_memslots(&vm)?;
-    let config = LinuxBootConfig { kernel: kernel.to_path_buf(), initrd: None, cmdline: cmdline.to_string() };
-    let setup = load(&ram, &config, &MachineInfo { vcpus: 1, virtio_irqs: Vec::new() })?;
+    let config = LinuxBootConfig {
+        kernel: kernel.to_path_buf(),
+        initrd: None,
+        cmdline: cmdline.to_string(),
+    };
+    let setup = load(
+        &ram,
+        &config,
+        &MachineInfo {
+            vcpus: 1,
+            virtio_irqs: Vec::new(),
+        },
+    )?;
     let vcpu = vm.create_vcpu(0).context("cannot create vCPU 0")?;
     configure_vcpu(&kvm, &vcpu, 0, &setup)?;
 
@@ -162,10 +194,12 @@ pub fn smoke_boot(kernel: &Path, cmdline: &str, mem_bytes: u64, timeout: Duratio
     let started = Instant::now();
     let thread = {
         let (ram, serial, stop) = (ram.clone(), serial.clone(), stop.clone());
-        std::thread::Builder::new().name("smoke-vcpu0".into()).spawn(move || {
-            let end = run_vcpu(vcpu, &ram, &serial, &stop, started);
-            let _ = done_tx.send(end);
-        })?
+        std::thread::Builder::new()
+            .name("smoke-vcpu0".into())
+            .spawn(move || {
+                let end = run_vcpu(vcpu, &ram, &serial, &stop, started);
+                let _ = done_tx.send(end);
+            })?
     };
     let end = match done_rx.recv_timeout(timeout) {
         Ok(end) => end,
@@ -174,16 +208,27 @@ pub fn smoke_boot(kernel: &Path, cmdline: &str, mem_bytes: u64, timeout: Duratio
             // The kick may land just before the thread enters KVM_RUN and be
             // lost, so repeat it until the thread has noticed `stop`.
             while !thread.is_finished() {
-                thread.kill(kick_signal()).context("cannot signal the vCPU thread")?;
+                thread
+                    .kill(kick_signal())
+                    .context("cannot signal the vCPU thread")?;
                 std::thread::sleep(Duration::from_millis(5));
             }
             done_rx.recv().unwrap_or(SmokeEnd::Timeout)
         }
     };
     let elapsed = started.elapsed();
-    thread.join().map_err(|_| anyhow::anyhow!("the vCPU thread panicked"))?;
+    thread
+        .join()
+        .map_err(|_| anyhow::anyhow!("the vCPU thread panicked"))?;
     let log = serial.lock().unwrap_or_else(|e| e.into_inner());
-    Ok(SmokeBoot { serial: log.text(), lines: log.lines.clone(), end, elapsed, setup, layout })
+    Ok(SmokeBoot {
+        serial: log.text(),
+        lines: log.lines.clone(),
+        end,
+        elapsed,
+        setup,
+        layout,
+    })
 }
 
 enum Step {
@@ -210,7 +255,10 @@ fn run_vcpu(
             Ok(VcpuExit::IoOut(port, data)) => {
                 if com1.contains(&port) {
                     if let Some(byte) = uart.write(port - COM1_BASE, data[0]) {
-                        serial.lock().unwrap_or_else(|e| e.into_inner()).push(byte, started.elapsed());
+                        serial
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(byte, started.elapsed());
                     }
                 }
                 Step::Continue
@@ -257,10 +305,16 @@ fn describe_internal_error(vcpu: &mut VcpuFd, ram: &GuestRam) -> SmokeEnd {
     if suberror != KVM_INTERNAL_ERROR_EMULATION {
         return SmokeEnd::InternalError { suberror, rip };
     }
-    let instruction = vcpu.translate_gva(rip).ok().filter(|t| t.valid != 0).and_then(|t| {
-        let mut bytes = vec![0u8; 8];
-        ram.read_bytes(t.physical_address, &mut bytes).ok().map(|_| bytes)
-    });
+    let instruction = vcpu
+        .translate_gva(rip)
+        .ok()
+        .filter(|t| t.valid != 0)
+        .and_then(|t| {
+            let mut bytes = vec![0u8; 8];
+            ram.read_bytes(t.physical_address, &mut bytes)
+                .ok()
+                .map(|_| bytes)
+        });
     SmokeEnd::EmulationFailure { rip, instruction }
 }
 
@@ -269,12 +323,18 @@ mod tests {
     use super::*;
     use crate::linux::e820::e820_map;
 
-    const KERNEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/linux-kernel/vmlinuz");
+    const KERNEL: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/linux-kernel/vmlinuz"
+    );
     const CMDLINE: &str = "earlyprintk=serial,ttyS0,115200 console=ttyS0 panic=-1";
 
     /// The text after the kernel's `[    0.000000] ` time stamp.
     fn message(line: &str) -> &str {
-        match line.strip_prefix('[').and_then(|rest| rest.split_once("] ")) {
+        match line
+            .strip_prefix('[')
+            .and_then(|rest| rest.split_once("] "))
+        {
             Some((_, text)) => text,
             None => line,
         }
@@ -302,16 +362,33 @@ mod tests {
             "kernel: {:?}, entry {:#x}, occupying {:#x?}",
             boot.setup.kind, boot.setup.entry_gpa, boot.setup.kernel_gpa
         );
-        println!("ended after {:.2} s: {}", boot.elapsed.as_secs_f64(), boot.end);
+        println!(
+            "ended after {:.2} s: {}",
+            boot.elapsed.as_secs_f64(),
+            boot.end
+        );
 
         let messages: Vec<&str> = boot.lines.iter().map(|l| message(&l.text)).collect();
         let banner = messages.iter().find(|m| m.starts_with("Linux version "));
         assert!(banner.is_some(), "no banner in:\n{}", boot.serial);
-        let cmdline = messages.iter().find_map(|m| m.strip_prefix("Command line: "));
+        let cmdline = messages
+            .iter()
+            .find_map(|m| m.strip_prefix("Command line: "));
         assert_eq!(cmdline, Some(CMDLINE), "serial:\n{}", boot.serial);
-        let e820: Vec<&str> = messages.iter().copied().filter(|m| m.starts_with("BIOS-e820:")).collect();
-        let expected: Vec<String> = e820_map(&boot.layout).iter().map(|e| e.kernel_log_line()).collect();
+        let e820: Vec<&str> = messages
+            .iter()
+            .copied()
+            .filter(|m| m.starts_with("BIOS-e820:"))
+            .collect();
+        let expected: Vec<String> = e820_map(&boot.layout)
+            .iter()
+            .map(|e| e.kernel_log_line())
+            .collect();
         assert_eq!(e820, expected, "serial:\n{}", boot.serial);
-        assert_ne!(boot.end, SmokeEnd::Timeout, "the kernel neither stopped nor failed within {timeout:?}");
+        assert_ne!(
+            boot.end,
+            SmokeEnd::Timeout,
+            "the kernel neither stopped nor failed within {timeout:?}"
+        );
     }
 }

@@ -28,7 +28,8 @@ pub struct VmSetupError {
 pub fn prepare_vm(vm: &VmFd) -> Result<(), VmSetupError> {
     let step = |step| move |error| VmSetupError { step, error };
     if vm.check_extension(Cap::SetIdentityMapAddr) {
-        vm.set_identity_map_address(KVM_IDENTITY_MAP_GPA).map_err(step("KVM_SET_IDENTITY_MAP_ADDR"))?;
+        vm.set_identity_map_address(KVM_IDENTITY_MAP_GPA)
+            .map_err(step("KVM_SET_IDENTITY_MAP_ADDR"))?;
     }
     // Only VMX needs it, and other hosts may refuse it: the guest starts
     // in long mode, so it is never used there.
@@ -36,7 +37,10 @@ pub fn prepare_vm(vm: &VmFd) -> Result<(), VmSetupError> {
     vm.create_irq_chip().map_err(step("KVM_CREATE_IRQCHIP"))?;
     // The dummy speaker port keeps port 0x61 in the kernel, which Linux's
     // PIT calibration reads in a tight loop.
-    let pit = kvm_pit_config { flags: KVM_PIT_SPEAKER_DUMMY, ..Default::default() };
+    let pit = kvm_pit_config {
+        flags: KVM_PIT_SPEAKER_DUMMY,
+        ..Default::default()
+    };
     vm.create_pit2(pit).map_err(step("KVM_CREATE_PIT2"))?;
     Ok(())
 }

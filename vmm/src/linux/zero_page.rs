@@ -56,13 +56,37 @@ pub fn build(
     page[HEADER_OFFSET..HEADER_OFFSET + copied].copy_from_slice(&raw[..copied]);
 
     page[field::TYPE_OF_LOADER] = LOADER_TYPE_UNDEFINED;
-    le::put(&mut page, field::CMD_LINE_PTR, &(cmdline_gpa as u32).to_le_bytes());
-    le::put(&mut page, offset::EXT_CMD_LINE_PTR, &((cmdline_gpa >> 32) as u32).to_le_bytes());
+    le::put(
+        &mut page,
+        field::CMD_LINE_PTR,
+        &(cmdline_gpa as u32).to_le_bytes(),
+    );
+    le::put(
+        &mut page,
+        offset::EXT_CMD_LINE_PTR,
+        &((cmdline_gpa >> 32) as u32).to_le_bytes(),
+    );
     let (initrd_gpa, initrd_bytes) = initrd.map_or((0, 0), |r| (r.start, r.end - r.start));
-    le::put(&mut page, field::RAMDISK_IMAGE, &(initrd_gpa as u32).to_le_bytes());
-    le::put(&mut page, field::RAMDISK_SIZE, &(initrd_bytes as u32).to_le_bytes());
-    le::put(&mut page, offset::EXT_RAMDISK_IMAGE, &((initrd_gpa >> 32) as u32).to_le_bytes());
-    le::put(&mut page, offset::EXT_RAMDISK_SIZE, &((initrd_bytes >> 32) as u32).to_le_bytes());
+    le::put(
+        &mut page,
+        field::RAMDISK_IMAGE,
+        &(initrd_gpa as u32).to_le_bytes(),
+    );
+    le::put(
+        &mut page,
+        field::RAMDISK_SIZE,
+        &(initrd_bytes as u32).to_le_bytes(),
+    );
+    le::put(
+        &mut page,
+        offset::EXT_RAMDISK_IMAGE,
+        &((initrd_gpa >> 32) as u32).to_le_bytes(),
+    );
+    le::put(
+        &mut page,
+        offset::EXT_RAMDISK_SIZE,
+        &((initrd_bytes >> 32) as u32).to_le_bytes(),
+    );
 
     page[offset::E820_ENTRIES] = e820.len() as u8;
     for (index, entry) in e820.iter().enumerate() {
@@ -101,7 +125,10 @@ mod tests {
         let second = offset::E820_TABLE + offset::E820_ENTRY_BYTES;
         assert_eq!(le::u64_at(&page, second), Some(0x9_fc00));
         assert_eq!(le::u64_at(&page, second + 8), Some(0x6_0400));
-        assert_eq!(le::u32_at(&page, second + 16), Some(E820Kind::Reserved.type_code()));
+        assert_eq!(
+            le::u32_at(&page, second + 16),
+            Some(E820Kind::Reserved.type_code())
+        );
         let last = offset::E820_TABLE + 3 * offset::E820_ENTRY_BYTES;
         assert_eq!(le::u64_at(&page, last), Some(4 << 30));
         assert_eq!(le::u64_at(&page, last + 8), Some(3 << 30));
@@ -119,7 +146,11 @@ mod tests {
     #[test]
     fn too_many_e820_entries_is_an_error() {
         let header = SetupHeader::synthesize(2 * MIB as u32, 2047, 0x7fff_ffff);
-        let entry = E820Entry { gpa: 0, len_bytes: 1, kind: E820Kind::Ram };
+        let entry = E820Entry {
+            gpa: 0,
+            len_bytes: 1,
+            kind: E820Kind::Ram,
+        };
         let err = build(&header, 0, None, &vec![entry; 129]).unwrap_err();
         assert_eq!(err, ZeroPageError::TooManyE820 { count: 129 });
     }
