@@ -106,6 +106,10 @@ struct RunArgs {
     /// Threads serving guest memory faults (swap engine).
     #[arg(long, default_value_t = 1)]
     fault_threads: usize,
+    /// Nice value of the fault threads; below 0 they are served before the
+    /// vCPU threads when vCPUs outnumber cores (needs root; 0 = same as vCPUs).
+    #[arg(long, default_value_t = -10, allow_hyphen_values = true)]
+    fault_thread_nice: i32,
     /// Write a sample of the run's figures (resident memory, faults, KVM
     /// mappings) every --stats-interval milliseconds to this file, one JSON
     /// object per line.
@@ -178,6 +182,7 @@ fn run_command(args: RunArgs) -> Result<i32> {
         store: args.swap_store.clone().unwrap_or(StoreSpec::Default),
         unit: args.swap_unit,
         fault_threads: args.fault_threads.max(1),
+        fault_thread_nice: args.fault_thread_nice,
     });
     let config = RunConfig {
         mem_bytes: args.mem,

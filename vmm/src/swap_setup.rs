@@ -20,6 +20,8 @@ pub struct SwapOptions {
     pub unit: SwapUnit,
     /// Threads reading the userfaultfd.
     pub fault_threads: usize,
+    /// Their nice value.
+    pub fault_thread_nice: i32,
 }
 
 /// Registers all guest RAM with a new swap engine. Must run before anything
@@ -59,6 +61,7 @@ pub fn start(
         mem_limit_bytes: options.mem_limit_bytes,
         pinned_offsets: vec![(0, guestmem::CHUNK_BYTES)],
         fault_threads: options.fault_threads,
+        fault_thread_nice: options.fault_thread_nice,
         ..EngineConfig::default()
     };
     // The engine calls this from its own threads; the run loop ends the VM.

@@ -107,6 +107,11 @@ pub struct EngineConfig {
     pub parking_units: Option<usize>,
     /// Pre-filled restore buffers (default: 2 per fault thread + 4).
     pub buffer_count: Option<usize>,
+    /// Nice value of the fault-service threads. Below the vCPU threads'
+    /// (0), a vCPU waiting for a fault is served before vCPUs that can run
+    /// on when there are more vCPUs than cores; raising priority needs
+    /// CAP_SYS_NICE, without it the threads keep the default.
+    pub fault_thread_nice: i32,
 }
 
 impl Default for EngineConfig {
@@ -120,6 +125,7 @@ impl Default for EngineConfig {
             batch_units: None,
             parking_units: None,
             buffer_count: None,
+            fault_thread_nice: -10,
         }
     }
 }

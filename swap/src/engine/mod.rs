@@ -134,6 +134,26 @@ pub struct SwapEngine {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// Sets the calling thread's nice value, best effort: without CAP_SYS_NICE
+/// a raise is refused and the thread keeps the default priority.
+fn set_thread_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: gettid has no preconditions; setpriority on our own thread id
+    // only changes this thread's scheduling priority.
+    let result = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if result != 0 {
+        eprintln!(
+            "swap engine: cannot set the fault thread's nice value to {nice} ({}); it runs at the default priority",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 impl SwapEngine {
     /// Registers the region with a new userfaultfd and starts the threads.
     /// Must be called before anything touches guest RAM: pages populated
@@ -286,7 +306,11 @@ impl SwapEngine {
         };
         for i in 0..fault_threads {
             let s = shared.clone();
-            engine.spawn(format!("swap-fault-{i}"), move || fault::run(&s))?;
+            let nice = config.fault_thread_nice;
+            engine.spawn(format!("swap-fault-{i}"), move || {
+                set_thread_nice(nice);
+                fault::run(&s)
+            })?;
         }
         let s = shared.clone();
         engine.spawn("swap-evictor".into(), move || {
