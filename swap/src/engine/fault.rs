@@ -398,6 +398,21 @@ fn restore_from_store(
     wake_unit(s, unit, Some(FaultSource::Store))
 }
 
+/// Moves a parked unit back into guest RAM without waking. `Ok(false)`:
+/// the pages are pinned (e.g. by device I/O) and nothing moved; the caller
+/// copies instead.
+fn move_back(s: &Shared, dst: u64, src: u64) -> Result<bool, UffdError> {
+    let options = MoveOptions {
+        allow_src_holes: false,
+        dont_wake: true,
+    };
+    match move_all(s, dst, src, s.unit_bytes, options) {
+        Ok(()) => Ok(true),
+        Err(e) if e.errno() == Some(libc::EBUSY) && e.done_bytes() == 0 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Gives a staged unit back to the guest without I/O. If its store write is
 /// in flight (`WRITING`), the parked pages may be pinned by O_DIRECT and
 /// the writer still owns the parking slot, so the content is copied into a
@@ -416,22 +431,7 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
     };
     let huge = match s.backing {
         Backing::Thp => {
-            let moved = !writing
-                && match move_all(
-                    s,
-                    dst,
-                    src,
-                    s.unit_bytes,
-                    MoveOptions {
-                        allow_src_holes: false,
-                        dont_wake: true,
-                    },
-                ) {
-                    Ok(()) => true,
-                    // Pinned by someone (e.g. device I/O): fall back to a copy.
-                    Err(e) if e.errno() == Some(libc::EBUSY) && e.done_bytes() == 0 => false,
-                    Err(e) => return Err(fail(e)),
-                };
+            let moved = !writing && move_back(s, dst, src).map_err(fail)?;
             if moved {
                 loading.huge()
             } else {
@@ -446,21 +446,7 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
             }
         }
         Backing::Small => {
-            let moved = !writing
-                && match move_all(
-                    s,
-                    dst,
-                    src,
-                    s.unit_bytes,
-                    MoveOptions {
-                        allow_src_holes: false,
-                        dont_wake: true,
-                    },
-                ) {
-                    Ok(()) => true,
-                    Err(e) if e.errno() == Some(libc::EBUSY) && e.done_bytes() == 0 => false,
-                    Err(e) => return Err(fail(e)),
-                };
+            let moved = !writing && move_back(s, dst, src).map_err(fail)?;
             if !moved {
                 copy_all(
                     s,

@@ -189,17 +189,7 @@ fn mixed(file: &BlockFile, blocks: usize) -> Result<(f64, f64)> {
                     return Ok(());
                 }
                 let n = (first + QUEUE_DEPTH).min(half) - first;
-                let mut ops: Vec<BlockOp<'_>> = bufs[..n]
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(i, buf)| BlockOp::Read {
-                        offset: (first + i) as u64 * CHUNK_BYTES,
-                        buf,
-                    })
-                    .collect();
-                for r in file.submit(&mut ops) {
-                    r.context("O_DIRECT read (mixed) failed")?;
-                }
+                read_blocks(file, &mut bufs[..n], first, "O_DIRECT read (mixed) failed")?;
                 read_done.fetch_add(n as u64 * CHUNK_BYTES, Ordering::SeqCst);
             }
             finish();
@@ -279,17 +269,12 @@ fn disk(ctx: &Ctx, total_bytes: u64) -> Result<DiskResult> {
     let t = Instant::now();
     for first in (0..blocks).step_by(QUEUE_DEPTH) {
         let n = (first + QUEUE_DEPTH).min(blocks) - first;
-        let mut ops: Vec<BlockOp<'_>> = bufs[..n]
-            .iter_mut()
-            .enumerate()
-            .map(|(i, buf)| BlockOp::Read {
-                offset: (first + i) as u64 * CHUNK_BYTES,
-                buf,
-            })
-            .collect();
-        for r in file.submit(&mut ops) {
-            r.context("O_DIRECT read in the store directory failed")?;
-        }
+        read_blocks(
+            &file,
+            &mut bufs[..n],
+            first,
+            "O_DIRECT read in the store directory failed",
+        )?;
     }
     let read_gibs = blocks as f64 * CHUNK_BYTES as f64 / GIB / t.elapsed().as_secs_f64();
     interrupt::check()?;
@@ -641,5 +626,27 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let l = measure(ctx, ctx.mode)?;
     ctx.limits = Some(l);
+    Ok(())
+}
+
+/// Reads consecutive 2 MiB blocks starting at block `first` into `bufs`,
+/// submitted together.
+fn read_blocks(
+    file: &BlockFile,
+    bufs: &mut [AlignedBuf],
+    first: usize,
+    what: &'static str,
+) -> Result<()> {
+    let mut ops: Vec<BlockOp<'_>> = bufs
+        .iter_mut()
+        .enumerate()
+        .map(|(i, buf)| BlockOp::Read {
+            offset: (first + i) as u64 * CHUNK_BYTES,
+            buf,
+        })
+        .collect();
+    for r in file.submit(&mut ops) {
+        r.context(what)?;
+    }
     Ok(())
 }
