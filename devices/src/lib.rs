@@ -6,6 +6,8 @@
 //! - [`interrupt`]: [`InterruptLine`], how a device raises its IRQ.
 //! - [`serial`]: [`SerialPort`], the 8250 UART at 0x3f8.
 //! - [`i8042`]: [`I8042`], the keyboard controller's CPU-reset command.
+//! - [`sleep_control`]: [`SleepControl`], the ACPI sleep registers a guest
+//!   powers off through.
 //! - [`memory`]: [`GuestMemoryHandle`], how devices reach guest RAM.
 //! - [`chunk_accumulator`]: free 4 KiB pages gathered into whole 2 MiB
 //!   chunks for the swap engine.
@@ -22,6 +24,7 @@ pub mod i8042;
 pub mod interrupt;
 pub mod memory;
 pub mod serial;
+pub mod sleep_control;
 pub mod virtio;
 
 pub use bus::{BusError, MmioBus, MmioDevice, PioBus, PioDevice};
@@ -30,6 +33,7 @@ pub use i8042::I8042;
 pub use interrupt::{CountingLine, EventFdLine, InterruptLine};
 pub use memory::{GuestMemoryHandle, GuestMemorySource};
 pub use serial::SerialPort;
+pub use sleep_control::SleepControl;
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,8 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Path of the `hugevmm` binary built by this workspace.
@@ -118,44 +119,152 @@ pub fn hugevmm(args: &[&str], limit: Duration) -> Run {
 
 /// Runs a command, killing it if it outlives `limit` (the test then fails
 /// with what it printed so far).
-pub fn run_with_limit(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("spawn");
-    let mut stdout = child.stdout.take().unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let out_reader = std::thread::spawn(move || {
+pub fn run_with_limit(cmd: Command, limit: Duration) -> Output {
+    Collecting::spawn(cmd).wait(limit)
+}
+
+/// A child whose stdout and stderr are read to the end by two threads, so
+/// that it never blocks on a full pipe.
+struct Collecting {
+    cmd: Command,
+    child: Child,
+    out_reader: Option<JoinHandle<Vec<u8>>>,
+    err_reader: Option<JoinHandle<Vec<u8>>>,
+}
+
+fn read_all(mut from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
         let mut v = Vec::new();
-        let _ = stdout.read_to_end(&mut v);
+        let _ = from.read_to_end(&mut v);
         v
-    });
-    let err_reader = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = stderr.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
+    })
+}
+
+impl Collecting {
+    fn spawn(mut cmd: Command) -> Self {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn");
+        let out_reader = Some(read_all(child.stdout.take().unwrap()));
+        let err_reader = Some(read_all(child.stderr.take().unwrap()));
+        Self {
+            cmd,
+            child,
+            out_reader,
+            err_reader,
         }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let status = child.wait().expect("wait");
-            let out = out_reader.join().unwrap();
-            let err = err_reader.join().unwrap();
-            panic!(
-                "{cmd:?} did not finish within {limit:?} ({status})\n--- stdout\n{}\n--- stderr\n{}",
-                String::from_utf8_lossy(&out),
-                String::from_utf8_lossy(&err)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output {
-        status,
-        stdout: out_reader.join().unwrap(),
-        stderr: err_reader.join().unwrap(),
     }
+
+    /// Kills the child and returns what it printed.
+    fn kill(&mut self) -> (ExitStatus, String, String) {
+        let _ = self.child.kill();
+        let status = self.child.wait().expect("wait");
+        let text = |reader: Option<JoinHandle<Vec<u8>>>| {
+            let bytes = reader.map(|r| r.join().unwrap()).unwrap_or_default();
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        let out = text(self.out_reader.take());
+        let err = text(self.err_reader.take());
+        (status, out, err)
+    }
+
+    /// Waits for the child, killing it if it outlives `limit` (the test
+    /// then fails with what it printed so far).
+    fn wait(mut self, limit: Duration) -> Output {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let (status, out, err) = self.kill();
+                panic!(
+                    "{:?} did not finish within {limit:?} ({status})\n--- stdout\n{out}\n--- stderr\n{err}",
+                    self.cmd
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Output {
+            status,
+            stdout: self.out_reader.take().unwrap().join().unwrap(),
+            stderr: self.err_reader.take().unwrap().join().unwrap(),
+        }
+    }
+}
+
+impl Drop for Collecting {
+    /// A test that fails midway must not leave a VM running.
+    fn drop(&mut self) {
+        if self.out_reader.is_some() {
+            let _ = self.kill();
+        }
+    }
+}
+
+/// `hugevmm` running in the background, e.g. while a test talks to its
+/// control socket.
+pub struct Background {
+    process: Collecting,
+    stats_path: Option<PathBuf>,
+}
+
+impl Background {
+    /// Starts `hugevmm` with `args`; a `run` gets `--stats-json` as with
+    /// [`hugevmm`].
+    pub fn start(args: &[&str]) -> Self {
+        let mut cmd = Command::new(hugevmm_bin());
+        cmd.args(args);
+        let stats_path = (args.first() == Some(&"run")).then(|| unique_path("stats.json"));
+        if let Some(path) = &stats_path {
+            cmd.arg("--stats-json").arg(path);
+        }
+        Self {
+            process: Collecting::spawn(cmd),
+            stats_path,
+        }
+    }
+
+    /// Waits until `ready()` holds (e.g. the control socket accepts
+    /// connections), checking every 20 ms for at most `limit`; panics with
+    /// the output, naming `what`, if the process ends first or the limit
+    /// passes.
+    pub fn wait_until(&mut self, what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !ready() {
+            let exited = self.process.child.try_wait().expect("wait");
+            if exited.is_some() || start.elapsed() > limit {
+                let (status, out, err) = self.process.kill();
+                panic!(
+                    "never ready: {what} ({status}, waited {:?})\n--- stdout\n{out}\n--- stderr\n{err}",
+                    start.elapsed()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits for the process to end (killing it after `limit`, which fails
+    /// the test) and collects its output and stats.
+    pub fn finish(self, limit: Duration) -> Run {
+        let output = self.process.wait(limit);
+        let stats = self.stats_path.as_ref().and_then(|path| {
+            let text = std::fs::read_to_string(path).ok();
+            let _ = std::fs::remove_file(path);
+            text.map(|s| serde_json::from_str(&s).expect("stats json parses"))
+        });
+        Run {
+            status: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            stats,
+        }
+    }
+}
+
+/// A fresh path in the temporary directory (nothing is created there), e.g.
+/// for a control socket.
+pub fn temp_path(name: &str) -> PathBuf {
+    unique_path(name)
 }
 
 /// Makes sure `pages` free 2 MiB hugetlb pages exist, reserving them when

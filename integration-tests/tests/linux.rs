@@ -5,16 +5,22 @@
 //! - **banner** (this project's PVM hosts, where guest CPL 0 code is
 //!   emulated and the emulator stops a stock kernel early): the test checks
 //!   what the kernel printed up to there (banner, command line, our e820
-//!   map) and that hugevmm ends the VM with a clear emulation-failure
-//!   message, in bounded time.
+//!   map, our ACPI tables found and the MADT used for two CPUs) and that
+//!   hugevmm ends the VM with a clear emulation-failure message, in
+//!   bounded time.
 //! - **full** (VMX/SVM hosts, where guest kernel code runs natively): the
 //!   same checks, then the kernel boots into an initramfs the test builds
-//!   (static busybox, a newc cpio written here) whose /init prints a marker,
-//!   reads a string the test wrote into a virtio-blk disk, and reboots,
-//!   which ends the VM with status 0.
+//!   (static busybox, a newc cpio written here, and the kernel package's
+//!   virtio modules that `.ci/fetch-kernel` unpacked) whose /init loads
+//!   the modules, prints a marker, the CPU count and the virtio drivers
+//!   bound (the devices come from hugevmm's DSDT alone), reads a string the
+//!   test wrote into a virtio-blk disk, and powers off through the ACPI
+//!   sleep registers, which ends the VM with status 0.
 //!
 //! The test prints which variant it ran. `HUGEVMM_TEST_KERNEL=PATH` boots
-//! another kernel than `.ci/fetch-kernel`'s.
+//! another kernel than `.ci/fetch-kernel`'s; `HUGEVMM_TEST_MODULES=DIR`
+//! then names its modules (a `load-order` file and `NAME.ko` files), if it
+//! needs any.
 
 use integration_tests::*;
 use std::path::{Path, PathBuf};
@@ -31,8 +37,39 @@ const INIT_MARKER: &str = "HUGEVMM-INITRAMFS-RUNNING";
 const DISK_MARKER: &str = "HUGEVMM-DISK:";
 /// Printed by /init when the disk never appeared.
 const NO_DISK_MARKER: &str = "HUGEVMM-NO-DISK";
+/// Printed by /init before the number of CPUs it sees.
+const CPUS_MARKER: &str = "HUGEVMM-CPUS:";
+/// Printed by /init before the drivers bound to virtio devices.
+const VIRTIO_MARKER: &str = "HUGEVMM-VIRTIO-DRIVERS:";
+/// Printed by /init for a module that would not load.
+const INSMOD_FAILED_MARKER: &str = "HUGEVMM-INSMOD-FAILED";
 /// The static busybox the initramfs is built from (Debian: busybox-static).
 const BUSYBOX: &str = "/bin/busybox";
+
+/// The modules the full variant's initramfs loads, in load order (empty
+/// for a kernel with the drivers built in).
+fn kernel_modules() -> Result<Vec<(String, Vec<u8>)>, String> {
+    let dir = match std::env::var_os("HUGEVMM_TEST_MODULES") {
+        Some(dir) => PathBuf::from(dir),
+        None if std::env::var_os("HUGEVMM_TEST_KERNEL").is_some() => return Ok(Vec::new()),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/linux-kernel/modules"),
+    };
+    let order = std::fs::read_to_string(dir.join("load-order")).map_err(|e| {
+        format!(
+            "no {}: {e}; run .ci/fetch-kernel (CI does)",
+            dir.join("load-order").display()
+        )
+    })?;
+    order
+        .split_whitespace()
+        .map(|name| {
+            let path = dir.join(format!("{name}.ko"));
+            std::fs::read(&path)
+                .map(|bytes| (name.to_string(), bytes))
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        })
+        .collect()
+}
 
 fn kernel() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("HUGEVMM_TEST_KERNEL") {
@@ -121,8 +158,9 @@ fn boot_args(kernel: &Path, cmdline: &str, extra: &[String]) -> Vec<String> {
 }
 
 /// What every variant checks: the banner, the command line the kernel saw
-/// (ours, plus hugevmm's `virtio_mmio.device=` words), our e820 map, and
-/// that the VM ended by itself.
+/// (ours, plus hugevmm's `virtio_mmio.device=` words), our e820 map, our
+/// ACPI tables listed (the RSDP where hugevmm puts it), the MADT used for
+/// both vCPUs, and that the VM ended by itself.
 fn check_early_boot(run: &Run, want_cmdline: &str) {
     let out = &run.stdout;
     assert!(
@@ -149,6 +187,25 @@ fn check_early_boot(run: &Run, want_cmdline: &str) {
         })
         .collect();
     assert_eq!(e820, expected_e820(MEM_BYTES), "e820 map:\n{out}");
+    assert!(
+        out.contains("ACPI: RSDP 0x00000000000E0000 000024 (v02 HUGVMM)"),
+        "the kernel did not find hugevmm's RSDP:\n{out}"
+    );
+    for table in ["XSDT", "FACP", "DSDT", "APIC"] {
+        assert!(
+            out.lines()
+                .any(|l| l.contains(&format!("ACPI: {table} 0x")) && l.contains("HUGVMM")),
+            "the kernel did not list hugevmm's {table}:\n{out}"
+        );
+    }
+    assert!(
+        out.contains("Using ACPI (MADT) for SMP configuration information"),
+        "the kernel did not take its CPUs from the MADT:\n{out}"
+    );
+    assert!(
+        out.contains("nr_cpu_ids:2 "),
+        "the kernel did not see both vCPUs:\n{out}"
+    );
     assert_ne!(
         run.status,
         Some(124),
@@ -168,8 +225,8 @@ fn a_debian_kernel_boots_on_two_vcpus_as_far_as_this_host_allows() {
     };
     let host = host_kind();
     if host == HostKind::Native {
-        match static_busybox() {
-            Ok(busybox) => return full_boot(&kernel, &busybox),
+        match static_busybox().and_then(|b| Ok((b, kernel_modules()?))) {
+            Ok((busybox, modules)) => return full_boot(&kernel, &busybox, &modules),
             Err(why) => eprintln!(
                 "SKIP linux_boot full variant: {why}; apt-get install busybox-static (.ci/run does). Running the banner variant instead"
             ),
@@ -200,11 +257,11 @@ fn banner_boot(kernel: &Path, host: HostKind) {
     }
 }
 
-fn full_boot(kernel: &Path, busybox: &[u8]) {
+fn full_boot(kernel: &Path, busybox: &[u8], modules: &[(String, Vec<u8>)]) {
     let dir = std::env::temp_dir().join(format!("hugevmm-linux-full-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let initrd = dir.join("initramfs.cpio");
-    std::fs::write(&initrd, cpio::newc(&initramfs(busybox))).unwrap();
+    std::fs::write(&initrd, cpio::newc(&initramfs(busybox, modules))).unwrap();
     let disk_text = format!("hugevmm-virtio-blk-sector-0-{}", std::process::id());
     let disk = dir.join("disk.img");
     let mut image = vec![0u8; 1 << 20];
@@ -213,21 +270,22 @@ fn full_boot(kernel: &Path, busybox: &[u8]) {
 
     let cmdline =
         "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1 rdinit=/init hugevmm.test=full";
+    // The devices only in the DSDT, as a stock kernel (no
+    // CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES) needs them.
     let extra = [
         "--initrd",
         initrd.to_str().unwrap(),
         "--disk",
         disk.to_str().unwrap(),
+        "--balloon",
+        "--virtio-announce",
+        "acpi",
     ]
     .map(String::from);
     let run = run_hugevmm(&boot_args(kernel, cmdline, &extra));
     let _ = std::fs::remove_dir_all(&dir);
 
-    // hugevmm's first virtio window and interrupt (machine_devices.rs).
-    check_early_boot(
-        &run,
-        &format!("{cmdline} virtio_mmio.device=4K@0xd0000000:5"),
-    );
+    check_early_boot(&run, cmdline);
     let out = &run.stdout;
     assert!(
         !run.stderr.contains("emulation failure"),
@@ -240,11 +298,28 @@ fn full_boot(kernel: &Path, busybox: &[u8]) {
         run.stderr
     );
     assert!(
+        !out.contains(INSMOD_FAILED_MARKER),
+        "a module from the kernel package would not load:\n{out}"
+    );
+    let marked = |marker: &str| {
+        out.lines()
+            .find_map(|l| l.split_once(marker).map(|(_, v)| v.trim().to_string()))
+    };
+    assert_eq!(
+        marked(CPUS_MARKER).as_deref(),
+        Some("2"),
+        "the kernel must bring up both vCPUs from the MADT:\n{out}"
+    );
+    let drivers = marked(VIRTIO_MARKER).unwrap_or_default();
+    assert!(
+        drivers.contains("virtio_blk") && drivers.contains("virtio_balloon"),
+        "the DSDT's virtio-mmio devices must be bound to their drivers, got {drivers:?}:\n{out}"
+    );
+    assert!(
         !out.contains(NO_DISK_MARKER),
-        "/init ran but /dev/vda never appeared. The kernel must have virtio-mmio and virtio-blk built in \
-         (CONFIG_VIRTIO_MMIO=y, CONFIG_VIRTIO_BLK=y) and accept virtio_mmio.device= \
-         (CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES=y); Debian's stock kernels have none of these, \
-         so set HUGEVMM_TEST_KERNEL to one that has.\n{out}"
+        "/init ran but /dev/vda never appeared. The kernel needs ACPI (or \
+         CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES=y) and virtio-mmio and virtio-blk, built in or \
+         as modules in the initramfs (HUGEVMM_TEST_MODULES).\n{out}"
     );
     let read = out.lines().find_map(|l| {
         l.split_once(DISK_MARKER)
@@ -258,11 +333,16 @@ fn full_boot(kernel: &Path, busybox: &[u8]) {
     assert_eq!(
         run.status,
         Some(0),
-        "reboot -f ends the VM cleanly:\n{}",
+        "poweroff -f ends the VM cleanly:\n{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("ACPI power off (S5)"),
+        "the guest powered off through the ACPI sleep registers:\n{}",
         run.stderr
     );
     eprintln!(
-        "linux_boot: full variant (VMX/SVM host): banner, cmdline, e820, initramfs /init, virtio-blk read and reboot checked on 2 vCPUs"
+        "linux_boot: full variant (VMX/SVM host): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read and ACPI power-off checked"
     );
 }
 
@@ -296,8 +376,9 @@ fn elf_is_static(elf: &[u8]) -> Option<bool> {
     Some(true)
 }
 
-/// The /init script: mounts the kernel filesystems, prints the marker,
-/// prints the disk's first sector (its NUL padding dropped), reboots.
+/// The /init script: mounts the kernel filesystems, loads the modules,
+/// prints the markers and the disk's first sector (its NUL padding
+/// dropped), powers off.
 fn init_script() -> String {
     format!(
         r#"#!/bin/busybox sh
@@ -309,6 +390,12 @@ mount -t sysfs sysfs /sys
 # Keep kernel messages from splitting the lines the test looks for.
 echo 1 > /proc/sys/kernel/printk
 echo {INIT_MARKER}
+if [ -f /lib/modules/load-order ]; then
+    for m in $(cat /lib/modules/load-order); do
+        insmod /lib/modules/$m.ko || echo "{INSMOD_FAILED_MARKER} $m"
+    done
+fi
+echo "{CPUS_MARKER} $(grep -c ^processor /proc/cpuinfo)"
 n=0
 while [ ! -b /dev/vda ] && [ $n -lt 20 ]; do sleep 1; n=$((n + 1)); done
 if [ -b /dev/vda ]; then
@@ -316,20 +403,43 @@ if [ -b /dev/vda ]; then
 else
     echo "{NO_DISK_MARKER}: virtio devices: $(ls /sys/bus/virtio/devices 2>&1)"
 fi
-# No ACPI, so no power-off; a reboot goes through the i8042 and ends the VM.
-reboot -f
+drivers=""
+for d in /sys/bus/virtio/devices/*; do
+    [ -e "$d/driver" ] && drivers="$drivers $(basename "$(readlink "$d/driver")")"
+done
+echo "{VIRTIO_MARKER}$drivers"
+# Through the FADT's sleep control register: S5 ends the VM.
+poweroff -f
 "#
     )
 }
 
-fn initramfs(busybox: &[u8]) -> Vec<cpio::Entry> {
+fn initramfs(busybox: &[u8], modules: &[(String, Vec<u8>)]) -> Vec<cpio::Entry> {
     use cpio::{Entry, Kind};
     let dir = |name: &str| Entry {
         name: name.into(),
         perm: 0o755,
         kind: Kind::Dir,
     };
-    vec![
+    let file = |name: String, bytes: Vec<u8>| Entry {
+        name,
+        perm: 0o644,
+        kind: Kind::File(bytes),
+    };
+    let mut module_entries = Vec::new();
+    if !modules.is_empty() {
+        module_entries.push(dir("lib"));
+        module_entries.push(dir("lib/modules"));
+        let order: String = modules
+            .iter()
+            .map(|(name, _)| format!("{name}\n"))
+            .collect();
+        module_entries.push(file("lib/modules/load-order".into(), order.into_bytes()));
+        for (name, bytes) in modules {
+            module_entries.push(file(format!("lib/modules/{name}.ko"), bytes.clone()));
+        }
+    }
+    let mut entries = vec![
         dir("bin"),
         dir("dev"),
         dir("proc"),
@@ -356,7 +466,9 @@ fn initramfs(busybox: &[u8]) -> Vec<cpio::Entry> {
             perm: 0o755,
             kind: Kind::File(init_script().into_bytes()),
         },
-    ]
+    ];
+    entries.extend(module_entries);
+    entries
 }
 
 /// A minimal writer (and, for its tests, reader) of the "newc" cpio format
@@ -544,7 +656,25 @@ fn sample_entries() -> Vec<cpio::Entry> {
 
 #[test]
 fn initramfs_cpio_parses_back_to_its_entries() {
-    let entries = initramfs(b"\x7fELF pretend busybox");
+    let modules = [
+        ("virtio".to_string(), b"\x7fELF pretend module".to_vec()),
+        ("virtio_blk".to_string(), b"\x7fELF another".to_vec()),
+    ];
+    let entries = initramfs(b"\x7fELF pretend busybox", &modules);
+    let order = entries
+        .iter()
+        .find(|e| e.name == "lib/modules/load-order")
+        .unwrap();
+    assert_eq!(
+        order.kind,
+        cpio::Kind::File(b"virtio\nvirtio_blk\n".to_vec())
+    );
+    assert!(entries
+        .iter()
+        .any(|e| e.name == "lib/modules/virtio_blk.ko"));
+    assert!(!initramfs(b"x", &[])
+        .iter()
+        .any(|e| e.name.starts_with("lib")));
     let bytes = cpio::newc(&entries);
     assert_eq!(bytes.len() % 4, 0);
     assert_eq!(&bytes[..6], b"070701");
@@ -614,7 +744,7 @@ fn busybox_cpio_reads_our_archives() {
         );
         String::from_utf8(out.stdout).unwrap()
     };
-    let initramfs = initramfs(b"not really busybox");
+    let initramfs = initramfs(b"not really busybox", &[("m".into(), b"module".to_vec())]);
     let listed = busybox_cpio(&cpio::newc(&initramfs), &["-t"]);
     let names: Vec<&str> = initramfs.iter().map(|e| e.name.as_str()).collect();
     assert_eq!(listed.lines().collect::<Vec<_>>(), names);
@@ -644,6 +774,31 @@ fn busybox_cpio_reads_our_archives() {
         .mode();
     assert_eq!(mode & 0o777, 0o700);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The full variant cannot run on this project's hosts, so at least its
+/// /init must be a script busybox's shell accepts.
+#[test]
+fn init_script_parses_in_busybox_sh() {
+    if !Path::new(BUSYBOX).exists() {
+        eprintln!("SKIP init_script_parses_in_busybox_sh: no {BUSYBOX}; apt-get install busybox-static (.ci/run does)");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hugevmm-init-sh-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("init");
+    std::fs::write(&script, init_script()).unwrap();
+    let out = Command::new(BUSYBOX)
+        .args(["sh", "-n"])
+        .arg(&script)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "busybox sh -n /init: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -83,7 +83,11 @@ static BUILTINS: &[Builtin] = &[
          read as zero (dropped; expect_drop=0 also accepts kept data) and the half \
          one kept its data, inflates and deflates pages; prints `balloon ok dropped_chunks=<n> \
          kept_partial=1`, exit 1 on a wrong result, 2 without a balloon \
-         (chunks=N, default 4; expect_drop=0|1, default 1; stats=0|1, default 1)"
+         (chunks=N, default 4; expect_drop=0|1, default 1; stats=0|1, default 1). \
+         follow=1 instead waits for the host's target (--balloon-target, `hugevmm ctl \
+         ... balloon SIZE`; at most wait_gcycles=N x 2^30 TSC cycles, default 300), \
+         inflates that many pages, sets `actual` and checks whole inflated chunks were \
+         dropped; prints `balloon follow ok target_pages=<t> dropped_chunks=<n>`"
     ),
 ];
 

@@ -420,7 +420,11 @@ fn device_payload_arguments() {
     for (payload, args, known) in [
         ("blkcheck", "sectors=x", "sectors= seed="),
         ("blkcheck", "disk=1", "sectors= seed="),
-        ("balloon", "chunks=1M", "chunks= expect_drop= stats="),
+        (
+            "balloon",
+            "chunks=1M",
+            "chunks= expect_drop= stats= follow= wait_gcycles=",
+        ),
     ] {
         let r = run(payload, 2, "16M", args, &["mmio=1"]);
         assert_eq!(r.status, 2, "{args}");
@@ -432,7 +436,15 @@ fn device_payload_arguments() {
             lines[0]
         );
     }
-    for args in ["chunks=0", "chunks=65", "expect_drop=2", "stats=2"] {
+    for args in [
+        "chunks=0",
+        "chunks=65",
+        "expect_drop=2",
+        "stats=2",
+        "follow=2",
+        "follow=1 wait_gcycles=0",
+        "wait_gcycles=100001",
+    ] {
         let r = run("balloon", 2, "16M", args, &["mmio=1"]);
         assert_eq!(r.status, 2, "{args}");
         assert_eq!(r.lines_starting("balloon: bad value").len(), 1, "{args}");

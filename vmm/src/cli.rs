@@ -1,7 +1,8 @@
 //! Command line: parsing, the run command, and turning errors into messages.
 
+use crate::balloon_handle;
 use crate::console::ConsoleSink;
-use crate::linux::LinuxBootConfig;
+use crate::linux::{LinuxBootConfig, VirtioAnnounce};
 use crate::machine_devices::DeviceOptions;
 use crate::stats;
 use crate::swap_setup::SwapOptions;
@@ -31,6 +32,9 @@ struct Cli {
 enum Command {
     /// Run a payload (a guest program following docs/PAYLOAD_PROTOCOL.md).
     Run(Box<RunArgs>),
+    /// Send one command to a running VM's control socket (see
+    /// `hugevmm run --api-socket`) and print the JSON reply.
+    Ctl(crate::control::client::CtlArgs),
     /// List the built-in payloads.
     Payloads,
     /// Run a benchmark suite (see README, "Results").
@@ -68,9 +72,15 @@ struct RunArgs {
     #[arg(long, requires = "kernel")]
     initrd: Option<PathBuf>,
     /// Kernel command line for --kernel (virtio_mmio.device= words for the
-    /// devices are appended).
+    /// devices are appended, see --virtio-announce).
     #[arg(long, default_value = DEFAULT_CMDLINE, requires = "kernel")]
     cmdline: String,
+    /// How a Linux guest learns about the --disk and --balloon devices:
+    /// ACPI DSDT entries (what stock distribution kernels read),
+    /// virtio_mmio.device= words on the command line (kernels built with
+    /// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES), or both.
+    #[arg(long, value_enum, default_value_t, requires = "kernel")]
+    virtio_announce: VirtioAnnounce,
     /// virtio-blk disk: a raw image, PATH[,readonly]; repeat for more.
     #[arg(long = "disk")]
     disks: Vec<DiskSpec>,
@@ -78,6 +88,17 @@ struct RunArgs {
     /// 2 MiB chunks).
     #[arg(long)]
     balloon: bool,
+    /// Initial balloon target: how much guest RAM the guest is asked to
+    /// give back (a multiple of 4K, at most --mem; e.g. 256M). Change it
+    /// later with `hugevmm ctl ... balloon SIZE`.
+    #[arg(long, value_name = "SIZE", requires = "balloon", value_parser = parse_size_arg)]
+    balloon_target: Option<u64>,
+    /// Serve a control socket at PATH while the VM runs (one JSON reply
+    /// line per command line: `balloon SIZE`, `balloon-stats`, `stats`,
+    /// `help`); talk to it with `hugevmm ctl --api-socket PATH`. A stale
+    /// socket there is replaced; the file is removed when the VM ends.
+    #[arg(long, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
     /// Write the Linux serial console to this file instead of stdout.
     #[arg(long, requires = "kernel")]
     console_log: Option<PathBuf>,
@@ -160,6 +181,7 @@ fn run_command(args: RunArgs) -> Result<i32> {
             kernel: kernel.clone(),
             initrd: args.initrd.clone(),
             cmdline: args.cmdline.clone(),
+            virtio_announce: args.virtio_announce,
         }),
         None => Guest::Payload {
             payload: load_payload(&args)?,
@@ -173,9 +195,12 @@ fn run_command(args: RunArgs) -> Result<i32> {
         Some(secs) => Some(Duration::from_secs_f64(secs)),
         None => None,
     };
-    let payload_name = match &guest {
-        Guest::Payload { payload, .. } => payload.name.clone(),
-        Guest::Linux(boot) => boot.kernel.display().to_string(),
+    let payload_name = guest.name();
+    let balloon_target_pages = match args.balloon_target {
+        Some(bytes) => {
+            balloon_handle::target_pages(bytes, args.mem).context("invalid --balloon-target")?
+        }
+        None => 0,
     };
     let swap = (args.mem_limit.is_some() || args.swap_store.is_some()).then(|| SwapOptions {
         mem_limit_bytes: args.mem_limit,
@@ -192,6 +217,7 @@ fn run_command(args: RunArgs) -> Result<i32> {
         devices: DeviceOptions {
             disks: args.disks.clone(),
             balloon: args.balloon,
+            balloon_target_pages,
             console_log: args.console_log.clone(),
         },
         timeout,
@@ -201,6 +227,7 @@ fn run_command(args: RunArgs) -> Result<i32> {
             .as_ref()
             .map(|_| Duration::from_millis(args.stats_interval.max(1))),
         pageout_at_exit: args.pageout,
+        api_socket: args.api_socket.clone(),
     };
     let console: ConsoleSink = Arc::new(Mutex::new(Box::new(std::io::stdout())));
     let outcome = vm::run(config, console)?;
@@ -280,6 +307,7 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Run(args) => run_command(*args),
         Command::Bench(args) => crate::bench::run(args),
+        Command::Ctl(args) => crate::control::client::run(args),
         Command::Payloads => {
             for p in payloads::all() {
                 println!("{:<10} {}", p.name, p.description);

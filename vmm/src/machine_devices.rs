@@ -1,6 +1,8 @@
-//! The devices of one VM: serial and i8042 on the port bus (Linux guests),
+//! The devices of one VM: serial, i8042 and the ACPI sleep registers on the
+//! port bus (Linux guests),
 //! virtio-mmio disks and balloon on the MMIO bus (both kinds of guest).
 
+use crate::balloon_handle::BalloonHandle;
 use crate::vcpu::VcpuEvent;
 use anyhow::{Context, Result};
 use devices::virtio::{
@@ -8,7 +10,7 @@ use devices::virtio::{
 };
 use devices::{
     CountingLine, EventFdLine, FreeMemorySink, GuestMemoryHandle, InterruptLine, MmioBus, PioBus,
-    SerialPort, I8042,
+    SerialPort, SleepControl, I8042,
 };
 use guestmem::GuestRam;
 use kvm_ioctls::VmFd;
@@ -34,6 +36,8 @@ pub struct DeviceOptions {
     pub disks: Vec<DiskSpec>,
     /// `--balloon`.
     pub balloon: bool,
+    /// `--balloon-target`, in 4 KiB pages (0: none).
+    pub balloon_target_pages: u32,
     /// `--console-log`: serial output to this file instead of stdout.
     pub console_log: Option<PathBuf>,
 }
@@ -63,6 +67,9 @@ pub struct MachineDevices {
     /// The console UART (Linux guests), shared with the port bus so host
     /// terminal input can be queued into it.
     pub serial: Option<Arc<Mutex<SerialPort>>>,
+    /// The balloon (`--balloon`), shared with the MMIO bus so the control
+    /// socket can change its target while the guest runs.
+    pub balloon: Option<BalloonHandle>,
 }
 
 impl MachineDevices {
@@ -97,8 +104,9 @@ fn line(interrupts: &Interrupts<'_>, irq: u32) -> Result<Arc<dyn InterruptLine>>
     }
 }
 
-/// Builds every device. `serial` adds the 8250 UART and the i8042 (Linux
-/// guests); `events` receives the guest's reset request.
+/// Builds every device. `serial` adds the 8250 UART, the i8042 and the
+/// ACPI sleep registers (Linux guests); `events` receives the guest's
+/// reset and power-off requests.
 pub fn build(
     ram: &Arc<GuestRam>,
     options: &DeviceOptions,
@@ -132,6 +140,21 @@ pub fn build(
                 .send(VcpuEvent::GuestReset { how: "i8042 reset" });
         }));
         pio.insert(I8042_PORT, 5, Arc::new(Mutex::new(i8042)))?;
+        // The ACPI sleep registers the FADT names: `poweroff` in the guest.
+        let power_off_events = Mutex::new(events.clone());
+        let sleep_control = SleepControl::new(Box::new(move || {
+            let _ = power_off_events
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(VcpuEvent::GuestReset {
+                    how: "ACPI power off (S5)",
+                });
+        }));
+        pio.insert(
+            devices::sleep_control::SLEEP_CONTROL_PORT,
+            devices::sleep_control::SLEEP_PORT_COUNT,
+            Arc::new(Mutex::new(sleep_control)),
+        )?;
     }
     let mut windows = Vec::new();
     let next_window = |windows: &mut Vec<MmioWindow>| {
@@ -155,11 +178,22 @@ pub fn build(
         ram: ram.clone(),
         engine: OnceLock::new(),
     });
+    let mut balloon_handle = None;
     if options.balloon {
-        let balloon = Balloon::new(free_memory.clone());
+        let mut balloon = Balloon::new(free_memory.clone());
+        // No driver yet, so no interrupt to raise: the driver reads the
+        // target when it starts.
+        balloon
+            .set_target_pages(options.balloon_target_pages)
+            .context("cannot set the balloon target")?;
         let w = next_window(&mut windows);
-        let transport = MmioTransport::new(balloon, memory.clone(), line(&interrupts, w.irq)?);
-        mmio.insert(w.base, w.size_bytes, Arc::new(Mutex::new(transport)))?;
+        let transport = Arc::new(Mutex::new(MmioTransport::new(
+            balloon,
+            memory.clone(),
+            line(&interrupts, w.irq)?,
+        )));
+        mmio.insert(w.base, w.size_bytes, transport.clone())?;
+        balloon_handle = Some(BalloonHandle::new(transport));
     }
     Ok(MachineDevices {
         pio: Arc::new(pio),
@@ -167,6 +201,7 @@ pub fn build(
         windows,
         free_memory,
         serial: console,
+        balloon: balloon_handle,
     })
 }
 

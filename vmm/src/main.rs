@@ -1,8 +1,10 @@
 //! `hugevmm`: a minimal KVM VMM whose guest RAM lives in 2 MiB mappings.
 
+mod balloon_handle;
 mod bench;
 mod cli;
 mod console;
+mod control;
 mod cpu;
 #[allow(dead_code, unused_imports)] // smoke-boot helpers are used by tests only
 mod linux;

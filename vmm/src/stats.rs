@@ -1,8 +1,11 @@
 //! The end-of-run statistics object written by `--stats-json`.
 
+use crate::balloon_handle::BalloonSnapshot;
 use crate::vm::{RunOutcome, Sample};
-use guestmem::Backing;
+use devices::virtio::BalloonStats;
+use guestmem::{Backing, StageTwoPages, PAGE_BYTES};
 use serde_json::{json, Value};
+use std::time::Duration;
 use swap::engine::{FaultSource, LatencyHistogram, SwapStats};
 
 /// Everything the stats object reports about one run.
@@ -42,6 +45,9 @@ impl RunSummary<'_> {
         if let Some(swap) = &o.swap {
             value["swap"] = swap_json(swap, true);
         }
+        if let Some(balloon) = &o.balloon {
+            value["balloon"] = balloon_json(balloon);
+        }
         if let Some(p) = &o.pageout {
             value["pageout"] = json!({
                 "resident_bytes_before": p.resident_bytes_before,
@@ -56,6 +62,80 @@ impl RunSummary<'_> {
         }
         value
     }
+}
+
+/// The figures of a VM that is still running (`stats` on the control
+/// socket): the `--stats-json` fields known before the end, under the same
+/// names.
+pub struct LiveSummary<'a> {
+    /// Payload name or kernel path.
+    pub payload: &'a str,
+    /// vCPU count.
+    pub vcpus: u32,
+    /// Guest RAM size.
+    pub mem_bytes: u64,
+    /// Guest RAM backing.
+    pub backing: Backing,
+    /// Since the vCPUs started.
+    pub elapsed: Duration,
+    /// KVM stage-2 mapping counts, if they could be read.
+    pub stage2: Option<StageTwoPages>,
+    /// Swap engine counters, if the engine runs.
+    pub swap: Option<SwapStats>,
+    /// The balloon, if there is one.
+    pub balloon: Option<BalloonSnapshot>,
+}
+
+impl LiveSummary<'_> {
+    /// The JSON object.
+    pub fn to_json(&self) -> Value {
+        let mut value = json!({
+            "payload": self.payload,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "vcpus": self.vcpus,
+            "mem_bytes": self.mem_bytes,
+            "backing": self.backing.to_string(),
+        });
+        if let Some(stage2) = &self.stage2 {
+            value["kvm"] = json!({
+                "pages_4k": stage2.pages_4k,
+                "pages_2m": stage2.pages_2m,
+                "pages_1g": stage2.pages_1g,
+            });
+        }
+        if let Some(swap) = &self.swap {
+            value["swap"] = swap_json(swap, false);
+        }
+        if let Some(balloon) = &self.balloon {
+            value["balloon"] = balloon_json(balloon);
+        }
+        value
+    }
+}
+
+/// The balloon's figures; `guest_stats` maps the statistics tags' names
+/// (`free_bytes`, ...; `tag_<n>` for tags without one) to their values.
+pub fn balloon_json(b: &BalloonSnapshot) -> Value {
+    let guest_stats = b.guest_stats.as_ref().map(|stats| {
+        stats
+            .iter()
+            .map(|(tag, v)| {
+                let name = BalloonStats::tag_name(tag)
+                    .map_or_else(|| format!("tag_{tag}"), str::to_string);
+                (name, Value::from(v))
+            })
+            .collect::<serde_json::Map<_, _>>()
+    });
+    json!({
+        "target_pages": b.target_pages,
+        "target_bytes": u64::from(b.target_pages) * PAGE_BYTES,
+        "actual_pages": b.actual_pages,
+        "actual_bytes": u64::from(b.actual_pages) * PAGE_BYTES,
+        "inflated_pages": b.inflated_pages,
+        "driver_active": b.driver_active,
+        "stats_reports": b.stats_reports,
+        "guest_stats": guest_stats,
+    })
 }
 
 /// Percentiles of a latency histogram; with `buckets`, also every

@@ -1,7 +1,9 @@
 //! One run of a payload: builds the VM, loads the image, runs the vCPUs and
 //! collects the outcome.
 
+use crate::balloon_handle::BalloonSnapshot;
 use crate::console::ConsoleSink;
+use crate::control::{ControlContext, ControlSocket};
 use crate::cpu::{self, EntryState};
 use crate::linux::{self, console_input, LinuxBootConfig, MachineInfo};
 use crate::machine_devices::{self, DeviceOptions, Interrupts, MachineDevices};
@@ -14,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use guestmem::{format_size, Backing, GuestRam, KvmStats, Layout, StageTwoPages};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::Kvm;
+use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use swap::engine::{EvictReport, SwapStats};
@@ -44,6 +47,16 @@ pub enum Guest {
     Linux(LinuxBootConfig),
 }
 
+impl Guest {
+    /// For logs and statistics: the payload's name, or the kernel's path.
+    pub fn name(&self) -> String {
+        match self {
+            Guest::Payload { payload, .. } => payload.name.clone(),
+            Guest::Linux(boot) => boot.kernel.display().to_string(),
+        }
+    }
+}
+
 /// What to run.
 pub struct RunConfig {
     /// Guest RAM size.
@@ -64,6 +77,8 @@ pub struct RunConfig {
     pub sample_interval: Option<Duration>,
     /// After the payload finished, evict all guest RAM and time it.
     pub pageout_at_exit: bool,
+    /// Serve the control socket here while the guest runs.
+    pub api_socket: Option<PathBuf>,
 }
 
 /// The run's figures at one moment (`--stats-timeline`).
@@ -110,6 +125,8 @@ pub struct RunOutcome {
     pub timeline: Vec<Sample>,
     /// The timed eviction after the payload, if asked for.
     pub pageout: Option<Pageout>,
+    /// The balloon's figures when the guest stopped, if it has one.
+    pub balloon: Option<BalloonSnapshot>,
 }
 
 fn open_kvm() -> Result<Kvm> {
@@ -175,6 +192,14 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         Guest::Linux(_) => GuestKind::Linux,
     };
 
+    // Bound before anything is allocated, so that a path in use fails fast;
+    // removed again on every way out of this function.
+    let control_socket = config
+        .api_socket
+        .as_deref()
+        .map(ControlSocket::bind)
+        .transpose()?;
+
     let kvm = open_kvm()?;
     let ram = Arc::new(
         GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?,
@@ -221,12 +246,21 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         (Guest::Linux(boot), _) => {
             let mut boot = boot.clone();
             let devices = machine.kernel_cmdline();
-            if !devices.is_empty() {
+            if !devices.is_empty() && boot.virtio_announce.in_cmdline() {
                 boot.cmdline = format!("{} {devices}", boot.cmdline);
             }
             let described = MachineInfo {
                 vcpus: config.vcpus,
-                virtio_irqs: machine.windows.iter().map(|w| w.irq).collect(),
+                virtio: machine
+                    .windows
+                    .iter()
+                    .map(|w| linux::VirtioMmioDevice {
+                        base_gpa: w.base,
+                        size_bytes: w.size_bytes,
+                        irq: w.irq,
+                    })
+                    .collect(),
+                virtio_in_dsdt: boot.virtio_announce.in_acpi(),
             };
             Some(linux::load(&ram, &boot, &described).context("cannot load the kernel")?)
         }
@@ -275,6 +309,20 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         _ => None,
     };
     let started = Instant::now();
+    let control = match control_socket {
+        Some(socket) => Some(socket.serve(ControlContext {
+            payload: config.guest.name(),
+            vcpus: config.vcpus,
+            mem_bytes: config.mem_bytes,
+            backing: config.backing,
+            started,
+            balloon: machine.balloon.clone(),
+            engine: engine.clone(),
+            // Its own descriptor: the run loop keeps reading `stats`.
+            kvm_stats: KvmStats::open(&vm).ok(),
+        })?),
+        None => None,
+    };
     for (index, fd) in vcpus.into_iter().enumerate() {
         let ctx = VcpuContext {
             kind,
@@ -359,6 +407,11 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         }
     }
     let elapsed = started.elapsed();
+    if let Some(control) = control {
+        // After a failure a command may be stuck on guest memory nobody
+        // will serve any more: do not wait for it then.
+        control.shutdown(failure.is_none());
+    }
     let swap_stats = engine.as_ref().map(|e| e.stats());
     let stage2 = stats.read().context("cannot read KVM statistics")?;
     let pageout = match (&engine, config.pageout_at_exit && failure.is_none()) {
@@ -378,6 +431,15 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         }
         _ => None,
     };
+    let balloon = machine.balloon.as_ref().and_then(|b| {
+        // After a failure a vCPU may hold the device forever (blocked on
+        // guest memory); the figures are not worth hanging for.
+        if failure.is_none() {
+            Some(b.snapshot())
+        } else {
+            b.try_snapshot()
+        }
+    });
     // The devices hold the engine too (balloon drops); release them first.
     drop(machine);
     match engine.map(Arc::try_unwrap) {
@@ -402,6 +464,7 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         swap: swap_stats,
         timeline,
         pageout,
+        balloon,
     })
 }
 

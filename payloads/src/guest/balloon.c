@@ -30,12 +30,31 @@
  * With stats=1 one statistics buffer (total and free memory) is given to
  * the device, which keeps it.
  *
+ * With follow=1 it sets the device up the same way but reports nothing:
+ * it follows the host's target (the balloon's size set at run time). It
+ * polls the configuration field num_pages until it is non-zero, for at
+ * most wait_gcycles x 2^30 TSC cycles, meanwhile handing a fresh
+ * statistics report to the device whenever the device gives the buffer
+ * back (stats=1). Then it takes ceil(num_pages / 512) consecutive free
+ * chunks (the lowest ones), writes the pattern over them, inflates their
+ * first num_pages pages (1024 PFNs per request), writes `actual` =
+ * num_pages and checks what the host did:
+ * every wholly inflated chunk must read as zero (expect_drop=1) or, with
+ * expect_drop=0, as zero or all its pattern; in a partly inflated chunk
+ * the pages not inflated must keep their pattern and the inflated ones
+ * hold zero or their pattern (the host drops whole chunks only). Reading
+ * inflated pages is what a real driver never does; here it is the check.
+ *
  * Arguments: chunks=N (whole chunks reported, 1 to 64, default 4),
- * expect_drop=0|1 (default 1), stats=0|1 (default 1).
+ * expect_drop=0|1 (default 1), stats=0|1 (default 1), follow=0|1 (default
+ * 0), wait_gcycles=N (follow=1: how long to wait for a target, 1 to
+ * 100000, default 300, about 100 s at 3 GHz).
  *
  * Output (vCPU 0), status 0:
  *   balloon ok dropped_chunks=<n> kept_partial=1
- * (n = whole chunks that read as zero: all of them with expect_drop=1).
+ * (n = whole chunks that read as zero: all of them with expect_drop=1), or
+ * with follow=1:
+ *   balloon follow ok target_pages=<t> dropped_chunks=<n>
  * Errors, status 1:
  *   balloon: <what went wrong>
  * No virtio-balloon device, status 2:
@@ -63,6 +82,15 @@
 
 #define QUEUE_SIZE 32
 #define INFLATE_PAGES 16
+
+/* follow=1 */
+#define PAGES_PER_CHUNK    (CHUNK / PAGE_SIZE)
+#define FOLLOW_BATCH_PAGES 1024 /* PFNs per inflate request: a 4 KiB array */
+#define GCYCLES            (1ull << 30)
+#define MAX_WAIT_GCYCLES   100000
+/* Between two reads of num_pages: each read is an MMIO exit that costs the
+ * host a lot more than the guest's spin. */
+#define POLL_GAP_CYCLES    (1ull << 22)
 
 struct balloon_stat {
     uint16_t tag;
@@ -134,6 +162,22 @@ struct balloon {
     struct balloon_stat *stat;
 };
 
+/* Fills the statistics buffer (total and free memory) and gives it to the
+ * device. */
+static int submit_stats(struct balloon *b, const struct hvmm_boot_info *info)
+{
+    b->stat[0] = (struct balloon_stat){ BALLOON_S_MEMTOT, info->ram_bytes };
+    b->stat[1] = (struct balloon_stat){ BALLOON_S_MEMFREE,
+                                        hvmm_free_bytes(info) };
+    b->stat[2] = (struct balloon_stat){ BALLOON_S_AVAIL,
+                                        hvmm_free_bytes(info) };
+    struct virtio_buf buf = { (uintptr_t)b->stat, 3 * sizeof(*b->stat), 0 };
+    if (virtq_submit(&b->stats, &buf, 1) < 0)
+        return -1;
+    virtq_notify(&b->stats);
+    return 0;
+}
+
 static int setup(struct balloon *b, const struct hvmm_boot_info *info,
                  struct virtio_arena *arena, int want_stats)
 {
@@ -165,19 +209,10 @@ static int setup(struct balloon *b, const struct hvmm_boot_info *info,
     }
     if (virtio_driver_ok(&b->dev) != 0)
         return -1;
-    if (stats) {
-        /* 5.5.6.3: the driver hands the device one statistics buffer at
-         * start; the device keeps it until it wants an update. */
-        b->stat[0] = (struct balloon_stat){ BALLOON_S_MEMTOT, info->ram_bytes };
-        b->stat[1] = (struct balloon_stat){ BALLOON_S_MEMFREE,
-                                            hvmm_free_bytes(info) };
-        b->stat[2] = (struct balloon_stat){ BALLOON_S_AVAIL,
-                                            hvmm_free_bytes(info) };
-        struct virtio_buf buf = { (uintptr_t)b->stat, 3 * sizeof(*b->stat), 0 };
-        if (virtq_submit(&b->stats, &buf, 1) < 0)
-            return -1;
-        virtq_notify(&b->stats);
-    }
+    /* 5.5.6.3: the driver hands the device one statistics buffer at start;
+     * the device keeps it until it wants an update. */
+    if (stats && submit_stats(b, info) != 0)
+        return -1;
     return 0;
 }
 
@@ -234,24 +269,168 @@ static int inflate_deflate(struct balloon *b, uint64_t chunk)
     return 0;
 }
 
+/*
+ * follow=1: polls num_pages until the host sets a target (handing the
+ * statistics buffer back whenever the device returns it). Returns the
+ * target, or 0 if none came within wait_gcycles.
+ */
+static uint32_t wait_for_target(struct balloon *b,
+                                const struct hvmm_boot_info *info,
+                                uint64_t wait_gcycles)
+{
+    int stats = (b->dev.features & (1ull << BALLOON_F_STATS_VQ)) != 0;
+    uint64_t start = hvmm_rdtsc();
+    for (;;) {
+        uint32_t target = virtio_config_read32(&b->dev, BALLOON_CFG_NUM_PAGES);
+        if (target != 0)
+            return target;
+        uint32_t head, len;
+        if (stats && virtq_poll(&b->stats, &head, &len) &&
+            submit_stats(b, info) != 0)
+            return 0;
+        if (hvmm_rdtsc() - start > wait_gcycles * GCYCLES)
+            return 0;
+        uint64_t t = hvmm_rdtsc();
+        while (hvmm_rdtsc() - t < POLL_GAP_CYCLES)
+            __asm__ volatile("pause");
+    }
+}
+
+/* Checks a chunk whose every page was inflated. Returns 1 if it was
+ * dropped, 0 if kept whole, -1 (with a message) otherwise. */
+static int check_inflated_chunk(uint64_t at, uint64_t expect_drop)
+{
+    struct census c = survey(at, CHUNK);
+    if (c.other != 0) {
+        hvmm_printf("balloon: inflated chunk 0x%lx holds a wrong word at "
+                    "0x%lx\n",
+                    at, c.bad);
+        return -1;
+    }
+    if (c.zero != 0 && c.pattern != 0) {
+        hvmm_printf("balloon: inflated chunk 0x%lx was dropped in part: %lu "
+                    "zero words, %lu kept\n",
+                    at, c.zero, c.pattern);
+        return -1;
+    }
+    if (expect_drop && c.zero == 0) {
+        hvmm_printf("balloon: inflated chunk 0x%lx kept its data "
+                    "(expect_drop=1: the host should have dropped it)\n",
+                    at);
+        return -1;
+    }
+    return c.zero != 0;
+}
+
+/* follow=1: see the top of the file. */
+static int follow(struct balloon *b, const struct hvmm_boot_info *info,
+                  struct virtio_arena *arena, uint64_t wait_gcycles,
+                  uint64_t expect_drop)
+{
+    uint32_t target = wait_for_target(b, info, wait_gcycles);
+    if (target == 0) {
+        hvmm_printf("balloon: the host set no balloon target within %lu "
+                    "Gcycles (num_pages stayed 0): give --balloon-target or "
+                    "run `hugevmm ctl --api-socket PATH balloon SIZE`\n",
+                    wait_gcycles);
+        return 1;
+    }
+    uint64_t pages = target;
+    uint64_t whole = pages / PAGES_PER_CHUNK;
+    uint64_t chunks = (pages + PAGES_PER_CHUNK - 1) / PAGES_PER_CHUNK;
+    uint64_t base = find_chunks(info, chunks, arena->start);
+    if (base == 0) {
+        hvmm_printf("balloon: a target of %u pages needs %lu consecutive "
+                    "free 2 MiB chunks below 0x%lx: give a smaller target or "
+                    "more --mem\n",
+                    target, chunks, arena->start);
+        return 1;
+    }
+    uint32_t *pfns = virtio_arena_alloc(arena, FOLLOW_BATCH_PAGES * 4, 64);
+    if (pfns == NULL) {
+        hvmm_printf("balloon: arena too small\n");
+        return 1;
+    }
+    fill(base, chunks * CHUNK);
+    for (uint64_t done = 0; done < pages;) {
+        uint64_t n = pages - done;
+        if (n > FOLLOW_BATCH_PAGES)
+            n = FOLLOW_BATCH_PAGES;
+        for (uint64_t i = 0; i < n; i++)
+            pfns[i] = (uint32_t)((base >> BALLOON_PFN_SHIFT) + done + i);
+        struct virtio_buf buf = { (uintptr_t)pfns, (uint32_t)(n * 4), 0 };
+        uint32_t len;
+        if (virtq_transfer(&b->inflate, &buf, 1, &len) != 0)
+            return 1;
+        done += n;
+    }
+    virtio_config_write32(&b->dev, BALLOON_CFG_ACTUAL, target);
+    if (virtio_config_read32(&b->dev, BALLOON_CFG_ACTUAL) != target) {
+        hvmm_printf("balloon: the device did not take actual=%u\n", target);
+        return 1;
+    }
+
+    uint64_t dropped = 0;
+    for (uint64_t i = 0; i < whole; i++) {
+        int r = check_inflated_chunk(base + i * CHUNK, expect_drop);
+        if (r < 0)
+            return 1;
+        dropped += (uint64_t)r;
+    }
+    if (chunks > whole) {
+        uint64_t at = base + whole * CHUNK;
+        uint64_t inflated_bytes = (pages - whole * PAGES_PER_CHUNK) * PAGE_SIZE;
+        for (uint64_t page = at; page < at + inflated_bytes; page += PAGE_SIZE) {
+            struct census c = survey(page, PAGE_SIZE);
+            if (c.zero != 0 && c.pattern != 0) {
+                hvmm_printf("balloon: inflated page 0x%lx was dropped in "
+                            "part\n",
+                            page);
+                return 1;
+            }
+            if (c.other != 0) {
+                hvmm_printf("balloon: inflated page 0x%lx holds a wrong "
+                            "word at 0x%lx\n",
+                            page, c.bad);
+                return 1;
+            }
+        }
+        struct census rest = survey(at + inflated_bytes, CHUNK - inflated_bytes);
+        if (rest.pattern != (CHUNK - inflated_bytes) / 8) {
+            hvmm_printf("balloon: the partly inflated chunk 0x%lx lost data "
+                        "outside the balloon: %lu zero words, %lu wrong\n",
+                        at, rest.zero, rest.other);
+            return 1;
+        }
+    }
+    hvmm_printf("balloon follow ok target_pages=%u dropped_chunks=%lu\n",
+                target, dropped);
+    return 0;
+}
+
 int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
 {
-    uint64_t chunks = 4, expect_drop = 1, want_stats = 1;
+    uint64_t chunks = 4, expect_drop = 1, want_stats = 1, want_follow = 0;
+    uint64_t wait_gcycles = 300;
     const struct hvmm_arg_spec specs[] = {
         { "chunks", HVMM_ARG_NUMBER, &chunks },
         { "expect_drop", HVMM_ARG_NUMBER, &expect_drop },
         { "stats", HVMM_ARG_NUMBER, &want_stats },
+        { "follow", HVMM_ARG_NUMBER, &want_follow },
+        { "wait_gcycles", HVMM_ARG_NUMBER, &wait_gcycles },
         { NULL, 0, NULL },
     };
     if (hvmm_parse_args(info, "balloon", specs, vcpu == 0) != 0)
         return 2;
     if (chunks == 0 || chunks > MAX_CHUNKS || expect_drop > 1 ||
-        want_stats > 1) {
+        want_stats > 1 || want_follow > 1 || wait_gcycles == 0 ||
+        wait_gcycles > MAX_WAIT_GCYCLES) {
         if (vcpu == 0)
             hvmm_printf("balloon: bad value (expected chunks=1..%u, "
-                        "expect_drop=0|1, stats=0|1); known: chunks= "
-                        "expect_drop= stats=\n",
-                        MAX_CHUNKS);
+                        "expect_drop=0|1, stats=0|1, follow=0|1, "
+                        "wait_gcycles=1..%u); known: chunks= expect_drop= "
+                        "stats= follow= wait_gcycles=\n",
+                        MAX_CHUNKS, MAX_WAIT_GCYCLES);
         return 2;
     }
     if (vcpu != 0)
@@ -273,6 +452,11 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
         hvmm_printf("balloon: no free range holds %lu bytes for the rings\n",
                     arena_bytes);
         return 1;
+    }
+    if (want_follow) {
+        if (setup(&b, info, &arena, (int)want_stats) != 0)
+            return 1;
+        return follow(&b, info, &arena, wait_gcycles, expect_drop);
     }
     uint64_t base = find_chunks(info, chunks + 2, arena.start);
     if (base == 0) {

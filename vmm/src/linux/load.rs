@@ -9,9 +9,9 @@ use guestmem::GuestRam;
 
 use super::decompress::{self, PayloadFormat};
 use super::e820::e820_map;
-use super::low_mem::{CMDLINE_GPA, GDT_GPA, MP_TABLE_GPA, PML4_GPA, ZERO_PAGE_GPA};
+use super::low_mem::{ACPI_GPA, CMDLINE_GPA, GDT_GPA, MP_TABLE_GPA, PML4_GPA, ZERO_PAGE_GPA};
 use super::setup_header::SetupHeader;
-use super::{boot_tables, bzimage, elf_kernel, mptable, placement, zero_page};
+use super::{acpi, boot_tables, bzimage, elf_kernel, mptable, placement, zero_page};
 use super::{BootSetup, KernelKind, LinuxBootConfig, LinuxBootError, MachineInfo};
 
 /// `kernel_alignment` claimed for a bare vmlinux: the x86-64 default
@@ -82,7 +82,7 @@ pub fn open_kernel(image: Vec<u8>, path: &Path) -> Result<KernelFile, LinuxBootE
 }
 
 /// Loads everything a Linux boot needs into guest RAM; `machine` is what
-/// the MP table describes.
+/// the ACPI tables and the MP table describe.
 pub fn load(
     ram: &GuestRam,
     config: &LinuxBootConfig,
@@ -91,7 +91,9 @@ pub fn load(
     let layout = ram.layout();
     // Checked before the kernel is read and decompressed, which is the slow
     // part: a machine the table cannot describe fails fast.
-    let mp_table = mptable::build(machine.vcpus, &machine.virtio_irqs)?;
+    let virtio_irqs: Vec<u32> = machine.virtio.iter().map(|d| d.irq).collect();
+    let mp_table = mptable::build(machine.vcpus, &virtio_irqs)?;
+    let acpi = acpi::build(machine)?;
     let kernel = open_kernel(read("kernel", &config.kernel)?, &config.kernel)?;
     let elf_error = |source| LinuxBootError::Kernel {
         path: config.kernel.clone(),
@@ -129,6 +131,7 @@ pub fn load(
         CMDLINE_GPA,
         initrd_gpa.clone(),
         &e820_map(layout),
+        acpi.rsdp_gpa,
     )?;
     write("zero page", ZERO_PAGE_GPA, &zero_page)?;
     write("command line", CMDLINE_GPA, &cmdline)?;
@@ -139,11 +142,13 @@ pub fn load(
         &boot_tables::identity_page_tables(),
     )?;
     write("MP table", MP_TABLE_GPA, &mp_table)?;
+    write("ACPI tables", ACPI_GPA, &acpi.image)?;
     Ok(BootSetup {
         entry_gpa: image.entry_gpa,
         zero_page_gpa: ZERO_PAGE_GPA,
         kernel_gpa: image.start_gpa()..kernel_end_gpa,
         initrd_gpa,
         kind: kernel.kind,
+        rsdp_gpa: acpi.rsdp_gpa,
     })
 }

@@ -1,7 +1,8 @@
 //! Where a Linux boot puts the VMM's own structures: all below 1 MiB, in
 //! RAM the e820 map calls usable, so nothing the kernel is told about
-//! overlaps them; only the MP table lives in the reserved legacy area, where
-//! the kernel looks for it and leaves it alone.
+//! overlaps them; only the MP table and the ACPI tables live in the
+//! reserved legacy area, where the kernel looks for them and leaves them
+//! alone.
 //!
 //! The kernel copies the zero page and the command line early, replaces the
 //! page tables and the GDT before it allocates memory, and keeps the first
@@ -52,6 +53,18 @@ const _: () = assert!(
         && MP_TABLE_GPA + MP_TABLE_MAX_BYTES <= HIGH_MEMORY_GPA
         && MP_TABLE_GPA == 639 << 10
         && MP_TABLE_GPA & 0xf == 0
+);
+
+/// The ACPI tables, RSDP first: the BIOS read-only area the kernel scans
+/// for the RSDP, up to the end of low memory (reserved in the e820 map).
+pub const ACPI_GPA: u64 = 0xe_0000;
+/// Room for the ACPI tables.
+pub const ACPI_MAX_BYTES: u64 = HIGH_MEMORY_GPA - ACPI_GPA;
+
+// The RSDP scan covers [0xE0000, 0x100000) in 16-byte steps; the MP table
+// is below it.
+const _: () = assert!(
+    ACPI_GPA >= MP_TABLE_GPA + MP_TABLE_MAX_BYTES && ACPI_GPA & 0xf == 0 && ACPI_GPA == 0xe_0000
 );
 
 /// Number of page directories needed for [`IDENTITY_MAPPED_BYTES`].

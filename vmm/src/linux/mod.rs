@@ -10,8 +10,11 @@
 //! memslots exist), then [`configure_vcpu`] for each vCPU.
 //!
 //! Low memory: see `low_mem.rs`; the e820 map: [`e820_map`]; how the
-//! kernel finds the other vCPUs and the interrupt routing: `mptable.rs`.
+//! kernel finds the vCPUs, the interrupt routing and the devices: the ACPI
+//! tables ([`acpi`]), and for kernels without ACPI the MP table
+//! (`mptable.rs`) and the command line's `virtio_mmio.device=` words.
 
+pub mod acpi;
 mod boot_tables;
 mod bzimage;
 pub mod console_input;
@@ -56,6 +59,34 @@ pub struct LinuxBootConfig {
     pub initrd: Option<PathBuf>,
     /// The kernel command line.
     pub cmdline: String,
+    /// How the kernel learns about the virtio-mmio devices.
+    pub virtio_announce: VirtioAnnounce,
+}
+
+/// Where the virtio-mmio devices are announced to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum VirtioAnnounce {
+    /// Both: any kernel finds them. A kernel that reads both (ACPI plus
+    /// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES) probes each device twice and
+    /// logs the second probe's -EBUSY, harmlessly.
+    #[default]
+    Both,
+    /// DSDT entries only: stock distribution kernels.
+    Acpi,
+    /// `virtio_mmio.device=` words only: kernels without ACPI.
+    Cmdline,
+}
+
+impl VirtioAnnounce {
+    /// Whether the DSDT lists the devices.
+    pub fn in_acpi(self) -> bool {
+        self != VirtioAnnounce::Cmdline
+    }
+
+    /// Whether the command line names the devices.
+    pub fn in_cmdline(self) -> bool {
+        self != VirtioAnnounce::Acpi
+    }
 }
 
 /// The parts of the machine the boot firmware tables describe.
@@ -63,9 +94,21 @@ pub struct LinuxBootConfig {
 pub struct MachineInfo {
     /// vCPUs; vCPU `i` has APIC ID `i` and vCPU 0 boots.
     pub vcpus: u32,
-    /// Interrupt lines of the virtio-mmio devices (the IOAPIC pins their
-    /// `virtio_mmio.device=` words name).
-    pub virtio_irqs: Vec<u32>,
+    /// The virtio-mmio devices, in window order.
+    pub virtio: Vec<VirtioMmioDevice>,
+    /// Whether the DSDT lists them ([`VirtioAnnounce::in_acpi`]).
+    pub virtio_in_dsdt: bool,
+}
+
+/// One virtio-mmio device as the firmware tables describe it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VirtioMmioDevice {
+    /// Its register window.
+    pub base_gpa: u64,
+    /// The window's size.
+    pub size_bytes: u64,
+    /// Its interrupt line: a GSI, which is also an IOAPIC pin.
+    pub irq: u32,
 }
 
 /// What kind of kernel file was booted.
@@ -99,6 +142,8 @@ pub struct BootSetup {
     pub initrd_gpa: Option<Range<u64>>,
     /// What the kernel file was.
     pub kind: KernelKind,
+    /// Where the ACPI RSDP is.
+    pub rsdp_gpa: u64,
 }
 
 /// Why a Linux boot could not be prepared.
@@ -147,6 +192,9 @@ pub enum LinuxBootError {
     /// The MP table cannot describe the machine.
     #[error(transparent)]
     MpTable(#[from] MpTableError),
+    /// The ACPI tables cannot describe the machine.
+    #[error(transparent)]
+    Acpi(#[from] acpi::AcpiError),
     /// Writing boot data to guest RAM failed.
     #[error("cannot write the {what} into guest RAM: {error}")]
     Write {

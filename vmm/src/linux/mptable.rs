@@ -2,9 +2,10 @@
 //! without ACPI finds the application processors, the IOAPIC and the
 //! interrupt routing.
 //!
-//! hugevmm gives a Linux guest no ACPI tables, so this is the only place the
-//! kernel learns that there is more than one CPU (it needs
-//! CONFIG_X86_MPPARSE; without it the kernel runs on the boot CPU only).
+//! Kernels read it when they find no ACPI MADT (booted with `acpi=off`, or
+//! built without ACPI; they also need CONFIG_X86_MPPARSE, else they run on
+//! the boot CPU only); others take the same facts from the MADT
+//! (`acpi/madt.rs`).
 //! The table describes KVM's in-kernel irqchip: one LAPIC per vCPU with the
 //! vCPU index as its APIC ID, the IOAPIC at its default address, and ISA
 //! IRQ `n` wired to IOAPIC pin `n`, which is KVM's default GSI routing.
@@ -17,7 +18,7 @@
 use super::low_mem::{MP_TABLE_GPA, MP_TABLE_MAX_BYTES};
 
 /// Where the kernel's LAPIC registers are (the architectural default).
-const LAPIC_GPA: u32 = 0xfee0_0000;
+pub const LAPIC_GPA: u32 = 0xfee0_0000;
 /// Where KVM's in-kernel IOAPIC decodes its registers.
 pub const IOAPIC_GPA: u32 = 0xfec0_0000;
 /// Input pins of KVM's in-kernel IOAPIC (`KVM_IOAPIC_NUM_PINS`).

@@ -176,13 +176,15 @@ pub fn smoke_boot(
         kernel: kernel.to_path_buf(),
         initrd: None,
         cmdline: cmdline.to_string(),
+        virtio_announce: Default::default(),
     };
     let setup = load(
         &ram,
         &config,
         &MachineInfo {
             vcpus: 1,
-            virtio_irqs: Vec::new(),
+            virtio: Vec::new(),
+            virtio_in_dsdt: true,
         },
     )?;
     let vcpu = vm.create_vcpu(0).context("cannot create vCPU 0")?;

@@ -16,6 +16,9 @@ pub const E820_MAX_ENTRIES: usize = 128;
 /// `boot_params` offsets outside the setup header
 /// (Documentation/arch/x86/zero-page.rst).
 mod offset {
+    /// `acpi_rsdp_addr`: read by kernels of boot protocol 2.14 and later,
+    /// which then skip scanning the BIOS area for the RSDP.
+    pub const ACPI_RSDP_ADDR: usize = 0x070;
     pub const EXT_RAMDISK_IMAGE: usize = 0x0c0;
     pub const EXT_RAMDISK_SIZE: usize = 0x0c4;
     pub const EXT_CMD_LINE_PTR: usize = 0x0c8;
@@ -43,6 +46,7 @@ pub fn build(
     cmdline_gpa: u64,
     initrd: Option<Range<u64>>,
     e820: &[E820Entry],
+    rsdp_gpa: u64,
 ) -> Result<Vec<u8>, ZeroPageError> {
     if e820.len() > E820_MAX_ENTRIES {
         return Err(ZeroPageError::TooManyE820 { count: e820.len() });
@@ -88,6 +92,7 @@ pub fn build(
         &((initrd_bytes >> 32) as u32).to_le_bytes(),
     );
 
+    le::put(&mut page, offset::ACPI_RSDP_ADDR, &rsdp_gpa.to_le_bytes());
     page[offset::E820_ENTRIES] = e820.len() as u8;
     for (index, entry) in e820.iter().enumerate() {
         let at = offset::E820_TABLE + index * offset::E820_ENTRY_BYTES;
@@ -111,7 +116,15 @@ mod tests {
     fn fills_loader_fields_and_the_e820_table() {
         let header = SetupHeader::synthesize(2 * MIB as u32, 2047, 0x7fff_ffff);
         let map = e820_map(&Layout::new(6 << 30).unwrap());
-        let page = build(&header, 0x2_0000, Some(0x1_1000_0000..0x1_1000_0123), &map).unwrap();
+        let page = build(
+            &header,
+            0x2_0000,
+            Some(0x1_1000_0000..0x1_1000_0123),
+            &map,
+            0xe_0000,
+        )
+        .unwrap();
+        assert_eq!(le::u64_at(&page, offset::ACPI_RSDP_ADDR), Some(0xe_0000));
         assert_eq!(le::u16_at(&page, field::BOOT_FLAG), Some(0xaa55));
         assert_eq!(&page[field::HEADER..field::HEADER + 4], b"HdrS");
         assert_eq!(page[field::TYPE_OF_LOADER], 0xff);
@@ -137,7 +150,7 @@ mod tests {
     #[test]
     fn without_initrd_the_ramdisk_fields_are_zero() {
         let header = SetupHeader::synthesize(2 * MIB as u32, 2047, 0x7fff_ffff);
-        let page = build(&header, 0x2_0000, None, &[]).unwrap();
+        let page = build(&header, 0x2_0000, None, &[], 0xe_0000).unwrap();
         assert_eq!(le::u32_at(&page, field::RAMDISK_IMAGE), Some(0));
         assert_eq!(le::u32_at(&page, field::RAMDISK_SIZE), Some(0));
         assert_eq!(page[offset::E820_ENTRIES], 0);
@@ -151,7 +164,7 @@ mod tests {
             len_bytes: 1,
             kind: E820Kind::Ram,
         };
-        let err = build(&header, 0, None, &vec![entry; 129]).unwrap_err();
+        let err = build(&header, 0, None, &vec![entry; 129], 0xe_0000).unwrap_err();
         assert_eq!(err, ZeroPageError::TooManyE820 { count: 129 });
     }
 }

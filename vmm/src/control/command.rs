@@ -1,0 +1,303 @@
+//! The control socket's command language: one line of whitespace-separated
+//! words per command.
+
+use guestmem::{parse_size, PAGE_BYTES};
+
+/// Longest command line accepted, newline excluded. Real commands are a
+/// few dozen bytes; the cap bounds what a confused client can make the
+/// VMM buffer.
+pub const MAX_LINE_BYTES: usize = 4096;
+
+/// A parsed command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `balloon SIZE`: set the balloon target.
+    Balloon {
+        /// The target in bytes, a multiple of 4 KiB (not yet checked
+        /// against guest RAM: the parser does not know it).
+        target_bytes: u64,
+    },
+    /// `balloon-stats`: the balloon's figures; asks the guest for fresh
+    /// statistics.
+    BalloonStats,
+    /// `stats`: the run's figures so far.
+    Stats,
+    /// `help`: the commands.
+    Help,
+}
+
+/// Every command with its arguments and what it does, for `help` and for
+/// error replies.
+pub const COMMANDS: [(&str, &str); 4] = [
+    (
+        "balloon SIZE",
+        "set the balloon target (K/M/G suffixes, a multiple of 4K, at most the guest RAM; 0 deflates); replies with the target",
+    ),
+    (
+        "balloon-stats",
+        "balloon target, actual and inflated pages, the latest guest statistics; asks the guest for a fresh report",
+    ),
+    (
+        "stats",
+        "the run's figures so far: elapsed time, KVM mappings, swap engine counters, balloon",
+    ),
+    ("help", "this list"),
+];
+
+/// Why a line is not a command. The messages say what is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// Nothing but whitespace.
+    #[error("empty command; commands: {}", command_list())]
+    Empty,
+    /// Bytes that are not UTF-8 text.
+    #[error("the command is not UTF-8 text; commands: {}", command_list())]
+    NotText,
+    /// The line is longer than [`MAX_LINE_BYTES`].
+    #[error(
+        "command line longer than {MAX_LINE_BYTES} bytes; commands: {}",
+        command_list()
+    )]
+    TooLong,
+    /// The first word names no command.
+    #[error("unknown command '{word}'; commands: {}", command_list())]
+    Unknown {
+        /// The first word (shortened if it is long).
+        word: String,
+    },
+    /// A command got the wrong number of words.
+    #[error("'{command}' takes {expected}: {usage}")]
+    Arguments {
+        /// The command.
+        command: &'static str,
+        /// What it takes, e.g. "one size".
+        expected: &'static str,
+        /// Its usage line.
+        usage: &'static str,
+    },
+    /// `balloon` with a size that does not parse.
+    #[error(
+        "bad size '{word}' for balloon ({reason}): give e.g. balloon 256M, balloon 0 to deflate"
+    )]
+    BadSize {
+        /// The size word (shortened if it is long).
+        word: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `balloon` with a size that is not whole 4 KiB pages.
+    #[error("balloon {word}: {bytes} bytes is not a multiple of 4 KiB: give whole pages, e.g. balloon 256M")]
+    NotWholePages {
+        /// The size word.
+        word: String,
+        /// Its value.
+        bytes: u64,
+    },
+}
+
+fn command_list() -> String {
+    COMMANDS
+        .iter()
+        .map(|(usage, _)| *usage)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Longest word echoed whole in an error reply.
+const MAX_ECHO_CHARS: usize = 40;
+
+/// Echoed words are cut so that an error reply stays one short line.
+fn shorten(word: &str) -> String {
+    if word.chars().count() <= MAX_ECHO_CHARS {
+        return word.to_string();
+    }
+    let mut short: String = word.chars().take(MAX_ECHO_CHARS).collect();
+    short.push_str("...");
+    short
+}
+
+/// Parses one line (without its newline; a trailing `\r` is ignored).
+pub fn parse_line(line: &[u8]) -> Result<Command, CommandError> {
+    if line.len() > MAX_LINE_BYTES {
+        return Err(CommandError::TooLong);
+    }
+    let text = std::str::from_utf8(line).map_err(|_| CommandError::NotText)?;
+    parse_words(&text.split_whitespace().collect::<Vec<_>>())
+}
+
+/// Parses a command given as words (`hugevmm ctl` passes its arguments).
+pub fn parse_words(words: &[&str]) -> Result<Command, CommandError> {
+    let Some((&first, rest)) = words.split_first() else {
+        return Err(CommandError::Empty);
+    };
+    let no_arguments = |command: Command, name: &'static str| {
+        if rest.is_empty() {
+            Ok(command)
+        } else {
+            Err(CommandError::Arguments {
+                command: name,
+                expected: "no arguments",
+                usage: name,
+            })
+        }
+    };
+    match first {
+        "balloon" => {
+            let [word] = rest else {
+                return Err(CommandError::Arguments {
+                    command: "balloon",
+                    expected: "one size",
+                    usage: "balloon SIZE (e.g. balloon 256M; balloon 0 deflates)",
+                });
+            };
+            let target_bytes = parse_size(word).map_err(|e| CommandError::BadSize {
+                word: shorten(word),
+                // The parser's message quotes the whole word again.
+                reason: if word.len() > MAX_ECHO_CHARS {
+                    "too long to be a size".into()
+                } else {
+                    e.to_string()
+                },
+            })?;
+            if target_bytes.checked_rem(PAGE_BYTES) != Some(0) {
+                return Err(CommandError::NotWholePages {
+                    word: shorten(word),
+                    bytes: target_bytes,
+                });
+            }
+            Ok(Command::Balloon { target_bytes })
+        }
+        "balloon-stats" => no_arguments(Command::BalloonStats, "balloon-stats"),
+        "stats" => no_arguments(Command::Stats, "stats"),
+        "help" => no_arguments(Command::Help, "help"),
+        other => Err(CommandError::Unknown {
+            word: shorten(other),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &str) -> Result<Command, CommandError> {
+        parse_line(line.as_bytes())
+    }
+
+    #[test]
+    fn commands_parse() {
+        assert_eq!(
+            parse("balloon 256M"),
+            Ok(Command::Balloon {
+                target_bytes: 256 << 20
+            })
+        );
+        assert_eq!(
+            parse("  balloon\t0 \r"),
+            Ok(Command::Balloon { target_bytes: 0 })
+        );
+        assert_eq!(
+            parse("balloon 4K"),
+            Ok(Command::Balloon { target_bytes: 4096 })
+        );
+        assert_eq!(parse("balloon-stats"), Ok(Command::BalloonStats));
+        assert_eq!(parse("stats"), Ok(Command::Stats));
+        assert_eq!(parse("help\r"), Ok(Command::Help));
+        assert_eq!(parse_words(&["balloon", "1G"]), parse("balloon 1G"));
+    }
+
+    #[test]
+    fn bad_input_says_what_is_accepted() {
+        for line in ["", "   ", "\r"] {
+            assert_eq!(parse(line), Err(CommandError::Empty), "{line:?}");
+        }
+        let err = parse("inflate 1G").unwrap_err();
+        assert_eq!(
+            err,
+            CommandError::Unknown {
+                word: "inflate".into()
+            }
+        );
+        let message = err.to_string();
+        for usage in ["balloon SIZE", "balloon-stats", "stats", "help"] {
+            assert!(message.contains(usage), "{message}");
+        }
+        // Commands are case-sensitive, like the words of the help text.
+        assert!(matches!(parse("STATS"), Err(CommandError::Unknown { .. })));
+        assert!(matches!(
+            parse("balloon"),
+            Err(CommandError::Arguments {
+                command: "balloon",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse("balloon 1G 2G"),
+            Err(CommandError::Arguments { .. })
+        ));
+        assert!(matches!(
+            parse("stats now"),
+            Err(CommandError::Arguments {
+                command: "stats",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse("help me"),
+            Err(CommandError::Arguments { .. })
+        ));
+        assert!(matches!(
+            parse("balloon-stats 1"),
+            Err(CommandError::Arguments { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_sizes_are_refused() {
+        for word in ["lots", "-1M", "1Q", "1.5.5M", "M", "99999999999999999999G"] {
+            let err = parse(&format!("balloon {word}")).unwrap_err();
+            assert!(
+                matches!(err, CommandError::BadSize { .. }),
+                "{word}: {err:?}"
+            );
+            assert!(err.to_string().contains("balloon 256M"), "{err}");
+        }
+        let err = parse("balloon 4097").unwrap_err();
+        assert_eq!(
+            err,
+            CommandError::NotWholePages {
+                word: "4097".into(),
+                bytes: 4097
+            }
+        );
+        assert!(err.to_string().contains("multiple of 4 KiB"), "{err}");
+        assert!(matches!(
+            parse("balloon 1.5K"),
+            Err(CommandError::NotWholePages { .. })
+        ));
+    }
+
+    #[test]
+    fn garbage_never_panics() {
+        assert_eq!(parse_line(b"\xff\xfe balloon"), Err(CommandError::NotText));
+        assert_eq!(
+            parse_line(b"stats\0"),
+            Err(CommandError::Unknown {
+                word: "stats\0".into()
+            })
+        );
+        let long = vec![b'a'; MAX_LINE_BYTES + 1];
+        assert_eq!(parse_line(&long), Err(CommandError::TooLong));
+        // A long word is echoed shortened.
+        let word = "x".repeat(MAX_LINE_BYTES);
+        let err = parse(&word).unwrap_err();
+        assert!(err.to_string().len() < 400, "{err}");
+        let err = parse(&format!("balloon {}", "9".repeat(1000))).unwrap_err();
+        assert!(err.to_string().len() < 400, "{err}");
+        // Every byte value alone, and a mix, parse to some result.
+        for b in 0..=255u8 {
+            let _ = parse_line(&[b]);
+            let _ = parse_line(&[b'b', b, b' ', b'1', b]);
+        }
+    }
+}
