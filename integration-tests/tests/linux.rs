@@ -257,35 +257,72 @@ fn banner_boot(kernel: &Path, host: HostKind) {
     }
 }
 
+/// The full variant's command line.
+const FULL_CMDLINE: &str =
+    "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1 rdinit=/init hugevmm.test=full";
+
+/// The full variant's inputs, in a scratch directory removed on drop: the
+/// initramfs, and a disk whose first sector holds `disk_text`.
+struct FullBootFiles {
+    dir: PathBuf,
+    initrd: PathBuf,
+    disk: PathBuf,
+    disk_text: String,
+}
+
+impl FullBootFiles {
+    fn new(variant: &str, busybox: &[u8], modules: &[(String, Vec<u8>)]) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("hugevmm-linux-{variant}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let initrd = dir.join("initramfs.cpio");
+        std::fs::write(&initrd, cpio::newc(&initramfs(busybox, modules))).unwrap();
+        let disk_text = format!(
+            "hugevmm-virtio-blk-sector-0-{variant}-{}",
+            std::process::id()
+        );
+        let disk = dir.join("disk.img");
+        let mut image = vec![0u8; 1 << 20];
+        image[..disk_text.len()].copy_from_slice(disk_text.as_bytes());
+        std::fs::write(&disk, &image).unwrap();
+        Self {
+            dir,
+            initrd,
+            disk,
+            disk_text,
+        }
+    }
+}
+
+impl Drop for FullBootFiles {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The devices only in the DSDT, as a stock kernel (no
+/// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES) needs them.
+const FULL_DEVICE_ARGS: [&str; 3] = ["--balloon", "--virtio-announce", "acpi"];
+
 fn full_boot(kernel: &Path, busybox: &[u8], modules: &[(String, Vec<u8>)]) {
-    let dir = std::env::temp_dir().join(format!("hugevmm-linux-full-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let initrd = dir.join("initramfs.cpio");
-    std::fs::write(&initrd, cpio::newc(&initramfs(busybox, modules))).unwrap();
-    let disk_text = format!("hugevmm-virtio-blk-sector-0-{}", std::process::id());
-    let disk = dir.join("disk.img");
-    let mut image = vec![0u8; 1 << 20];
-    image[..disk_text.len()].copy_from_slice(disk_text.as_bytes());
-    std::fs::write(&disk, &image).unwrap();
+    let files = FullBootFiles::new("full", busybox, modules);
+    let mut extra = vec![
+        "--initrd".to_string(),
+        files.initrd.display().to_string(),
+        "--disk".to_string(),
+        files.disk.display().to_string(),
+    ];
+    extra.extend(FULL_DEVICE_ARGS.map(String::from));
+    let run = run_hugevmm(&boot_args(kernel, FULL_CMDLINE, &extra));
+    check_full_boot(&run, &files.disk_text);
+    eprintln!(
+        "linux_boot: full variant (VMX/SVM host): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read and ACPI power-off checked"
+    );
+}
 
-    let cmdline =
-        "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1 rdinit=/init hugevmm.test=full";
-    // The devices only in the DSDT, as a stock kernel (no
-    // CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES) needs them.
-    let extra = [
-        "--initrd",
-        initrd.to_str().unwrap(),
-        "--disk",
-        disk.to_str().unwrap(),
-        "--balloon",
-        "--virtio-announce",
-        "acpi",
-    ]
-    .map(String::from);
-    let run = run_hugevmm(&boot_args(kernel, cmdline, &extra));
-    let _ = std::fs::remove_dir_all(&dir);
-
-    check_early_boot(&run, cmdline);
+/// What the full variant checks, natively or nested.
+fn check_full_boot(run: &Run, disk_text: &str) {
+    check_early_boot(run, FULL_CMDLINE);
     let out = &run.stdout;
     assert!(
         !run.stderr.contains("emulation failure"),
@@ -327,7 +364,7 @@ fn full_boot(kernel: &Path, busybox: &[u8], modules: &[(String, Vec<u8>)]) {
     });
     assert_eq!(
         read.as_deref(),
-        Some(disk_text.as_str()),
+        Some(disk_text),
         "what /init read from /dev/vda:\n{out}"
     );
     assert_eq!(
@@ -341,8 +378,89 @@ fn full_boot(kernel: &Path, busybox: &[u8], modules: &[(String, Vec<u8>)]) {
         "the guest powered off through the ACPI sleep registers:\n{}",
         run.stderr
     );
+}
+
+/// The full variant on any host, this project's PVM hosts included: QEMU's
+/// TCG emulates an AMD machine with SVM, the same stock kernel boots in it
+/// with kvm_amd, and hugevmm runs there (`tools/nested-full-boot`), with
+/// the swap engine on (`--mem-limit`). Slow emulation, about a minute.
+#[test]
+fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
+    let Some(kernel) = kernel() else {
+        eprintln!("SKIP linux_nested_full_boot: no kernel at target/linux-kernel/vmlinuz; run .ci/fetch-kernel (CI does)");
+        return;
+    };
+    if std::env::var_os("HUGEVMM_TEST_KERNEL").is_some() {
+        eprintln!("SKIP linux_nested_full_boot: it boots .ci/fetch-kernel's kernel, as host and guest, not HUGEVMM_TEST_KERNEL ({})", kernel.display());
+        return;
+    }
+    let have_qemu = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_qemu {
+        eprintln!("SKIP linux_nested_full_boot: no qemu-system-x86_64; apt-get install qemu-system-x86 cpio (.ci/run does)");
+        return;
+    }
+    let inputs = static_busybox().and_then(|b| Ok((b, kernel_modules()?)));
+    let (busybox, modules) = match inputs {
+        Ok(inputs) => inputs,
+        Err(why) => {
+            eprintln!(
+                "SKIP linux_nested_full_boot: {why}; apt-get install busybox-static (.ci/run does)"
+            );
+            return;
+        }
+    };
+    let files = FullBootFiles::new("nested", &busybox, &modules);
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/nested-full-boot");
+    let mut cmd = Command::new(script);
+    cmd.arg("--hugevmm")
+        .arg(hugevmm_bin())
+        .arg("--initrd")
+        .arg(&files.initrd)
+        .arg("--disk")
+        .arg(&files.disk)
+        .args(["--timeout", "500", "--"])
+        .args(["--mem", "256M", "--vcpus", "2", "--mem-limit", "192M"])
+        .args(FULL_DEVICE_ARGS)
+        .args(["--timeout", "400", "--cmdline", FULL_CMDLINE])
+        .stdin(Stdio::null());
+    let output = run_with_limit(cmd, RUN_LIMIT);
+    let console = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if output.status.code() == Some(3) {
+        eprintln!("SKIP linux_nested_full_boot: {}", stderr.trim());
+        return;
+    }
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "the outer machine did not run hugevmm: {stderr}\n{console}"
+    );
+    // hugevmm's output and the inner guest's console share the outer
+    // console; both kinds of check read all of it.
+    let inner: String = console
+        .lines()
+        // The outer console may put terminal escapes before the marker.
+        .skip_while(|l| !l.contains("OUTER-HUGEVMM-START"))
+        .skip(1)
+        .take_while(|l| !l.contains("OUTER-HUGEVMM-EXIT:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let status = console.lines().find_map(|l| {
+        l.split_once("OUTER-HUGEVMM-EXIT: ")
+            .and_then(|(_, s)| s.trim().parse().ok())
+    });
+    let run = Run {
+        status,
+        stdout: inner.clone(),
+        stderr: inner,
+        stats: None,
+    };
+    check_full_boot(&run, &files.disk_text);
     eprintln!(
-        "linux_boot: full variant (VMX/SVM host): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read and ACPI power-off checked"
+        "linux_nested_full_boot: full variant nested in QEMU TCG (SVM): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read and ACPI power-off checked, swap engine on"
     );
 }
 

@@ -25,6 +25,9 @@ mod op {
 
 /// Resource descriptor tags (ACPI 6.5 §6.4).
 mod resource {
+    /// Small item: IRQ descriptor with 2 bytes of data (no flags byte:
+    /// ISA edge-triggered, active high).
+    pub const IRQ_NO_FLAGS: u8 = 0x22;
     /// Small item: I/O port descriptor, 7 bytes of data.
     pub const IO_PORT: u8 = 0x47;
     /// Small item: end tag, 1 byte of data (the checksum).
@@ -210,6 +213,12 @@ pub enum Resource {
         /// The global system interrupt.
         gsi: u32,
     },
+    /// `IRQNoFlags() { irq }`: an ISA interrupt, edge-triggered, active
+    /// high.
+    IsaIrq {
+        /// The ISA IRQ, 0-15.
+        irq: u8,
+    },
     /// `IO(Decode16, port, port, 1, count)`: a fixed port range.
     IoPorts {
         /// First port.
@@ -239,6 +248,11 @@ impl Resource {
                 out.push(0b0011);
                 out.push(1);
                 out.extend_from_slice(&gsi.to_le_bytes());
+            }
+            Resource::IsaIrq { irq } => {
+                assert!(irq < 16, "ISA IRQ {irq} out of range");
+                out.push(resource::IRQ_NO_FLAGS);
+                out.extend_from_slice(&(1u16 << irq).to_le_bytes());
             }
             Resource::IoPorts { port, count } => {
                 out.push(resource::IO_PORT);
@@ -343,6 +357,23 @@ mod tests {
         want.push(descriptors.len() as u8);
         want.extend_from_slice(&descriptors);
         assert_eq!(t, want);
+    }
+
+    #[test]
+    fn legacy_port_and_irq_descriptors() {
+        let t = resource_template(&[
+            Resource::IoPorts {
+                port: 0x3f8,
+                count: 8,
+            },
+            Resource::IsaIrq { irq: 4 },
+        ]);
+        let descriptors = [
+            0x47, 1, 0xf8, 3, 0xf8, 3, 1, 8, // IO(Decode16, 0x3f8, 0x3f8, 1, 8)
+            0x22, 0x10, 0, // IRQNoFlags() {4}
+            0x79, 0,
+        ];
+        assert_eq!(&t[4..], &descriptors);
     }
 
     #[test]

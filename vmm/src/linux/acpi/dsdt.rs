@@ -5,11 +5,23 @@
 //! `virtio_mmio.device=` (which needs CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES).
 //! `\_S5` gives the sleep type the FADT's sleep control register takes
 //! for power-off.
+//!
+//! The console UART is listed too (`PNP0501`, COM1): in a hardware-reduced
+//! machine Linux sets up no legacy PIC and so no ISA interrupts of its own;
+//! IRQ 4 exists for the 8250 driver only if a device claims it. Without
+//! this entry the kernel still prints through the port (polled), but
+//! opening `/dev/console` fails to get the interrupt and every write from
+//! user space returns EIO.
 
 use super::aml::{self, AmlError, Resource};
 use super::sdt::Table;
 use crate::linux::VirtioMmioDevice;
 use devices::sleep_control::S5_SLEEP_TYPE;
+
+/// The console UART the DSDT describes: where `machine_devices.rs` puts it.
+const COM1_PORT: u16 = 0x3f8;
+const COM1_PORTS: u8 = 8;
+const COM1_IRQ: u8 = 4;
 
 /// Revision 2: integers are 64 bits.
 const REVISION: u8 = 2;
@@ -18,7 +30,22 @@ const VIRTIO_MMIO_HID: &str = "LNRO0005";
 
 /// The DSDT for these virtio-mmio devices.
 pub fn build(virtio: &[VirtioMmioDevice]) -> Result<Vec<u8>, AmlError> {
-    let mut devices = Vec::new();
+    let com1 = [
+        aml::name("_HID", &aml::eisa_id("PNP0501"))?,
+        aml::name("_UID", &aml::integer(0))?,
+        aml::name(
+            "_CRS",
+            &aml::resource_template(&[
+                Resource::IoPorts {
+                    port: COM1_PORT,
+                    count: COM1_PORTS,
+                },
+                Resource::IsaIrq { irq: COM1_IRQ },
+            ]),
+        )?,
+    ]
+    .concat();
+    let mut devices = aml::device("COM1", &com1)?;
     for (index, dev) in virtio.iter().enumerate() {
         let base = u32::try_from(dev.base_gpa).expect("virtio-mmio windows are below 4 GiB");
         let len_bytes = u32::try_from(dev.size_bytes).expect("virtio-mmio windows are small");
@@ -88,9 +115,13 @@ mod tests {
     }
 
     #[test]
-    fn no_devices_still_makes_a_valid_table() {
+    fn no_devices_still_makes_a_valid_table_with_the_console() {
         let dsdt = build(&[]).unwrap();
         assert_eq!(dsdt.iter().fold(0u8, |s, b| s.wrapping_add(*b)), 0);
         assert!(contains(&dsdt, b"_S5_"));
+        assert!(contains(&dsdt, b"COM1"));
+        // PNP0501 and IRQNoFlags() {4}.
+        assert!(contains(&dsdt, &[0x0c, 0x41, 0xd0, 0x05, 0x01]));
+        assert!(contains(&dsdt, &[0x22, 0x10, 0x00]));
     }
 }
