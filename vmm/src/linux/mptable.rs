@@ -15,6 +15,7 @@
 //! last KiB of base memory, which the e820 map reserves and where the kernel
 //! scans for the floating pointer.
 
+use super::acpi::checksum;
 use super::low_mem::{MP_TABLE_GPA, MP_TABLE_MAX_BYTES};
 
 /// Where the kernel's LAPIC registers are (the architectural default).
@@ -104,15 +105,6 @@ pub enum MpTableError {
         /// The table's size.
         len_bytes: usize,
     },
-}
-
-/// The byte that makes `bytes` sum to zero (mod 256) when stored in a field
-/// that was zero while summing.
-fn checksum(bytes: &[u8]) -> u8 {
-    bytes
-        .iter()
-        .fold(0u8, |sum, b| sum.wrapping_add(*b))
-        .wrapping_neg()
 }
 
 /// An interrupt entry (I/O or local): both have the same layout.

@@ -19,6 +19,7 @@ use super::low_mem::{ACPI_GPA, ACPI_MAX_BYTES};
 use super::MachineInfo;
 
 pub use madt::MAX_VCPUS;
+pub use sdt::checksum;
 
 /// Why the tables cannot describe the machine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -25,7 +25,8 @@ const RSDP_CHECKSUM_OFFSET: usize = 8;
 const RSDP_EXT_CHECKSUM_OFFSET: usize = 32;
 
 /// The byte that makes `bytes` sum to zero when stored in a field that
-/// was zero while summing.
+/// was zero while summing: the checksum of ACPI tables and of the MP
+/// table alike.
 pub fn checksum(bytes: &[u8]) -> u8 {
     bytes
         .iter()
