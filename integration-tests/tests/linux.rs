@@ -41,6 +41,12 @@ const NO_DISK_MARKER: &str = "HUGEVMM-NO-DISK";
 const CPUS_MARKER: &str = "HUGEVMM-CPUS:";
 /// Printed by /init before the drivers bound to virtio devices.
 const VIRTIO_MARKER: &str = "HUGEVMM-VIRTIO-DRIVERS:";
+/// Printed by /init when it waits for the balloon to inflate.
+const BALLOON_READY_MARKER: &str = "HUGEVMM-BALLOON-READY";
+/// Printed by /init before the pages its balloon driver inflated.
+const BALLOON_INFLATED_MARKER: &str = "HUGEVMM-BALLOON-INFLATED-PAGES:";
+/// Printed by /init before the pages its balloon driver deflated.
+const BALLOON_DEFLATED_MARKER: &str = "HUGEVMM-BALLOON-DEFLATED-PAGES:";
 /// Printed by /init for a module that would not load.
 const INSMOD_FAILED_MARKER: &str = "HUGEVMM-INSMOD-FAILED";
 /// The static busybox the initramfs is built from (Debian: busybox-static).
@@ -314,15 +320,15 @@ fn full_boot(kernel: &Path, busybox: &[u8], modules: &[(String, Vec<u8>)]) {
     ];
     extra.extend(FULL_DEVICE_ARGS.map(String::from));
     let run = run_hugevmm(&boot_args(kernel, FULL_CMDLINE, &extra));
-    check_full_boot(&run, &files.disk_text);
+    check_full_boot(&run, FULL_CMDLINE, &files.disk_text);
     eprintln!(
         "linux_boot: full variant (VMX/SVM host): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read and ACPI power-off checked"
     );
 }
 
 /// What the full variant checks, natively or nested.
-fn check_full_boot(run: &Run, disk_text: &str) {
-    check_early_boot(run, FULL_CMDLINE);
+fn check_full_boot(run: &Run, cmdline: &str, disk_text: &str) {
+    check_early_boot(run, cmdline);
     let out = &run.stdout;
     assert!(
         !run.stderr.contains("emulation failure"),
@@ -413,6 +419,10 @@ fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
         }
     };
     let files = FullBootFiles::new("nested", &busybox, &modules);
+    // The guest also waits for the host to set a 64 MiB balloon target at
+    // run time (16384 pages of 4 KiB).
+    let balloon_pages = 16384;
+    let cmdline = format!("{FULL_CMDLINE} hugevmm.balloon_wait={balloon_pages}");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/nested-full-boot");
     let mut cmd = Command::new(script);
     cmd.arg("--hugevmm")
@@ -421,10 +431,11 @@ fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
         .arg(&files.initrd)
         .arg("--disk")
         .arg(&files.disk)
-        .args(["--timeout", "500", "--"])
+        .args(["--timeout", "500"])
+        .args(["--balloon-when-ready", "64M", "--"])
         .args(["--mem", "256M", "--vcpus", "2", "--mem-limit", "192M"])
         .args(FULL_DEVICE_ARGS)
-        .args(["--timeout", "400", "--cmdline", FULL_CMDLINE])
+        .args(["--timeout", "400", "--cmdline", &cmdline])
         .stdin(Stdio::null());
     let output = run_with_limit(cmd, RUN_LIMIT);
     let console = String::from_utf8_lossy(&output.stdout);
@@ -458,9 +469,37 @@ fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
         stderr: inner,
         stats: None,
     };
-    check_full_boot(&run, &files.disk_text);
+    check_full_boot(&run, &cmdline, &files.disk_text);
+    let marked = |text: &str, marker: &str| {
+        text.lines()
+            .find_map(|l| l.split_once(marker).map(|(_, v)| v.trim().to_string()))
+    };
+    let inflated: u64 = marked(&run.stdout, BALLOON_INFLATED_MARKER)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        inflated >= balloon_pages,
+        "the guest's balloon driver inflated {inflated} pages, not the {balloon_pages} set through the control socket:\n{console}"
+    );
+    let host_view = marked(&console, "OUTER-BALLOON-STATS:").unwrap_or_default();
+    assert!(
+        host_view.contains(&format!("\"actual_pages\":{balloon_pages}")),
+        "`hugevmm ctl balloon-stats` must show the guest's actual = target: {host_view}\n{console}"
+    );
+    // Linux's driver primes the statistics queue while probing.
+    assert!(
+        !host_view.contains("\"stats_reports\":0") && !host_view.contains("\"guest_stats\":null"),
+        "the guest's memory statistics never reached the host: {host_view}\n{console}"
+    );
+    let deflated: u64 = marked(&run.stdout, BALLOON_DEFLATED_MARKER)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        deflated >= balloon_pages,
+        "the guest's balloon driver deflated {deflated} pages after the target went back to 0:\n{console}"
+    );
     eprintln!(
-        "linux_nested_full_boot: full variant nested in QEMU TCG (SVM): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read and ACPI power-off checked, swap engine on"
+        "linux_nested_full_boot: full variant nested in QEMU TCG (SVM): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read, balloon resized at run time through the control socket ({inflated} pages inflated by the guest driver; host: {host_view}) and ACPI power-off checked, swap engine on"
     );
 }
 
@@ -526,6 +565,30 @@ for d in /sys/bus/virtio/devices/*; do
     [ -e "$d/driver" ] && drivers="$drivers $(basename "$(readlink "$d/driver")")"
 done
 echo "{VIRTIO_MARKER}$drivers"
+# hugevmm.balloon_wait=PAGES: say so, then wait (up to a minute) until the
+# balloon driver has inflated that many pages, which the host asks for
+# through its control socket once it sees the ready line.
+want=$(tr ' ' '\n' < /proc/cmdline | grep '^hugevmm.balloon_wait=' | cut -d= -f2)
+if [ -n "$want" ]; then
+    echo "{BALLOON_READY_MARKER}"
+    n=0
+    inflated=0
+    while [ $n -lt 60 ]; do
+        inflated=$(grep '^balloon_inflate ' /proc/vmstat | cut -d' ' -f2)
+        [ "${{inflated:-0}}" -ge "$want" ] && break
+        sleep 1; n=$((n + 1))
+    done
+    echo "{BALLOON_INFLATED_MARKER} ${{inflated:-0}}"
+    # The host checks its side, then sets the target back to 0.
+    n=0
+    deflated=0
+    while [ $n -lt 60 ]; do
+        deflated=$(grep '^balloon_deflate ' /proc/vmstat | cut -d' ' -f2)
+        [ "${{deflated:-0}}" -ge "$want" ] && break
+        sleep 1; n=$((n + 1))
+    done
+    echo "{BALLOON_DEFLATED_MARKER} ${{deflated:-0}}"
+fi
 # Through the FADT's sleep control register: S5 ends the VM.
 poweroff -f
 "#

@@ -218,10 +218,21 @@ impl<D: VirtioDevice> MmioTransport<D> {
         }
         let memory = self.memory.clone();
         let mut copies = Vec::with_capacity(self.queues.len());
+        // Buffers made available before DRIVER_OK: Linux's virtio_balloon
+        // primes its statistics queue and kicks it while probing, before
+        // the device is live, and then waits for that buffer to come back.
+        let mut pending = Vec::new();
         for (index, queue) in self.queues.iter().enumerate() {
             if queue.ready() && !queue.is_valid(memory.memory()) {
                 self.fail(&VirtioError::QueueInvalid { index });
                 return;
+            }
+            if queue.ready()
+                && queue
+                    .avail_idx(memory.memory(), std::sync::atomic::Ordering::Acquire)
+                    .is_ok_and(|avail| avail != std::num::Wrapping(queue.next_avail()))
+            {
+                pending.push(index);
             }
             match Queue::try_from(queue.state()) {
                 Ok(copy) => copies.push(copy),
@@ -236,7 +247,10 @@ impl<D: VirtioDevice> MmioTransport<D> {
                 .activate(self.acked_features, memory, copies, self.interrupt.clone());
         match result {
             Ok(()) => self.activated = true,
-            Err(err) => self.fail(&err),
+            Err(err) => return self.fail(&err),
+        }
+        for index in pending {
+            self.notify_queue(index);
         }
     }
 
@@ -614,6 +628,25 @@ mod tests {
         // A broken device is not run again until reset.
         d.write(VIRTIO_MMIO_QUEUE_NOTIFY, 0);
         assert_eq!(t.device().notified.len(), 1);
+    }
+
+    /// Linux's balloon driver kicks its statistics queue before DRIVER_OK;
+    /// that buffer must not be lost.
+    #[test]
+    fn buffers_made_available_before_driver_ok_are_processed_at_activation() {
+        let (mut t, line, mem) = transport();
+        let vq = test_support::TestQueue::new(&mem, 0x10000, 16);
+        let mut d = TestDriver::new(&mut t);
+        d.negotiate(1 << 32);
+        d.setup_queue(0, &vq);
+        vq.add_chain(&[(0x40000, 16, false)]);
+        d.notify(0);
+        assert!(t.device().notified.is_empty(), "not live yet");
+        let mut d = TestDriver::new(&mut t);
+        d.driver_ok();
+        assert_eq!(t.device().notified, [0]);
+        assert_eq!(vq.used_count(), 1);
+        assert_eq!(line.count(), 1);
     }
 
     #[test]
