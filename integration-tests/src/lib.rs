@@ -340,3 +340,16 @@ pub fn assert_mostly_huge(pages_2m: u64, chunks: u64, what: &str) {
         "{what}: pages_2m {pages_2m} < 90% of {chunks} chunks"
     );
 }
+
+/// Sends one command through `hugevmm ctl` to the control socket at
+/// `socket` and returns its reply, which must be a success.
+pub fn ctl(socket: &Path, words: &[&str]) -> serde_json::Value {
+    let mut args = vec!["ctl", "--api-socket", socket.to_str().unwrap()];
+    args.extend_from_slice(words);
+    let run = hugevmm(&args, Duration::from_secs(120));
+    run.expect_status(0);
+    let reply: serde_json::Value = serde_json::from_str(run.stdout.trim())
+        .unwrap_or_else(|e| panic!("{words:?}: reply is not JSON ({e}): {}", run.stdout));
+    assert_eq!(reply["ok"], true, "{words:?}: {reply}");
+    reply
+}

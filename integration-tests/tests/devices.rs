@@ -6,7 +6,7 @@
 
 use integration_tests::*;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(300);
@@ -140,17 +140,6 @@ fn devices_need_a_version_2_payload() {
 
 /// `hugevmm ctl --api-socket SOCKET <words>`: the JSON reply (the test
 /// fails unless it is one object with `"ok": true`).
-fn ctl(socket: &Path, words: &[&str]) -> serde_json::Value {
-    let mut args = vec!["ctl", "--api-socket", socket.to_str().unwrap()];
-    args.extend_from_slice(words);
-    let run = hugevmm(&args, LIMIT);
-    run.expect_status(0);
-    let reply: serde_json::Value = serde_json::from_str(run.stdout.trim())
-        .unwrap_or_else(|e| panic!("{words:?}: reply is not JSON ({e}): {}", run.stdout));
-    assert_eq!(reply["ok"], true, "{words:?}: {reply}");
-    reply
-}
-
 #[test]
 fn balloon_target_changes_at_run_time() {
     if skip_without_kvm("balloon_target_changes_at_run_time") {

@@ -192,3 +192,99 @@ fn a_failing_store_ends_the_run_naming_the_chunk() {
         );
     }
 }
+
+/// The memory limit changes while the guest runs (`hugevmm ctl mem-limit`):
+/// lowering it evicts down to the new cap, lifting it lets the guest
+/// finish, and no write is lost on the way (the verify payload checks
+/// every word). Bad limits are error replies.
+#[test]
+fn mem_limit_changes_at_run_time() {
+    if skip_without_kvm("mem_limit_changes_at_run_time") {
+        return;
+    }
+    let socket = temp_path("mem-limit.sock");
+    let mut vm = Background::start(&[
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "2",
+        "--mem",
+        "256M",
+        "--mem-limit",
+        "192M",
+        "--payload-args",
+        "passes=40",
+        "--api-socket",
+        socket.to_str().unwrap(),
+    ]);
+    vm.wait_until("the control socket accepts connections", LIMIT, || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    let low_bytes: u64 = 32 << 20;
+    let reply = ctl(&socket, &["mem-limit", "32M"]);
+    assert_eq!(reply["mem_limit_bytes"], low_bytes, "{reply}");
+    // Eviction runs in the background: wait (bounded) until it is done.
+    let mut tries = 0;
+    let stats = loop {
+        let stats = ctl(&socket, &["stats"]);
+        let resident = stats["swap"]["resident_bytes"].as_u64().unwrap();
+        if resident <= low_bytes {
+            break stats;
+        }
+        tries += 1;
+        assert!(
+            tries < 3000,
+            "resident memory never fell to the new limit: {stats}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(stats["swap"]["mem_limit_bytes"], low_bytes, "{stats}");
+
+    // Refused: not whole chunks, too small to make progress, not a size.
+    for (words, says) in [
+        (&["mem-limit", "33M"][..], "multiple of the swap unit"),
+        (&["mem-limit", "4M"][..], "need to make progress"),
+        (&["mem-limit", "lots"][..], "mem-limit none"),
+    ] {
+        let mut args = vec!["ctl", "--api-socket", socket.to_str().unwrap()];
+        args.extend_from_slice(words);
+        let bad = hugevmm(&args, LIMIT);
+        assert_eq!(bad.status, Some(1), "{words:?}: {}", bad.stderr);
+        assert!(bad.stderr.contains(says), "{words:?}: {}", bad.stderr);
+    }
+
+    let reply = ctl(&socket, &["mem-limit", "none"]);
+    assert!(reply["mem_limit_bytes"].is_null(), "{reply}");
+    let run = vm.finish(LIMIT);
+    run.expect_status(0);
+    assert_eq!(run.stdout.matches(" ok").count(), 2, "{}", run.stdout);
+    assert!(run.stat("/swap/evictions") > 0);
+    assert!(run.stat("/swap/faults/store") > 0);
+}
+
+/// A limit below what the vCPUs need to make progress is refused at the
+/// start, with the minimum in the message.
+#[test]
+fn too_small_a_mem_limit_is_refused() {
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "verify",
+            "--vcpus",
+            "2",
+            "--mem",
+            "64M",
+            "--mem-limit",
+            "8M",
+        ],
+        LIMIT,
+    );
+    assert_ne!(run.status, Some(0));
+    assert!(
+        run.stderr.contains("invalid --mem-limit") && run.stderr.contains("below the 24 MiB"),
+        "{}",
+        run.stderr
+    );
+}

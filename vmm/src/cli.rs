@@ -5,7 +5,7 @@ use crate::console::ConsoleSink;
 use crate::linux::{LinuxBootConfig, VirtioAnnounce};
 use crate::machine_devices::DeviceOptions;
 use crate::stats;
-use crate::swap_setup::SwapOptions;
+use crate::swap_setup::{self, SwapOptions};
 use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -112,7 +112,9 @@ struct RunArgs {
     #[arg(long)]
     timeout: Option<f64>,
     /// Cap resident guest RAM at SIZE, swapping the rest to --swap-store
-    /// (starts the swap engine).
+    /// (starts the swap engine). A multiple of the swap unit, at least
+    /// 8 MiB per vCPU + 8 MiB; changeable at run time through
+    /// --api-socket (`hugevmm ctl ... mem-limit SIZE`).
     #[arg(long, value_parser = parse_size_arg)]
     mem_limit: Option<u64>,
     /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
@@ -202,6 +204,10 @@ fn run_command(args: RunArgs) -> Result<i32> {
         }
         None => 0,
     };
+    if let Some(limit_bytes) = args.mem_limit {
+        swap_setup::check_mem_limit(limit_bytes, args.swap_unit.bytes(), args.vcpus)
+            .context("invalid --mem-limit")?;
+    }
     let swap = (args.mem_limit.is_some() || args.swap_store.is_some()).then(|| SwapOptions {
         mem_limit_bytes: args.mem_limit,
         store: args.swap_store.clone().unwrap_or(StoreSpec::Default),

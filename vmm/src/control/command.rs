@@ -22,13 +22,18 @@ pub enum Command {
     BalloonStats,
     /// `stats`: the run's figures so far.
     Stats,
+    /// `mem-limit SIZE|none`: change the swap engine's memory limit.
+    MemLimit {
+        /// The new limit in bytes; None lifts it.
+        limit_bytes: Option<u64>,
+    },
     /// `help`: the commands.
     Help,
 }
 
 /// Every command with its arguments and what it does, for `help` and for
 /// error replies.
-pub const COMMANDS: [(&str, &str); 4] = [
+pub const COMMANDS: [(&str, &str); 5] = [
     (
         "balloon SIZE",
         "set the balloon target (K/M/G suffixes, a multiple of 4K, at most the guest RAM; 0 deflates); replies with the target",
@@ -40,6 +45,10 @@ pub const COMMANDS: [(&str, &str); 4] = [
     (
         "stats",
         "the run's figures so far: elapsed time, KVM mappings, swap engine counters, balloon",
+    ),
+    (
+        "mem-limit SIZE|none",
+        "change the cap on resident guest RAM (needs the swap engine: --mem-limit or --swap-store); lowering it evicts at once, none lifts it",
     ),
     ("help", "this list"),
 ];
@@ -83,6 +92,16 @@ pub enum CommandError {
         /// The size word (shortened if it is long).
         word: String,
         /// What is wrong with it.
+        reason: String,
+    },
+    /// `mem-limit` with a size that does not parse.
+    #[error(
+        "bad size '{word}' for mem-limit ({reason}): give e.g. mem-limit 256M, or mem-limit none"
+    )]
+    BadLimit {
+        /// The word as given (shortened if long).
+        word: String,
+        /// Why it does not parse.
         reason: String,
     },
     /// `balloon` with a size that is not whole 4 KiB pages.
@@ -167,6 +186,29 @@ pub fn parse_words(words: &[&str]) -> Result<Command, CommandError> {
             }
             Ok(Command::Balloon { target_bytes })
         }
+        "mem-limit" => {
+            let [word] = rest else {
+                return Err(CommandError::Arguments {
+                    command: "mem-limit",
+                    expected: "one size or none",
+                    usage: "mem-limit SIZE|none (e.g. mem-limit 256M)",
+                });
+            };
+            if *word == "none" {
+                return Ok(Command::MemLimit { limit_bytes: None });
+            }
+            let limit_bytes = parse_size(word).map_err(|e| CommandError::BadLimit {
+                word: shorten(word),
+                reason: if word.len() > MAX_ECHO_CHARS {
+                    "too long to be a size".into()
+                } else {
+                    e.to_string()
+                },
+            })?;
+            Ok(Command::MemLimit {
+                limit_bytes: Some(limit_bytes),
+            })
+        }
         "balloon-stats" => no_arguments(Command::BalloonStats, "balloon-stats"),
         "stats" => no_arguments(Command::Stats, "stats"),
         "help" => no_arguments(Command::Help, "help"),
@@ -201,6 +243,28 @@ mod tests {
             Ok(Command::Balloon { target_bytes: 4096 })
         );
         assert_eq!(parse("balloon-stats"), Ok(Command::BalloonStats));
+        assert_eq!(
+            parse("mem-limit 64M"),
+            Ok(Command::MemLimit {
+                limit_bytes: Some(64 << 20)
+            })
+        );
+        assert_eq!(
+            parse("mem-limit none"),
+            Ok(Command::MemLimit { limit_bytes: None })
+        );
+        assert!(matches!(
+            parse("mem-limit lots"),
+            Err(CommandError::BadLimit { .. })
+        ));
+        assert!(matches!(
+            parse("mem-limit"),
+            Err(CommandError::Arguments { .. })
+        ));
+        assert!(matches!(
+            parse("mem-limit 1G 2G"),
+            Err(CommandError::Arguments { .. })
+        ));
         assert_eq!(parse("stats"), Ok(Command::Stats));
         assert_eq!(parse("help\r"), Ok(Command::Help));
         assert_eq!(parse_words(&["balloon", "1G"]), parse("balloon 1G"));

@@ -4,6 +4,7 @@
 use super::command::{parse_line, Command, COMMANDS};
 use crate::balloon_handle::{target_pages, BalloonHandle};
 use crate::stats::{balloon_json, LiveSummary};
+use crate::swap_setup::check_mem_limit;
 use guestmem::{Backing, KvmStats, PAGE_BYTES};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -65,7 +66,28 @@ impl ControlContext {
             Command::Balloon { target_bytes } => self.set_balloon(target_bytes),
             Command::BalloonStats => self.balloon_stats(),
             Command::Stats => ok_reply(self.live_summary()),
+            Command::MemLimit { limit_bytes } => self.set_mem_limit(limit_bytes),
         }
+    }
+
+    fn set_mem_limit(&self, limit_bytes: Option<u64>) -> Value {
+        let Some(engine) = &self.engine else {
+            return error_reply(
+                "the swap engine is not running: start `hugevmm run` with --mem-limit or --swap-store to change the limit at run time",
+            );
+        };
+        if let Some(bytes) = limit_bytes {
+            if let Err(e) = check_mem_limit(bytes, engine.unit_bytes(), self.vcpus) {
+                return error_reply(format!("mem-limit: {e}"));
+            }
+        }
+        engine.set_mem_limit_bytes(limit_bytes);
+        let stats = engine.stats();
+        ok_reply(json!({
+            "mem_limit_bytes": limit_bytes,
+            // Lowering the limit evicts in the background: watch `stats`.
+            "resident_bytes": stats.resident_bytes,
+        }))
     }
 
     fn set_balloon(&self, target_bytes: u64) -> Value {
