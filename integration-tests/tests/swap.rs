@@ -288,3 +288,54 @@ fn too_small_a_mem_limit_is_refused() {
         run.stderr
     );
 }
+
+/// `pageout` evicts everything while the guest runs (the guest then faults
+/// its working set back without losing a word: the verify payload checks),
+/// and `quit` ends the VM with status 0 and its statistics written.
+#[test]
+fn pageout_and_quit_through_the_control_socket() {
+    if skip_without_kvm("pageout_and_quit_through_the_control_socket") {
+        return;
+    }
+    let socket = temp_path("pageout.sock");
+    let mut vm = Background::start(&[
+        "run",
+        "--payload",
+        "verify",
+        "--mem",
+        "128M",
+        "--mem-limit",
+        "96M",
+        // Far more passes than the test waits for: `quit` ends it.
+        "--payload-args",
+        "passes=100000",
+        "--api-socket",
+        socket.to_str().unwrap(),
+    ]);
+    vm.wait_until("the control socket accepts connections", LIMIT, || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    let reply = ctl(&socket, &["pageout"]);
+    let released = ["written_units", "clean_dropped_units", "zero_units"]
+        .iter()
+        .map(|k| reply[k].as_u64().unwrap())
+        .sum::<u64>();
+    assert!(released > 0, "{reply}");
+    assert!(reply["elapsed_ms"].as_f64().unwrap() > 0.0, "{reply}");
+    // The guest keeps verifying its words through the restores.
+    let stats = ctl(&socket, &["stats"]);
+    assert!(
+        stats["swap"]["faults"]["store"].as_u64().is_some(),
+        "{stats}"
+    );
+    assert_eq!(ctl(&socket, &["quit"])["quitting"], true);
+    let run = vm.finish(LIMIT);
+    run.expect_status(0);
+    assert!(
+        run.stderr.contains("quit through the control socket"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stdout.contains("MISMATCH"), "{}", run.stdout);
+    assert!(run.stat("/swap/evictions") >= released);
+}

@@ -320,6 +320,7 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
             engine: engine.clone(),
             // Its own descriptor: the run loop keeps reading `stats`.
             kvm_stats: KvmStats::open(&vm).ok(),
+            events: events_tx.clone(),
         })?),
         None => None,
     };
@@ -389,7 +390,8 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         match event {
             VcpuEvent::Finished { index, status } => statuses[index as usize] = Some(status),
             VcpuEvent::GuestReset { how } => {
-                // A guest reset or the console user's Ctrl-A x.
+                // A guest reset or power-off, the console user's Ctrl-A x,
+                // or `quit` on the control socket.
                 eprintln!("hugevmm: ending the VM: {how}");
                 statuses.iter_mut().for_each(|s| *s = Some(s.unwrap_or(0)));
                 break;

@@ -27,13 +27,17 @@ pub enum Command {
         /// The new limit in bytes; None lifts it.
         limit_bytes: Option<u64>,
     },
+    /// `pageout`: evict all guest RAM to the store now.
+    Pageout,
+    /// `quit`: end the VM (status 0), as the console's Ctrl-A x does.
+    Quit,
     /// `help`: the commands.
     Help,
 }
 
 /// Every command with its arguments and what it does, for `help` and for
 /// error replies.
-pub const COMMANDS: [(&str, &str); 5] = [
+pub const COMMANDS: [(&str, &str); 7] = [
     (
         "balloon SIZE",
         "set the balloon target (K/M/G suffixes, a multiple of 4K, at most the guest RAM; 0 deflates); replies with the target",
@@ -49,6 +53,14 @@ pub const COMMANDS: [(&str, &str); 5] = [
     (
         "mem-limit SIZE|none",
         "change the cap on resident guest RAM (needs the swap engine: --mem-limit or --swap-store); lowering it evicts at once, none lifts it",
+    ),
+    (
+        "pageout",
+        "evict all guest RAM to the store now and wait for the writes (needs the swap engine); replies with what left memory and how long it took",
+    ),
+    (
+        "quit",
+        "end the VM now with status 0 (statistics are still written), as Ctrl-A x on the console does",
     ),
     ("help", "this list"),
 ];
@@ -211,6 +223,8 @@ pub fn parse_words(words: &[&str]) -> Result<Command, CommandError> {
         }
         "balloon-stats" => no_arguments(Command::BalloonStats, "balloon-stats"),
         "stats" => no_arguments(Command::Stats, "stats"),
+        "pageout" => no_arguments(Command::Pageout, "pageout"),
+        "quit" => no_arguments(Command::Quit, "quit"),
         "help" => no_arguments(Command::Help, "help"),
         other => Err(CommandError::Unknown {
             word: shorten(other),
@@ -266,6 +280,12 @@ mod tests {
             Err(CommandError::Arguments { .. })
         ));
         assert_eq!(parse("stats"), Ok(Command::Stats));
+        assert_eq!(parse("pageout"), Ok(Command::Pageout));
+        assert_eq!(parse("quit"), Ok(Command::Quit));
+        assert!(matches!(
+            parse("quit now"),
+            Err(CommandError::Arguments { .. })
+        ));
         assert_eq!(parse("help\r"), Ok(Command::Help));
         assert_eq!(parse_words(&["balloon", "1G"]), parse("balloon 1G"));
     }

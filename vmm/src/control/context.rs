@@ -5,8 +5,10 @@ use super::command::{parse_line, Command, COMMANDS};
 use crate::balloon_handle::{target_pages, BalloonHandle};
 use crate::stats::{balloon_json, LiveSummary};
 use crate::swap_setup::check_mem_limit;
+use crate::vcpu::VcpuEvent;
 use guestmem::{Backing, KvmStats, PAGE_BYTES};
 use serde_json::{json, Value};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 use swap::engine::SwapEngine;
@@ -29,6 +31,8 @@ pub struct ControlContext {
     pub engine: Option<Arc<SwapEngine>>,
     /// The VM's KVM statistics (a descriptor of the control thread's own).
     pub kvm_stats: Option<KvmStats>,
+    /// Where `quit` asks the run loop to end the VM.
+    pub events: Sender<VcpuEvent>,
 }
 
 /// An error reply: `{"ok": false, "error": ...}`.
@@ -41,6 +45,9 @@ fn ok_reply(mut object: Value) -> Value {
     object["ok"] = Value::Bool(true);
     object
 }
+
+const NO_ENGINE: &str =
+    "the swap engine is not running: start `hugevmm run` with --mem-limit or --swap-store";
 
 const NO_BALLOON: &str =
     "this VM has no balloon: start `hugevmm run` with --balloon to change its size";
@@ -67,14 +74,41 @@ impl ControlContext {
             Command::BalloonStats => self.balloon_stats(),
             Command::Stats => ok_reply(self.live_summary()),
             Command::MemLimit { limit_bytes } => self.set_mem_limit(limit_bytes),
+            Command::Pageout => self.pageout(),
+            Command::Quit => match self.events.send(VcpuEvent::GuestReset {
+                how: "quit through the control socket",
+            }) {
+                Ok(()) => ok_reply(json!({ "quitting": true })),
+                Err(_) => error_reply("the VM is already ending"),
+            },
+        }
+    }
+
+    fn pageout(&self) -> Value {
+        let Some(engine) = &self.engine else {
+            return error_reply(NO_ENGINE);
+        };
+        let resident_bytes_before = engine.stats().resident_bytes;
+        let started = Instant::now();
+        match engine.evict_all() {
+            Ok(report) => ok_reply(json!({
+                "elapsed_ms": started.elapsed().as_secs_f64() * 1e3,
+                "resident_bytes_before": resident_bytes_before,
+                // The guest runs on and faults memory back meanwhile.
+                "resident_bytes_after": engine.stats().resident_bytes,
+                "written_units": report.written_units,
+                "written_bytes": report.written_bytes,
+                "clean_dropped_units": report.clean_dropped_units,
+                "zero_units": report.zero_units,
+                "busy_units": report.busy_units,
+            })),
+            Err(e) => error_reply(format!("pageout failed: {e}")),
         }
     }
 
     fn set_mem_limit(&self, limit_bytes: Option<u64>) -> Value {
         let Some(engine) = &self.engine else {
-            return error_reply(
-                "the swap engine is not running: start `hugevmm run` with --mem-limit or --swap-store to change the limit at run time",
-            );
+            return error_reply(NO_ENGINE);
         };
         if let Some(bytes) = limit_bytes {
             if let Err(e) = check_mem_limit(bytes, engine.unit_bytes(), self.vcpus) {
@@ -184,6 +218,8 @@ pub(crate) mod tests {
             balloon,
             engine: None,
             kvm_stats: None,
+            // The receiver is gone: `quit` then says the VM is ending.
+            events: std::sync::mpsc::channel().0,
         }
     }
 
@@ -191,6 +227,31 @@ pub(crate) mod tests {
         let value = ctx.respond(line.as_bytes());
         assert!(value["ok"].is_boolean(), "{value}");
         value
+    }
+
+    #[test]
+    fn engine_commands_need_the_engine_and_quit_needs_a_run_loop() {
+        let ctx = context(false);
+        for line in ["pageout", "mem-limit 64M", "mem-limit none"] {
+            let r = reply(&ctx, line);
+            assert_eq!(r["ok"], false, "{line}: {r}");
+            assert!(
+                r["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("--mem-limit or --swap-store"),
+                "{line}: {r}"
+            );
+        }
+        let r = reply(&ctx, "quit");
+        assert_eq!(r["ok"], false, "{r}");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let ctx = ControlContext {
+            events: tx,
+            ..context(false)
+        };
+        assert_eq!(reply(&ctx, "quit")["quitting"], true);
+        assert!(matches!(rx.try_recv(), Ok(VcpuEvent::GuestReset { .. })));
     }
 
     #[test]
