@@ -2,6 +2,7 @@
 //! an 8250 serial port, enough of an i8042 for the guest's reboot path,
 //! and virtio-mmio devices (block, balloon) built on `virtio-queue`.
 //!
+//! - [`absent`]: [`AbsentPorts`], legacy ports Linux probes and finds empty.
 //! - [`bus`]: [`MmioBus`] and [`PioBus`], address ranges to devices.
 //! - [`interrupt`]: [`InterruptLine`], how a device raises its IRQ.
 //! - [`serial`]: [`SerialPort`], the 8250 UART at 0x3f8.
@@ -18,6 +19,7 @@
 //! or marks the device as needing a reset; it never panics the VMM.
 #![deny(missing_docs)]
 
+pub mod absent;
 pub mod bus;
 pub mod chunk_accumulator;
 pub mod i8042;
@@ -27,6 +29,7 @@ pub mod serial;
 pub mod sleep_control;
 pub mod virtio;
 
+pub use absent::AbsentPorts;
 pub use bus::{BusError, MmioBus, MmioDevice, PioBus, PioDevice};
 pub use chunk_accumulator::{ChunkAccumulator, FreeMemorySink};
 pub use i8042::I8042;

@@ -155,6 +155,11 @@ pub fn build(
             devices::sleep_control::SLEEP_PORT_COUNT,
             Arc::new(Mutex::new(sleep_control)),
         )?;
+        // Hardware Linux probes for and this machine lacks: answered as
+        // absent, and kept out of the unknown-port log.
+        for (port, count, _why) in devices::absent::LINUX_PROBED_PORTS {
+            pio.insert(port, count, Arc::new(Mutex::new(devices::AbsentPorts)))?;
+        }
     }
     let mut windows = Vec::new();
     let next_window = |windows: &mut Vec<MmioWindow>| {
