@@ -339,3 +339,54 @@ fn pageout_and_quit_through_the_control_socket() {
     assert!(!run.stdout.contains("MISMATCH"), "{}", run.stdout);
     assert!(run.stat("/swap/evictions") >= released);
 }
+
+/// `hugevmm ctl --watch` follows a VM until it ends: a header, lines of
+/// rates, exit 0.
+#[test]
+fn ctl_watch_follows_a_vm_to_its_end() {
+    if skip_without_kvm("ctl_watch_follows_a_vm_to_its_end") {
+        return;
+    }
+    let socket = temp_path("watch.sock");
+    let mut vm = Background::start(&[
+        "run",
+        "--payload",
+        "verify",
+        "--mem",
+        "128M",
+        "--mem-limit",
+        "64M",
+        "--payload-args",
+        "passes=20",
+        "--api-socket",
+        socket.to_str().unwrap(),
+    ]);
+    vm.wait_until("the control socket accepts connections", LIMIT, || {
+        std::os::unix::net::UnixStream::connect(&socket).is_ok()
+    });
+    let watch = hugevmm(
+        &[
+            "ctl",
+            "--api-socket",
+            socket.to_str().unwrap(),
+            "--watch",
+            "0.05",
+            "stats",
+        ],
+        LIMIT,
+    );
+    vm.finish(LIMIT).expect_status(0);
+    watch.expect_status(0);
+    let lines: Vec<&str> = watch.stdout.lines().collect();
+    assert!(lines[0].contains("resident_MiB"), "{}", watch.stdout);
+    assert!(lines.len() >= 2, "{}", watch.stdout);
+    let columns = lines[0].split_whitespace().count();
+    for line in &lines[1..] {
+        assert_eq!(line.split_whitespace().count(), columns, "{line}");
+    }
+    assert!(
+        watch.stderr.contains("the VM has ended"),
+        "{}",
+        watch.stderr
+    );
+}

@@ -1,5 +1,6 @@
 //! `hugevmm ctl`: sends one command to a running VM's control socket and
-//! prints the reply.
+//! prints the reply; with `--watch`, repeats it until the VM ends (for
+//! `stats`, as one line of rates per interval).
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
@@ -16,7 +17,14 @@ pub struct CtlArgs {
     /// Give up if no reply arrives within this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     timeout: f64,
-    /// The command: `balloon SIZE`, `balloon-stats`, `stats` or `help`.
+    /// Repeat the command every SECONDS until the VM ends, connecting
+    /// afresh each time (so other clients get their turn). `stats` is then
+    /// shown as one line of rates per interval; other commands as their
+    /// JSON replies.
+    #[arg(long, value_name = "SECONDS")]
+    watch: Option<f64>,
+    /// The command: `balloon SIZE`, `balloon-stats`, `stats`,
+    /// `mem-limit SIZE|none`, `pageout`, `quit` or `help`.
     #[arg(
         value_name = "WORDS",
         required = true,
@@ -29,7 +37,7 @@ pub struct CtlArgs {
 
 /// Sends the command, prints the JSON reply on stdout and returns the exit
 /// status: 0 for an `"ok": true` reply, 1 otherwise (with the error on
-/// stderr).
+/// stderr). With `--watch`, see [`watch`].
 pub fn run(args: CtlArgs) -> Result<i32> {
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         bail!("--timeout must be a positive number of seconds");
@@ -37,6 +45,63 @@ pub fn run(args: CtlArgs) -> Result<i32> {
     if args.command.iter().any(|w| w.contains(['\n', '\r'])) {
         bail!("command words must not contain line breaks: the protocol is one command per line");
     }
+    if let Some(interval) = args.watch {
+        if !(interval.is_finite() && interval >= 0.05) {
+            bail!("--watch takes an interval of at least 0.05 seconds");
+        }
+        return watch(&args, Duration::from_secs_f64(interval));
+    }
+    let value = exchange(&args)?;
+    print_reply(&value)
+}
+
+/// Prints a reply; the exit status for it.
+fn print_reply(value: &serde_json::Value) -> Result<i32> {
+    println!("{value}");
+    if value["ok"] == true {
+        return Ok(0);
+    }
+    let error = value["error"]
+        .as_str()
+        .unwrap_or("the reply says ok: false");
+    eprintln!("hugevmm: error: {error}");
+    Ok(1)
+}
+
+/// Repeats the command until the VM ends: exit 0 then (after at least one
+/// reply), 1 on an error reply or if the first connection fails.
+fn watch(args: &CtlArgs, interval: Duration) -> Result<i32> {
+    let stats = args.command == ["stats"];
+    let mut previous: Option<serde_json::Value> = None;
+    loop {
+        let value = match exchange(args) {
+            Ok(value) => value,
+            // The VM ended (its socket is gone): the watch is over.
+            Err(_) if previous.is_some() => {
+                eprintln!("hugevmm: the VM has ended (its control socket is gone)");
+                return Ok(0);
+            }
+            Err(e) => return Err(e),
+        };
+        if value["ok"] != true {
+            return print_reply(&value);
+        }
+        if stats {
+            if previous.is_none() {
+                println!("{}", super::watch::HEADER);
+            }
+            println!("{}", super::watch::line(previous.as_ref(), &value));
+        } else {
+            println!("{value}");
+        }
+        std::io::stdout().flush()?;
+        previous = Some(value);
+        std::thread::sleep(interval);
+    }
+}
+
+/// One connection: sends the command, returns the parsed reply.
+fn exchange(args: &CtlArgs) -> Result<serde_json::Value> {
     let shown = args.api_socket.display();
     let start_hint = format!("start the VM with `hugevmm run --api-socket {shown} ...`");
     let mut stream = UnixStream::connect(&args.api_socket).map_err(|e| match e.kind() {
@@ -66,15 +131,6 @@ pub fn run(args: CtlArgs) -> Result<i32> {
     if !reply.ends_with('\n') {
         bail!("the VM closed {shown} without replying (did it just end?)");
     }
-    let value: serde_json::Value = serde_json::from_str(&reply)
-        .with_context(|| format!("the reply from {shown} is not JSON: {}", reply.trim_end()))?;
-    println!("{}", reply.trim_end());
-    if value["ok"] == true {
-        return Ok(0);
-    }
-    let error = value["error"]
-        .as_str()
-        .unwrap_or("the reply says ok: false");
-    eprintln!("hugevmm: error: {error}");
-    Ok(1)
+    serde_json::from_str(&reply)
+        .with_context(|| format!("the reply from {shown} is not JSON: {}", reply.trim_end()))
 }
