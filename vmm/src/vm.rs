@@ -343,6 +343,9 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     drop(events_tx);
 
     let mut statuses = vec![None; config.vcpus as usize];
+    // Ended by a reset or `quit` while vCPUs ran on: they keep running until
+    // the process exits.
+    let mut vcpus_still_running = false;
     let mut failure = None;
     let mut exit_status = None;
     let mut timeline = Vec::new();
@@ -394,6 +397,7 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
                 // or `quit` on the control socket.
                 eprintln!("hugevmm: ending the VM: {how}");
                 statuses.iter_mut().for_each(|s| *s = Some(s.unwrap_or(0)));
+                vcpus_still_running = true;
                 break;
             }
             VcpuEvent::SwapFatal { message } => {
@@ -446,7 +450,11 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     drop(machine);
     match engine.map(Arc::try_unwrap) {
         // Every payload vCPU finished: nothing can fault any more.
-        Some(Ok(engine)) if failure.is_none() && kind == GuestKind::Payload => engine.shutdown(),
+        Some(Ok(engine))
+            if failure.is_none() && !vcpus_still_running && kind == GuestKind::Payload =>
+        {
+            engine.shutdown()
+        }
         // vCPUs may still run or be blocked in faults. Unregistering would
         // let them see empty memory before the process exits; keep the
         // engine (and its threads) until then.
