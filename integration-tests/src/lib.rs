@@ -353,3 +353,19 @@ pub fn ctl(socket: &Path, words: &[&str]) -> serde_json::Value {
     assert_eq!(reply["ok"], true, "{words:?}: {reply}");
     reply
 }
+
+/// Starts `hugevmm run ARGS --api-socket <a fresh path>` in the background
+/// and waits until its control socket accepts connections; returns the VM
+/// and the socket's path.
+pub fn start_with_api_socket(args: &[&str]) -> (Background, PathBuf) {
+    let socket = temp_path("api.sock");
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--api-socket", socket.to_str().unwrap()]);
+    let mut vm = Background::start(&all);
+    vm.wait_until(
+        "the control socket accepts connections",
+        Duration::from_secs(300),
+        || std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+    );
+    (vm, socket)
+}

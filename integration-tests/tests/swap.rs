@@ -202,8 +202,7 @@ fn mem_limit_changes_at_run_time() {
     if skip_without_kvm("mem_limit_changes_at_run_time") {
         return;
     }
-    let socket = temp_path("mem-limit.sock");
-    let mut vm = Background::start(&[
+    let (vm, socket) = start_with_api_socket(&[
         "run",
         "--payload",
         "verify",
@@ -215,12 +214,7 @@ fn mem_limit_changes_at_run_time() {
         "192M",
         "--payload-args",
         "passes=40",
-        "--api-socket",
-        socket.to_str().unwrap(),
     ]);
-    vm.wait_until("the control socket accepts connections", LIMIT, || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
     let low_bytes: u64 = 32 << 20;
     let reply = ctl(&socket, &["mem-limit", "32M"]);
     assert_eq!(reply["mem_limit_bytes"], low_bytes, "{reply}");
@@ -297,8 +291,7 @@ fn pageout_and_quit_through_the_control_socket() {
     if skip_without_kvm("pageout_and_quit_through_the_control_socket") {
         return;
     }
-    let socket = temp_path("pageout.sock");
-    let mut vm = Background::start(&[
+    let (vm, socket) = start_with_api_socket(&[
         "run",
         "--payload",
         "verify",
@@ -309,12 +302,7 @@ fn pageout_and_quit_through_the_control_socket() {
         // Far more passes than the test waits for: `quit` ends it.
         "--payload-args",
         "passes=100000",
-        "--api-socket",
-        socket.to_str().unwrap(),
     ]);
-    vm.wait_until("the control socket accepts connections", LIMIT, || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
     let reply = ctl(&socket, &["pageout"]);
     let released = ["written_units", "clean_dropped_units", "zero_units"]
         .iter()
@@ -347,8 +335,7 @@ fn ctl_watch_follows_a_vm_to_its_end() {
     if skip_without_kvm("ctl_watch_follows_a_vm_to_its_end") {
         return;
     }
-    let socket = temp_path("watch.sock");
-    let mut vm = Background::start(&[
+    let (vm, socket) = start_with_api_socket(&[
         "run",
         "--payload",
         "verify",
@@ -358,12 +345,7 @@ fn ctl_watch_follows_a_vm_to_its_end() {
         "64M",
         "--payload-args",
         "passes=20",
-        "--api-socket",
-        socket.to_str().unwrap(),
     ]);
-    vm.wait_until("the control socket accepts connections", LIMIT, || {
-        std::os::unix::net::UnixStream::connect(&socket).is_ok()
-    });
     let watch = hugevmm(
         &[
             "ctl",
