@@ -95,7 +95,8 @@ struct RunArgs {
     balloon_target: Option<u64>,
     /// Serve a control socket at PATH while the VM runs (one JSON reply
     /// line per command line: `balloon SIZE`, `balloon-stats`, `stats`,
-    /// `help`); talk to it with `hugevmm ctl --api-socket PATH`. A stale
+    /// `mem-limit SIZE|none`, `pageout`, `quit`, `help`); talk to it with
+    /// `hugevmm ctl --api-socket PATH`. A stale
     /// socket there is replaced; the file is removed when the VM ends.
     #[arg(long, value_name = "PATH")]
     api_socket: Option<PathBuf>,
