@@ -195,6 +195,14 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
         "resident_bytes_max": s.resident_bytes_max,
         "metadata_bytes": s.metadata_bytes,
         "install_busy_retries": s.install_busy_retries,
+        "buffers": {
+            "recycled": s.buffers_recycled,
+            "fresh": s.buffers_fresh,
+            "recycled_uncleared": s.buffers_recycled_uncleared,
+            "recycle_dropped": s.buffers_recycle_dropped,
+            "idle_max": s.buffers_idle_max,
+            "bound": s.buffers_bound,
+        },
     });
     if detail {
         let by_source: serde_json::Map<String, Value> = FaultSource::ALL

@@ -1,6 +1,5 @@
-//! Restore buffers: unregistered anonymous memory the fault service fills
-//! (from the store, from the parking area, or left zero) before installing
-//! it in the guest.
+//! Restore buffers: memory the fault service fills (from the store, from
+//! the parking area, or left zero) before installing it in the guest.
 //!
 //! Two modes:
 //! - `Thp` (2 MiB units on anonymous memory): each buffer is a 2 MiB aligned
@@ -14,8 +13,20 @@
 //! - `Reusable` (hugetlb and 4 KiB units): buffers are UFFDIO_COPY sources;
 //!   they stay populated and go straight back to the pool.
 //!
-//! Buffers are never registered with the userfaultfd, so any thread may
-//! touch them.
+//! The pool's own buffers are never registered with the userfaultfd, so any
+//! thread may touch them.
+//!
+//! In `Thp` mode the pool also keeps *recycled* buffers: huge pages of
+//! evicted units whose content is no longer needed, still sitting in their
+//! parking slot (see [`super::recycle`], which decides what may be
+//! recycled and how they are used). The pool only holds their slot
+//! numbers: *raw* as evicted, then *cleared* (zeroed) by the refill
+//! thread, which clears raw pages before it fills any fresh buffer.
+//!
+//! Bound: the idle buffers (fresh ones ready, recycled ones, and those the
+//! refill thread is filling or clearing) never exceed the pool's count, so
+//! recycling holds no more host memory than the pre-touched pool did
+//! before it.
 
 use std::sync::{Condvar, Mutex};
 
@@ -41,15 +52,45 @@ pub struct Buffer {
     pub huge: bool,
 }
 
+/// Work for the refill thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefillJob {
+    /// Clear the recycled page in this parking slot, then
+    /// [`BufferPool::finish_clear`] (or [`BufferPool::abandon_clear`]).
+    Clear(u32),
+    /// Fill this empty fresh buffer ([`BufferPool::fill_job`]).
+    Fill(usize),
+}
+
 struct Lists {
     ready: Vec<(usize, bool)>,
     empty: Vec<usize>,
+    /// Recycled pages as evicted (parking slots).
+    raw: Vec<u32>,
+    /// Recycled pages the refill thread has cleared (parking slots).
+    cleared: Vec<u32>,
+    /// Buffers the refill thread is filling or clearing (idle, not yet
+    /// ready).
+    busy: usize,
+    idle_max: usize,
+}
+
+impl Lists {
+    /// Buffers holding memory that no restore is using.
+    fn idle(&self) -> usize {
+        self.ready.len() + self.raw.len() + self.cleared.len() + self.busy
+    }
+
+    fn note_idle(&mut self) {
+        self.idle_max = self.idle_max.max(self.idle());
+    }
 }
 
 /// A fixed set of unit-sized buffers.
 pub struct BufferPool {
     mapping: AnonMapping,
     buf_bytes: u64,
+    count: usize,
     mode: PoolMode,
     lists: Mutex<Lists>,
     refill_wanted: Condvar,
@@ -67,10 +108,15 @@ impl BufferPool {
         let pool = BufferPool {
             mapping,
             buf_bytes,
+            count,
             mode,
             lists: Mutex::new(Lists {
                 ready: Vec::new(),
                 empty: (0..count).collect(),
+                raw: Vec::new(),
+                cleared: Vec::new(),
+                busy: 0,
+                idle_max: 0,
             }),
             refill_wanted: Condvar::new(),
         };
@@ -84,6 +130,21 @@ impl BufferPool {
     /// Bytes per buffer.
     pub fn buf_bytes(&self) -> u64 {
         self.buf_bytes
+    }
+
+    /// Most buffers ever idle at once (fresh and recycled); never above
+    /// [`BufferPool::bound`].
+    pub fn idle_max(&self) -> usize {
+        self.lock().idle_max
+    }
+
+    /// The pool's size: the bound on idle buffers.
+    pub fn bound(&self) -> usize {
+        self.count
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Lists> {
+        self.lists.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The buffer's memory, for filling or reading.
@@ -123,12 +184,11 @@ impl BufferPool {
 
     /// Takes a filled buffer, filling one inline when none is ready.
     pub fn take(&self) -> Buffer {
-        let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lists = self.lock();
         loop {
             if let Some((index, huge)) = lists.ready.pop() {
-                if lists.ready.is_empty() {
-                    self.refill_wanted.notify_all();
-                }
+                // The refill thread may be below its target now.
+                self.refill_wanted.notify_all();
                 return Buffer {
                     index,
                     addr: self.range().base() + index as u64 * self.buf_bytes,
@@ -152,9 +212,47 @@ impl BufferPool {
         }
     }
 
+    /// Takes a ready fresh buffer, if one is ready (never fills inline).
+    pub fn try_take_ready(&self) -> Option<Buffer> {
+        let mut lists = self.lock();
+        let (index, huge) = lists.ready.pop()?;
+        self.refill_wanted.notify_all();
+        Some(Buffer {
+            index,
+            addr: self.range().base() + index as u64 * self.buf_bytes,
+            huge,
+        })
+    }
+
+    /// Keeps the recycled page in parking slot `slot` (raw) if that stays
+    /// within the bound; `false`: the pool is full and the caller frees the
+    /// page.
+    pub fn offer_recycled(&self, slot: u32) -> bool {
+        let mut lists = self.lock();
+        if self.mode != PoolMode::Thp || lists.idle() >= self.count {
+            return false;
+        }
+        lists.raw.push(slot);
+        lists.note_idle();
+        self.refill_wanted.notify_all();
+        true
+    }
+
+    /// Takes a recycled page the refill thread has cleared.
+    pub fn take_cleared(&self) -> Option<u32> {
+        let slot = self.lock().cleared.pop()?;
+        self.refill_wanted.notify_all();
+        Some(slot)
+    }
+
+    /// Takes a recycled page not cleared yet.
+    pub fn take_raw(&self) -> Option<u32> {
+        self.lock().raw.pop()
+    }
+
     /// Returns a buffer whose pages were moved away (now empty).
     pub fn put_moved(&self, buf: Buffer) {
-        let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lists = self.lock();
         lists.empty.push(buf.index);
         self.refill_wanted.notify_all();
     }
@@ -168,33 +266,103 @@ impl BufferPool {
                 self.put_moved(buf);
             }
             PoolMode::Reusable => {
-                let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
+                let mut lists = self.lock();
                 lists.ready.push((buf.index, buf.huge));
                 self.refill_wanted.notify_all();
             }
         }
     }
 
-    /// Refills empty buffers until all are ready or `stop` says so; waits
-    /// up to `wait` for work. Runs on the refill thread.
-    pub fn refill_some(&self, wait: std::time::Duration) {
-        let index = {
-            let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
-            if lists.empty.is_empty() {
-                lists = self
-                    .refill_wanted
-                    .wait_timeout(lists, wait)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+    /// The refill thread's next job, waiting up to `wait` for one: clear a
+    /// raw recycled page (always: it is memory already held, and cheaper
+    /// than a fresh page), else fill an empty buffer while fewer than
+    /// `target` buffers are ready for use (fresh ready plus cleared) and
+    /// the idle buffers are below the bound.
+    pub fn next_refill_job(&self, wait: std::time::Duration, target: usize) -> Option<RefillJob> {
+        let job = |l: &mut Lists| {
+            if let Some(slot) = l.raw.pop() {
+                return Some(RefillJob::Clear(slot));
             }
-            match lists.empty.pop() {
-                Some(index) => index,
-                None => return,
+            let usable = l.ready.len() + l.cleared.len() + l.busy;
+            if usable < target && l.idle() < self.count {
+                return l.empty.pop().map(RefillJob::Fill);
             }
+            None
         };
+        let mut lists = self.lock();
+        let mut next = job(&mut lists);
+        if next.is_none() {
+            lists = self
+                .refill_wanted
+                .wait_timeout(lists, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+            next = job(&mut lists);
+        }
+        if next.is_some() {
+            // Counted as idle while the job runs, so recycling cannot push
+            // the pool over its bound meanwhile.
+            lists.busy += 1;
+            lists.note_idle();
+        }
+        next
+    }
+
+    /// Runs a [`RefillJob::Fill`]: fills the buffer and makes it ready.
+    pub fn fill_job(&self, index: usize) {
         let huge = self.fill(index);
-        let mut lists = self.lists.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lists = self.lock();
+        lists.busy -= 1;
         lists.ready.push((index, huge));
         self.refill_wanted.notify_all();
+    }
+
+    /// Ends a [`RefillJob::Clear`]: the page is cleared and ready for use.
+    pub fn finish_clear(&self, slot: u32) {
+        let mut lists = self.lock();
+        lists.busy -= 1;
+        lists.cleared.push(slot);
+        self.refill_wanted.notify_all();
+    }
+
+    /// Ends a [`RefillJob::Clear`] whose page was not kept (the caller
+    /// freed it).
+    pub fn abandon_clear(&self) {
+        self.lock().busy -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn recycled_and_fresh_buffers_share_the_bound() {
+        let pool = BufferPool::new(3, HUGE_PAGE_BYTES, PoolMode::Thp).unwrap();
+        let wait = Duration::from_millis(1);
+        // One fresh buffer ready, then recycled pages up to the bound.
+        let Some(RefillJob::Fill(index)) = pool.next_refill_job(wait, 1) else {
+            panic!("a fill is wanted below the target");
+        };
+        pool.fill_job(index);
+        assert_eq!(pool.next_refill_job(wait, 1), None, "target reached");
+        assert!(pool.offer_recycled(7));
+        assert!(pool.offer_recycled(8));
+        assert!(!pool.offer_recycled(9), "bound of 3 reached");
+        // Raw pages are cleared before anything else; while one is being
+        // cleared it still counts against the bound.
+        assert_eq!(pool.next_refill_job(wait, 3), Some(RefillJob::Clear(8)));
+        assert!(!pool.offer_recycled(9));
+        pool.finish_clear(8);
+        assert_eq!(pool.take_cleared(), Some(8));
+        assert_eq!(pool.take_raw(), Some(7));
+        assert!(pool.try_take_ready().is_some());
+        assert_eq!(pool.take_raw(), None);
+        assert_eq!(pool.idle_max(), 3);
+        assert!(pool.offer_recycled(9), "room again");
+        assert_eq!(pool.next_refill_job(wait, 3), Some(RefillJob::Clear(9)));
+        pool.abandon_clear();
+        assert_eq!(pool.idle_max(), 3);
     }
 }

@@ -105,8 +105,14 @@ pub struct EngineConfig {
     pub batch_units: Option<usize>,
     /// Parking-area slots (default: 4 batches).
     pub parking_units: Option<usize>,
-    /// Pre-filled restore buffers (default: 2 per fault thread + 4).
+    /// Pre-filled restore buffers (default: 2 per fault thread + 4); also
+    /// the most evicted huge pages kept for reuse as restore buffers, the
+    /// two together.
     pub buffer_count: Option<usize>,
+    /// Pre-touch THP restore buffers on a background thread (the default).
+    /// Off: a restore that finds no evicted page to reuse clears a fresh
+    /// one itself, on the fault path.
+    pub refill_buffers: bool,
     /// Nice value of the fault-service threads. Below the vCPU threads'
     /// (0), a vCPU waiting for a fault is served before vCPUs that can run
     /// on when there are more vCPUs than cores; raising priority needs
@@ -125,6 +131,7 @@ impl Default for EngineConfig {
             batch_units: None,
             parking_units: None,
             buffer_count: None,
+            refill_buffers: true,
             fault_thread_nice: -10,
         }
     }

@@ -19,6 +19,9 @@
 //! - otherwise: `Staged`, and written to the store in batches by the same
 //!   thread; when the write completes the parking slot is released.
 //!
+//! A released slot's huge page is kept as a restore buffer when the pool
+//! has room ([`super::recycle`]); only content nobody needs is released.
+//!
 //! A fault on a staged unit before its write starts gets the parked pages
 //! moved back (no copy, no I/O); during the write it gets a copy (the
 //! pages may be pinned by O_DIRECT) and the write's slot is freed.
@@ -28,6 +31,7 @@ use std::time::Duration;
 
 use super::hash::scan;
 use super::mapping::{punch_hole, PAGE_BYTES};
+use super::recycle::release_parked;
 use super::stats::{add, bump};
 use super::{fault, Backing, Shared, SwapError};
 use crate::chunk::{Tag, UnitState};
@@ -275,7 +279,7 @@ impl<'a> Evictor<'a> {
                 _ => true,
             };
             if unchanged {
-                s.parking.release(p);
+                release_parked(s, p);
                 s.table
                     .finish(unit, settled_state(resident, Tag::Stored, slot));
                 s.limiter.release();
@@ -288,7 +292,7 @@ impl<'a> Evictor<'a> {
         }
         let content = content.unwrap_or_else(|| scan(data));
         if content.zero {
-            s.parking.release(p);
+            release_parked(s, p);
             s.table
                 .finish(unit, settled_state(resident, Tag::Absent, 0));
             s.limiter.release();
@@ -383,7 +387,7 @@ impl<'a> Evictor<'a> {
                     continue;
                 }
                 if slot.is_some() {
-                    s.parking.release(p);
+                    release_parked(s, p);
                     s.limiter.release();
                     self.report.written_units += 1;
                     self.report.written_bytes += s.unit_bytes;
@@ -401,7 +405,8 @@ impl<'a> Evictor<'a> {
                 .table
                 .wait_while(unit, &|st| st.tag() == Tag::Loading, &|| s.stopping());
             if state.tag() != Tag::Loading {
-                s.parking.release(p);
+                // The fault thread has finished copying out of `p`.
+                release_parked(s, p);
             }
             // else: shutting down while a fault thread may still copy out of
             // `p`; leave the slot allocated.

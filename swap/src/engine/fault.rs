@@ -23,6 +23,7 @@
 use std::time::Instant;
 
 use super::mapping::PAGE_BYTES;
+use super::recycle::{self, RestoreBuffer};
 use super::stats::{add, bump, FaultSource};
 use super::{evict, Backing, Shared};
 use crate::chunk::{Tag, UnitState};
@@ -238,15 +239,11 @@ fn copy_all(
     }
 }
 
-/// Installs a filled THP buffer (from the pool) on the unit, leaving the
+/// Installs a filled THP buffer (fresh or recycled) on the unit, leaving the
 /// faulting threads asleep (see [`wake_unit`]). An EEXIST means the unit was populated by someone else: the
 /// caller's data would be lost, which the state machine rules out, so it is
 /// reported as an error.
-fn install_thp_buffer(
-    s: &Shared,
-    unit: usize,
-    buf: super::buffers::Buffer,
-) -> Result<bool, String> {
+fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<bool, String> {
     let dst = s.unit_addr(unit);
     let huge = buf.huge;
     let options = MoveOptions {
@@ -258,7 +255,8 @@ fn install_thp_buffer(
     // dirty and unpins them from a workqueue when they were clean (anonymous
     // pages are), and UFFDIO_MOVE refuses pinned pages with EBUSY. Wait for
     // the unpin and move the rest rather than fail the VM; give up only
-    // after a second, which no deferred unpin takes.
+    // after a second, which no deferred unpin takes. (A recycled buffer may
+    // also still be pinned by the store write of the unit it held.)
     let started = std::time::Instant::now();
     let mut done = 0;
     let result = loop {
@@ -276,11 +274,11 @@ fn install_thp_buffer(
     };
     match result {
         Ok(()) => {
-            s.buffers.put_moved(buf);
+            recycle::put_moved(s, buf);
             Ok(huge)
         }
         Err(e) => {
-            s.buffers.put_used(buf);
+            recycle::put_populated(s, buf);
             Err(format!(
                 "cannot install the chunk at {}: {e}",
                 s.unit_name(unit)
@@ -292,8 +290,7 @@ fn install_thp_buffer(
 fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, String> {
     let dst = s.unit_addr(unit);
     let huge = match s.backing {
-        // A freshly touched pool buffer is zero.
-        Backing::Thp => install_thp_buffer(s, unit, s.buffers.take())?,
+        Backing::Thp => install_thp_buffer(s, unit, recycle::take_zeroed(s))?,
         Backing::Hugetlb { .. } => {
             let zero = s.zero_source.as_ref().map_or(0, |z| z.range().base());
             copy_all(
@@ -333,13 +330,14 @@ fn restore_from_store(
     slot: u32,
     write: bool,
 ) -> Result<Outcome, String> {
-    let buf = s.buffers.take();
-    let offset = s.buffers.offset_of(&buf);
-    // SAFETY: the buffer is ours until given back, lies in unregistered
-    // memory populated by the pool, and nothing else accesses it.
-    let data = unsafe { s.buffers.raw().slice_mut(offset, s.unit_bytes) };
+    let buf = recycle::take_for_overwrite(s);
+    let (range, offset) = buf.place(s);
+    // SAFETY: the buffer is ours until given back, is populated (a pool
+    // buffer, or a recycled page checked whole), so writing it never faults
+    // into the userfaultfd, and nothing else accesses it.
+    let data = unsafe { range.slice_mut(offset, s.unit_bytes) };
     if let Err(e) = s.store.read(slot, s.unit_gpa(unit), data) {
-        s.buffers.put_used(buf);
+        recycle::put_populated(s, buf);
         // Never zero-fill: the unit stays Loading, its faulting threads stay
         // blocked, and the VMM exits.
         s.fatal(format!(
@@ -380,7 +378,7 @@ fn restore_from_store(
                     dont_wake: true,
                 },
             );
-            s.buffers.put_used(buf);
+            recycle::put_populated(s, buf);
             result
                 .map_err(|e| format!("cannot install the chunk at {}: {e}", s.unit_name(unit)))?;
             matches!(s.backing, Backing::Hugetlb { .. })
@@ -435,13 +433,8 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
             if moved {
                 loading.huge()
             } else {
-                let buf = s.buffers.take();
-                s.buffers.raw().copy_from(
-                    s.buffers.offset_of(&buf),
-                    s.parking.raw(),
-                    s.parking.offset(p),
-                    s.unit_bytes,
-                );
+                let buf = recycle::take_for_overwrite(s);
+                buf.copy_from_parked(s, p);
                 install_thp_buffer(s, unit, buf)?
             }
         }
@@ -478,6 +471,8 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
         }
     };
     if !writing {
+        // Moved back (empty now), or pinned by device I/O and copied: the
+        // slot may not be recycled, its page may be still in use.
         s.parking.release(p);
     }
     count_install(s, huge);

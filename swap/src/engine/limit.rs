@@ -48,6 +48,13 @@ impl Limiter {
         self.limit_units().map_or(0, |l| (l / 32).max(2).min(l / 2))
     }
 
+    /// True when memory held is within two headrooms of the limit: from
+    /// here on restores are paired with evictions.
+    pub fn near_limit(&self) -> bool {
+        self.limit_units()
+            .is_some_and(|limit| self.held_units() + 2 * self.headroom_units() >= limit)
+    }
+
     /// Units holding memory now.
     pub fn held_units(&self) -> u64 {
         self.held_units.load(Ordering::Acquire)
@@ -154,5 +161,10 @@ mod tests {
         l.set_limit_units(None);
         assert!(l.try_reserve());
         assert_eq!(l.held_units_max(), 5);
+        assert!(!l.near_limit(), "no limit");
+        l.set_limit_units(Some(32));
+        assert!(!l.near_limit(), "5 + 2 * 2 < 32");
+        l.set_limit_units(Some(9));
+        assert!(l.near_limit(), "5 + 2 * 2 >= 9");
     }
 }

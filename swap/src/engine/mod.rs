@@ -7,7 +7,9 @@
 //!   restore units, resolve write-protect faults;
 //! - background evictor ([`limit`]): keeps resident memory below the limit
 //!   minus headroom, choosing victims with the [`policy`];
-//! - buffer refill ([`buffers`]): pre-touches THP restore buffers.
+//! - buffer refill ([`buffers`]): clears evicted huge pages kept for reuse
+//!   as restore buffers ([`recycle`]) and pre-touches fresh THP buffers
+//!   (fewer near the memory limit, where evicted pages take their place).
 //!
 //! The unit state machine and who may take which transition is in
 //! [`crate::chunk`].
@@ -22,6 +24,7 @@ pub mod hash;
 pub mod limit;
 pub mod mapping;
 pub mod policy;
+mod recycle;
 pub mod staging;
 pub mod stats;
 
@@ -41,7 +44,7 @@ use crate::store::SharedStore;
 use crate::uffd::{mode, Uffd};
 use buffers::{BufferPool, PoolMode};
 use limit::Limiter;
-use mapping::{AnonMapping, RawRange, HUGE_PAGE_BYTES};
+use mapping::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 use policy::{Clock, EvictionPolicy};
 use staging::Parking;
 use stats::Counters;
@@ -76,6 +79,9 @@ pub(crate) struct Shared {
     pub parking: Parking,
     pub parking_registered: bool,
     pub buffers: BufferPool,
+    /// Tells whether a parked page is huge (THP units; `None` when the
+    /// kernel lacks `PAGEMAP_SCAN`: evicted pages are then not recycled).
+    pub pagemap: Option<PagemapScanner>,
     /// A populated all-zero unit to copy from (hugetlb zero fill).
     pub zero_source: Option<AnonMapping>,
     pub counters: Counters,
@@ -88,6 +94,7 @@ pub(crate) struct Shared {
     pub failed: AtomicBool,
     pub track_clean: bool,
     pub batch_units: usize,
+    pub fault_threads: usize,
 }
 
 impl Shared {
@@ -242,15 +249,22 @@ impl SwapEngine {
             .parking_units
             .unwrap_or(4 * batch_units)
             .max(batch_units);
-        let parking = Parking::new(parking_units, unit_bytes)
+        let fault_threads = config.fault_threads.max(1);
+        let buffer_count = config.buffer_count.unwrap_or(2 * fault_threads + 4).max(1);
+        // Recycled pages stay in their parking slots (see `recycle`): one
+        // extra slot per buffer, so they never take slots from evictors.
+        let recycle_slots = if backing == Backing::Thp {
+            buffer_count
+        } else {
+            0
+        };
+        let parking = Parking::new(parking_units + recycle_slots, unit_bytes)
             .map_err(|e| SwapError::os("mapping the parking area", e))?;
         let parking_registered = !matches!(backing, Backing::Hugetlb { .. });
         if parking_registered {
             uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING)
                 .map_err(|e| SwapError::uffd("registering the parking area", e))?;
         }
-        let fault_threads = config.fault_threads.max(1);
-        let buffer_count = config.buffer_count.unwrap_or(2 * fault_threads + 4);
         let pool_mode = if backing == Backing::Thp {
             PoolMode::Thp
         } else {
@@ -258,6 +272,19 @@ impl SwapEngine {
         };
         let buffers = BufferPool::new(buffer_count, unit_bytes, pool_mode)
             .map_err(|e| SwapError::os("mapping restore buffers", e))?;
+        let pagemap = if backing == Backing::Thp {
+            match PagemapScanner::open() {
+                Ok(scanner) => Some(scanner),
+                Err(e) => {
+                    eprintln!(
+                        "swap engine: PAGEMAP_SCAN on /proc/self/pagemap failed ({e}); evicted huge pages are not reused as restore buffers"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let zero_source = match backing {
             Backing::Hugetlb { .. } => {
                 let zero = AnonMapping::new(HUGE_PAGE_BYTES)
@@ -289,6 +316,7 @@ impl SwapEngine {
             parking,
             parking_registered,
             buffers,
+            pagemap,
             zero_source,
             counters: Counters::default(),
             limiter: Limiter::new(limit_units),
@@ -298,6 +326,7 @@ impl SwapEngine {
             failed: AtomicBool::new(false),
             track_clean,
             batch_units,
+            fault_threads,
         });
 
         let mut engine = SwapEngine {
@@ -316,11 +345,11 @@ impl SwapEngine {
         engine.spawn("swap-evictor".into(), move || {
             limit::run_background_evictor(&s)
         })?;
-        if pool_mode == PoolMode::Thp {
+        if pool_mode == PoolMode::Thp && config.refill_buffers {
             let s = shared.clone();
             engine.spawn("swap-refill".into(), move || {
                 while !s.stopping() {
-                    s.buffers.refill_some(Duration::from_millis(50));
+                    recycle::refill_step(&s, Duration::from_millis(50));
                 }
             })?;
         }
@@ -349,6 +378,8 @@ impl SwapEngine {
         stats.metadata_bytes = s.table.metadata_bytes();
         stats.unit_bytes = s.unit_bytes;
         stats.mem_limit_bytes = s.limiter.limit_units().map(|u| u * s.unit_bytes);
+        stats.buffers_idle_max = s.buffers.idle_max() as u64;
+        stats.buffers_bound = s.buffers.bound() as u64;
         stats
     }
 

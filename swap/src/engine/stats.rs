@@ -215,6 +215,23 @@ pub struct SwapStats {
     /// Installs that found the restore buffer still pinned by the O_DIRECT
     /// read that filled it (EBUSY) and retried.
     pub install_busy_retries: u64,
+    /// Restores (2 MiB THP units) whose buffer was the huge page of an
+    /// evicted unit, reused without clearing it.
+    pub buffers_recycled: u64,
+    /// Restores (2 MiB THP units) whose buffer was a fresh huge page the
+    /// kernel cleared.
+    pub buffers_fresh: u64,
+    /// Of `buffers_recycled`, pages the refill thread had not cleared yet
+    /// (the fault thread wrote them first; a zero fill cleared it itself).
+    pub buffers_recycled_uncleared: u64,
+    /// Huge pages of evicted units freed instead of reused: the pool was
+    /// full, or the page was not (or no longer) one huge page.
+    pub buffers_recycle_dropped: u64,
+    /// Most restore buffers idle at once (fresh and reused); at most
+    /// `buffers_bound`.
+    pub buffers_idle_max: u64,
+    /// The restore buffer pool's size, each buffer one unit.
+    pub buffers_bound: u64,
     /// Bytes of one swap unit.
     pub unit_bytes: u64,
     /// The memory limit, if any.
@@ -242,6 +259,10 @@ pub(crate) struct Counters {
     pub evict_busy: AtomicU64,
     pub stale_faults: AtomicU64,
     pub install_busy_retries: AtomicU64,
+    pub buffers_recycled: AtomicU64,
+    pub buffers_fresh: AtomicU64,
+    pub buffers_recycled_uncleared: AtomicU64,
+    pub buffers_recycle_dropped: AtomicU64,
     latency: AtomicHistogram,
     latency_by_source: [AtomicHistogram; 4],
 }
@@ -327,6 +348,10 @@ impl Counters {
             evict_busy: get(&self.evict_busy),
             stale_faults: get(&self.stale_faults),
             install_busy_retries: get(&self.install_busy_retries),
+            buffers_recycled: get(&self.buffers_recycled),
+            buffers_fresh: get(&self.buffers_fresh),
+            buffers_recycled_uncleared: get(&self.buffers_recycled_uncleared),
+            buffers_recycle_dropped: get(&self.buffers_recycle_dropped),
             ..SwapStats::default()
         }
     }
