@@ -326,6 +326,12 @@ fn full_boot(kernel: &Path, busybox: &[u8], modules: &[(String, Vec<u8>)]) {
     );
 }
 
+/// What follows `marker` on the first line of `text` that has it.
+fn marked(text: &str, marker: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.split_once(marker).map(|(_, v)| v.trim().to_string()))
+}
+
 /// What the full variant checks, natively or nested.
 fn check_full_boot(run: &Run, cmdline: &str, disk_text: &str) {
     check_early_boot(run, cmdline);
@@ -344,10 +350,7 @@ fn check_full_boot(run: &Run, cmdline: &str, disk_text: &str) {
         !out.contains(INSMOD_FAILED_MARKER),
         "a module from the kernel package would not load:\n{out}"
     );
-    let marked = |marker: &str| {
-        out.lines()
-            .find_map(|l| l.split_once(marker).map(|(_, v)| v.trim().to_string()))
-    };
+    let marked = |marker: &str| marked(out, marker);
     assert_eq!(
         marked(CPUS_MARKER).as_deref(),
         Some("2"),
@@ -470,10 +473,6 @@ fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
         stats: None,
     };
     check_full_boot(&run, &cmdline, &files.disk_text);
-    let marked = |text: &str, marker: &str| {
-        text.lines()
-            .find_map(|l| l.split_once(marker).map(|(_, v)| v.trim().to_string()))
-    };
     let inflated: u64 = marked(&run.stdout, BALLOON_INFLATED_MARKER)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
@@ -570,24 +569,21 @@ echo "{VIRTIO_MARKER}$drivers"
 # through its control socket once it sees the ready line.
 want=$(tr ' ' '\n' < /proc/cmdline | grep '^hugevmm.balloon_wait=' | cut -d= -f2)
 if [ -n "$want" ]; then
+    # Prints /proc/vmstat's counter $1 once it reaches $want, or after a
+    # minute.
+    vmstat_reaching() {{
+        n=0
+        while [ $n -lt 60 ]; do
+            count=$(grep "^$1 " /proc/vmstat | cut -d' ' -f2)
+            [ "${{count:-0}}" -ge "$want" ] && break
+            sleep 1; n=$((n + 1))
+        done
+        echo "${{count:-0}}"
+    }}
     echo "{BALLOON_READY_MARKER}"
-    n=0
-    inflated=0
-    while [ $n -lt 60 ]; do
-        inflated=$(grep '^balloon_inflate ' /proc/vmstat | cut -d' ' -f2)
-        [ "${{inflated:-0}}" -ge "$want" ] && break
-        sleep 1; n=$((n + 1))
-    done
-    echo "{BALLOON_INFLATED_MARKER} ${{inflated:-0}}"
+    echo "{BALLOON_INFLATED_MARKER} $(vmstat_reaching balloon_inflate)"
     # The host checks its side, then sets the target back to 0.
-    n=0
-    deflated=0
-    while [ $n -lt 60 ]; do
-        deflated=$(grep '^balloon_deflate ' /proc/vmstat | cut -d' ' -f2)
-        [ "${{deflated:-0}}" -ge "$want" ] && break
-        sleep 1; n=$((n + 1))
-    done
-    echo "{BALLOON_DEFLATED_MARKER} ${{deflated:-0}}"
+    echo "{BALLOON_DEFLATED_MARKER} $(vmstat_reaching balloon_deflate)"
 fi
 # Through the FADT's sleep control register: S5 ends the VM.
 poweroff -f

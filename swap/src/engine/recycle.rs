@@ -156,24 +156,17 @@ fn clear(s: &Shared, slot: u32) {
 /// staging copy), cheapest first: a cleared recycled page, a ready fresh
 /// one, a recycled page not cleared yet, a fresh one filled inline.
 pub(crate) fn take_for_overwrite(s: &Shared) -> RestoreBuffer {
-    if enabled(s) {
-        if let Some((slot, cleared)) = take_recycled(s, true) {
-            return from_parking(s, slot, cleared);
-        }
-        if let Some(buf) = s.buffers.try_take_ready() {
-            return from_pool(s, buf);
-        }
-        if let Some((slot, cleared)) = take_recycled(s, false) {
-            return from_parking(s, slot, cleared);
-        }
-    }
-    from_pool(s, s.buffers.take())
+    take(s, false)
 }
 
-/// A zeroed buffer (THP units), cheapest first: a cleared recycled page, a
-/// ready fresh one, a recycled page cleared here, a fresh one filled
-/// inline.
+/// A zeroed buffer (THP units), in the same order as
+/// [`take_for_overwrite`], a recycled page not cleared yet being cleared
+/// here.
 pub(crate) fn take_zeroed(s: &Shared) -> RestoreBuffer {
+    take(s, true)
+}
+
+fn take(s: &Shared, zeroed: bool) -> RestoreBuffer {
     if enabled(s) {
         if let Some((slot, cleared)) = take_recycled(s, true) {
             return from_parking(s, slot, cleared);
@@ -182,7 +175,9 @@ pub(crate) fn take_zeroed(s: &Shared) -> RestoreBuffer {
             return from_pool(s, buf);
         }
         if let Some((slot, cleared)) = take_recycled(s, false) {
-            clear(s, slot);
+            if zeroed && !cleared {
+                clear(s, slot);
+            }
             return from_parking(s, slot, cleared);
         }
     }

@@ -147,6 +147,19 @@ fn shorten(word: &str) -> String {
     short
 }
 
+/// A size word, or the word (shortened) and why it is not a size.
+fn parse_size_word(word: &str) -> Result<u64, (String, String)> {
+    parse_size(word).map_err(|e| {
+        // The parser's message quotes the whole word again.
+        let reason = if word.len() > MAX_ECHO_CHARS {
+            "too long to be a size".into()
+        } else {
+            e.to_string()
+        };
+        (shorten(word), reason)
+    })
+}
+
 /// Parses one line (without its newline; a trailing `\r` is ignored).
 pub fn parse_line(line: &[u8]) -> Result<Command, CommandError> {
     if line.len() > MAX_LINE_BYTES {
@@ -181,15 +194,8 @@ pub fn parse_words(words: &[&str]) -> Result<Command, CommandError> {
                     usage: "balloon SIZE (e.g. balloon 256M; balloon 0 deflates)",
                 });
             };
-            let target_bytes = parse_size(word).map_err(|e| CommandError::BadSize {
-                word: shorten(word),
-                // The parser's message quotes the whole word again.
-                reason: if word.len() > MAX_ECHO_CHARS {
-                    "too long to be a size".into()
-                } else {
-                    e.to_string()
-                },
-            })?;
+            let target_bytes = parse_size_word(word)
+                .map_err(|(word, reason)| CommandError::BadSize { word, reason })?;
             if target_bytes.checked_rem(PAGE_BYTES) != Some(0) {
                 return Err(CommandError::NotWholePages {
                     word: shorten(word),
@@ -209,14 +215,8 @@ pub fn parse_words(words: &[&str]) -> Result<Command, CommandError> {
             if *word == "none" {
                 return Ok(Command::MemLimit { limit_bytes: None });
             }
-            let limit_bytes = parse_size(word).map_err(|e| CommandError::BadLimit {
-                word: shorten(word),
-                reason: if word.len() > MAX_ECHO_CHARS {
-                    "too long to be a size".into()
-                } else {
-                    e.to_string()
-                },
-            })?;
+            let limit_bytes = parse_size_word(word)
+                .map_err(|(word, reason)| CommandError::BadLimit { word, reason })?;
             Ok(Command::MemLimit {
                 limit_bytes: Some(limit_bytes),
             })
