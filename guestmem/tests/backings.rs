@@ -131,7 +131,7 @@ fn hugetlb_backing() {
     let _reservation = match PoolReservation::ensure(needed_pages) {
         Ok(reservation) => reservation,
         Err(reason) => {
-            println!("SKIP: hugetlb_backing: {reason}");
+            test_resources::skip("hugetlb_backing", test_resources::Resource::Hugetlb, reason);
             return;
         }
     };
@@ -158,9 +158,11 @@ fn hugetlb_shortage_explains_how_to_reserve() {
             );
             assert!(message.contains("nr_hugepages`"), "{message}");
         }
-        Err(GuestMemError::HugetlbUnavailable { reason }) => {
-            println!("SKIP: no 2 MiB hugetlb pool: {reason}")
-        }
+        Err(GuestMemError::HugetlbUnavailable { reason }) => test_resources::skip(
+            "hugetlb_shortage_explains_how_to_reserve",
+            test_resources::Resource::Hugetlb,
+            format!("no 2 MiB hugetlb pool: {reason}"),
+        ),
         Err(other) => panic!("unexpected error: {other}"),
         Ok(_) => panic!("a 192 GiB hugetlb pool was not expected on a test host"),
     }

@@ -17,7 +17,7 @@ macro_rules! vm_or_skip {
         match create_vm() {
             Ok(vm) => vm,
             Err(reason) => {
-                println!("SKIP: {}: {reason}", $test);
+                test_resources::skip($test, test_resources::Resource::Kvm, reason);
                 return;
             }
         }

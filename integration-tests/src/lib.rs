@@ -7,46 +7,66 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Path of the `hugevmm` binary built by this workspace.
+pub use test_resources::{have_program, skip, skip_by_choice, skip_without_kvm, Resource};
+
+/// Path of the `hugevmm` binary built by this workspace, building it first
+/// (once per test process) when it is missing, so that a test file run on
+/// its own (`cargo test -p integration-tests --test linux`) works too.
 ///
-/// `cargo test --workspace` builds it because the `vmm` package has an
-/// integration test of its own; it sits next to the test's `deps` folder.
+/// `cargo test --workspace` builds it because the `vmm` package has tests
+/// of its own; it sits next to the test's `deps` folder, in the profile's
+/// directory the test was built for.
 pub fn hugevmm_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
+    static BUILT: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(find_or_build_hugevmm)
+        .clone()
+        .unwrap_or_else(|why| panic!("{why}"))
+}
+
+fn find_or_build_hugevmm() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("test executable path: {e}"))?;
     let profile_dir = exe
         .parent()
         .and_then(Path::parent)
-        .expect("target/<profile>");
+        .ok_or("the test executable is not in target/<profile>/deps")?;
     let bin = profile_dir.join("hugevmm");
-    assert!(
-        bin.exists(),
-        "{} does not exist: run the tests with `cargo test --workspace` (which builds it) or `cargo build -p vmm` first",
-        bin.display()
-    );
-    bin
+    if bin.exists() {
+        return Ok(bin);
+    }
+    let how = "build it with `cargo build -p vmm` (add --release for release tests)";
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-p", "vmm", "--bin", "hugevmm"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        other => {
+            return Err(format!(
+                "{} does not exist (profile {other:?}): {how}",
+                bin.display()
+            ))
+        }
+    }
+    if let Some(target_dir) = profile_dir.parent() {
+        cmd.arg("--target-dir").arg(target_dir);
+    }
+    eprintln!("{} is missing: running {cmd:?}", bin.display());
+    let status = cmd
+        .status()
+        .map_err(|e| format!("cannot run cargo ({e}): {how}"))?;
+    if !status.success() || !bin.exists() {
+        return Err(format!("{cmd:?} failed ({status}): {how}"));
+    }
+    Ok(bin)
 }
 
 /// Why KVM cannot be used here, or None if it can.
 pub fn kvm_unavailable() -> Option<String> {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => None,
-        Err(e) => Some(format!("/dev/kvm cannot be opened: {e}")),
-    }
-}
-
-/// Prints a visible skip line and returns true when KVM is missing.
-pub fn skip_without_kvm(test: &str) -> bool {
-    match kvm_unavailable() {
-        Some(reason) => {
-            eprintln!("SKIP {test}: {reason}");
-            true
-        }
-        None => false,
-    }
+    test_resources::kvm_unavailable()
 }
 
 /// The result of one `hugevmm` invocation.

@@ -226,15 +226,21 @@ fn a_debian_kernel_boots_on_two_vcpus_as_far_as_this_host_allows() {
         return;
     }
     let Some(kernel) = kernel() else {
-        eprintln!("SKIP linux_boot: no kernel at target/linux-kernel/vmlinuz; run .ci/fetch-kernel (CI does)");
+        skip(
+            "linux_boot",
+            Resource::Kernel,
+            "no kernel at target/linux-kernel/vmlinuz; run .ci/fetch-kernel (CI does)",
+        );
         return;
     };
     let host = host_kind();
     if host == HostKind::Native {
         match static_busybox().and_then(|b| Ok((b, kernel_modules()?))) {
             Ok((busybox, modules)) => return full_boot(&kernel, &busybox, &modules),
-            Err(why) => eprintln!(
-                "SKIP linux_boot full variant: {why}; apt-get install busybox-static (.ci/run does). Running the banner variant instead"
+            Err(why) => skip(
+                "linux_boot full variant (running the banner variant instead)",
+                Resource::Busybox,
+                format!("{why}; apt-get install busybox-static (.ci/run does)"),
             ),
         }
     }
@@ -396,27 +402,41 @@ fn check_full_boot(run: &Run, cmdline: &str, disk_text: &str) {
 #[test]
 fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
     let Some(kernel) = kernel() else {
-        eprintln!("SKIP linux_nested_full_boot: no kernel at target/linux-kernel/vmlinuz; run .ci/fetch-kernel (CI does)");
+        skip(
+            "linux_nested_full_boot",
+            Resource::Kernel,
+            "no kernel at target/linux-kernel/vmlinuz; run .ci/fetch-kernel (CI does)",
+        );
         return;
     };
     if std::env::var_os("HUGEVMM_TEST_KERNEL").is_some() {
-        eprintln!("SKIP linux_nested_full_boot: it boots .ci/fetch-kernel's kernel, as host and guest, not HUGEVMM_TEST_KERNEL ({})", kernel.display());
+        skip_by_choice("linux_nested_full_boot", format!("it boots .ci/fetch-kernel's kernel, as host and guest, not HUGEVMM_TEST_KERNEL ({})", kernel.display()));
         return;
     }
-    let have_qemu = Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !have_qemu {
-        eprintln!("SKIP linux_nested_full_boot: no qemu-system-x86_64; apt-get install qemu-system-x86 cpio (.ci/run does)");
+    if !have_program("qemu-system-x86_64") {
+        skip(
+            "linux_nested_full_boot",
+            Resource::Qemu,
+            "no qemu-system-x86_64; apt-get install qemu-system-x86 (.ci/run does)",
+        );
+        return;
+    }
+    if !have_program("cpio") {
+        skip(
+            "linux_nested_full_boot",
+            Resource::Cpio,
+            "no cpio; apt-get install cpio (.ci/run does)",
+        );
         return;
     }
     let inputs = static_busybox().and_then(|b| Ok((b, kernel_modules()?)));
     let (busybox, modules) = match inputs {
         Ok(inputs) => inputs,
         Err(why) => {
-            eprintln!(
-                "SKIP linux_nested_full_boot: {why}; apt-get install busybox-static (.ci/run does)"
+            skip(
+                "linux_nested_full_boot",
+                Resource::Busybox,
+                format!("{why}; apt-get install busybox-static (.ci/run does)"),
             );
             return;
         }
@@ -427,8 +447,18 @@ fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
     let balloon_pages = 16384;
     let cmdline = format!("{FULL_CMDLINE} hugevmm.balloon_wait={balloon_pages}");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tools/nested-full-boot");
+    // The outer console stays there when the test fails (the artifact to
+    // read first), and is removed when it passes.
+    let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+        "../target/test-artifacts/nested-full-boot-{}",
+        std::process::id()
+    ));
+    let kept = KeptOnFailure::new(artifacts.clone());
+    let outer_console = artifacts.join("outer-console.log");
     let mut cmd = Command::new(script);
-    cmd.arg("--hugevmm")
+    cmd.arg("--work")
+        .arg(&artifacts)
+        .arg("--hugevmm")
         .arg(hugevmm_bin())
         .arg("--initrd")
         .arg(&files.initrd)
@@ -444,13 +474,15 @@ fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
     let console = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     if output.status.code() == Some(3) {
-        eprintln!("SKIP linux_nested_full_boot: {}", stderr.trim());
+        // The script checked the same inputs as above, and the KVM modules.
+        skip("linux_nested_full_boot", Resource::Kernel, stderr.trim());
         return;
     }
     assert_eq!(
         output.status.code(),
         Some(0),
-        "the outer machine did not run hugevmm: {stderr}\n{console}"
+        "the outer machine did not run hugevmm: {stderr}\n{console}\n(outer console kept in {})",
+        outer_console.display()
     );
     // hugevmm's output and the inner guest's console share the outer
     // console; both kinds of check read all of it.
@@ -497,9 +529,33 @@ fn a_debian_kernel_boots_fully_under_hugevmm_nested_in_qemu_tcg() {
         deflated >= balloon_pages,
         "the guest's balloon driver deflated {deflated} pages after the target went back to 0:\n{console}"
     );
+    drop(kept);
     eprintln!(
         "linux_nested_full_boot: full variant nested in QEMU TCG (SVM): banner, cmdline, e820, ACPI tables, 2 CPUs, virtio drivers bound from the DSDT, virtio-blk read, balloon resized at run time through the control socket ({inflated} pages inflated by the guest driver; host: {host_view}) and ACPI power-off checked, swap engine on"
     );
+}
+
+/// A directory of a test's artifacts: removed when the test passes, kept
+/// (and named on stderr) when it panics.
+struct KeptOnFailure(PathBuf);
+
+impl KeptOnFailure {
+    fn new(dir: PathBuf) -> Self {
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        Self(dir)
+    }
+}
+
+impl Drop for KeptOnFailure {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("artifacts of the failed run kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// The busybox binary if it is there and static (an initramfs has no
@@ -898,7 +954,11 @@ fn cpio_header_fields_are_where_newc_puts_them() {
 #[test]
 fn busybox_cpio_reads_our_archives() {
     if !Path::new(BUSYBOX).exists() {
-        eprintln!("SKIP busybox_cpio_reads_our_archives: no {BUSYBOX}");
+        skip(
+            "busybox_cpio_reads_our_archives",
+            Resource::Busybox,
+            format!("no {BUSYBOX}; apt-get install busybox-static (.ci/run does)"),
+        );
         return;
     }
     let dir = std::env::temp_dir().join(format!("hugevmm-cpio-{}", std::process::id()));
@@ -958,7 +1018,11 @@ fn busybox_cpio_reads_our_archives() {
 #[test]
 fn init_script_parses_in_busybox_sh() {
     if !Path::new(BUSYBOX).exists() {
-        eprintln!("SKIP init_script_parses_in_busybox_sh: no {BUSYBOX}; apt-get install busybox-static (.ci/run does)");
+        skip(
+            "init_script_parses_in_busybox_sh",
+            Resource::Busybox,
+            format!("no {BUSYBOX}; apt-get install busybox-static (.ci/run does)"),
+        );
         return;
     }
     let dir = std::env::temp_dir().join(format!("hugevmm-init-sh-{}", std::process::id()));

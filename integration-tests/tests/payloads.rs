@@ -190,7 +190,7 @@ fn seqwrite_on_hugetlb_is_mapped_2mib_by_kvm() {
         return;
     }
     if let Err(reason) = ensure_hugetlb_pages(256) {
-        eprintln!("SKIP seqwrite_on_hugetlb: {reason}");
+        skip("seqwrite_on_hugetlb", Resource::Hugetlb, reason);
         return;
     }
     let run = seqwrite_256m("hugetlb");
@@ -397,7 +397,11 @@ fn without_dev_kvm_there_is_one_clear_line() {
             .output()
             .is_err()
     {
-        eprintln!("SKIP without_dev_kvm: needs root and unshare(1) to hide /dev/kvm");
+        skip(
+            "without_dev_kvm",
+            Resource::Unshare,
+            "needs root and unshare(1) to hide /dev/kvm",
+        );
         return;
     }
     let bin = hugevmm_bin();

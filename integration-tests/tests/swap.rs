@@ -134,7 +134,7 @@ fn refaulted_chunks_are_mapped_2mib_on_hugetlb() {
         return;
     }
     if let Err(reason) = ensure_hugetlb_pages(512 + 8) {
-        eprintln!("SKIP refaulted_chunks_hugetlb: {reason}");
+        skip("refaulted_chunks_hugetlb", Resource::Hugetlb, reason);
         return;
     }
     seqwrite_refaulted("hugetlb");

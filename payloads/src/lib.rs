@@ -329,8 +329,19 @@ mod tests {
             std::fs::write(&path, b.elf).unwrap();
             let out = match Command::new("objdump").arg("-d").arg(&path).output() {
                 Ok(out) if out.status.success() => out,
-                _ => {
-                    eprintln!("objdump unavailable, skipping");
+                // Installed but failing on our own ELF: that is a finding.
+                Ok(out) => panic!(
+                    "objdump -d {} failed ({}): {}",
+                    path.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                Err(e) => {
+                    test_resources::skip(
+                        "builtins_use_only_user_mode_instructions",
+                        test_resources::Resource::Objdump,
+                        format!("cannot run objdump ({e}); apt-get install binutils"),
+                    );
                     return;
                 }
             };

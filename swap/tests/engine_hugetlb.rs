@@ -66,7 +66,11 @@ fn hugetlb_chunks_round_trip_through_the_store() {
     let added = match reserve(chunks + 4) {
         Ok(added) => added,
         Err(why) => {
-            println!("SKIP: {why}");
+            test_resources::skip(
+                "hugetlb_chunks_round_trip_through_the_store",
+                test_resources::Resource::Hugetlb,
+                why,
+            );
             return;
         }
     };
@@ -78,9 +82,13 @@ fn hugetlb_chunks_round_trip_through_the_store() {
         )
     };
     if fd < 0 {
-        println!(
-            "SKIP: memfd_create(MFD_HUGETLB): {}",
-            std::io::Error::last_os_error()
+        test_resources::skip(
+            "hugetlb_chunks_round_trip_through_the_store",
+            test_resources::Resource::Hugetlb,
+            format!(
+                "memfd_create(MFD_HUGETLB): {}",
+                std::io::Error::last_os_error()
+            ),
         );
         give_back(added);
         return;

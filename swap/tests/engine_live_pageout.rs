@@ -27,7 +27,11 @@ fn live_pageout(unit: SwapUnit, len: u64, limit: u64, sweeps: u64) {
     let store = match FileStore::temporary(&std::env::temp_dir(), unit.bytes() as usize, 2 * len) {
         Ok(store) => store,
         Err(e) => {
-            println!("SKIP: no O_DIRECT file store here: {e}");
+            test_resources::skip(
+                module_path!(),
+                test_resources::Resource::ODirect,
+                format!("no O_DIRECT file store in the temporary directory: {e}"),
+            );
             return;
         }
     };

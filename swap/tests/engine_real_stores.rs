@@ -61,7 +61,11 @@ fn file_store_round_trip() {
     let store = match FileStore::temporary(&std::env::temp_dir(), CHUNK as usize, 256 * MB) {
         Ok(store) => store,
         Err(e) => {
-            println!("SKIP: no O_DIRECT file store here: {e}");
+            test_resources::skip(
+                module_path!(),
+                test_resources::Resource::ODirect,
+                format!("no O_DIRECT file store in the temporary directory: {e}"),
+            );
             return;
         }
     };
@@ -82,7 +86,11 @@ fn faults_racing_file_store_writes_keep_every_write() {
     let store = match FileStore::temporary(&std::env::temp_dir(), CHUNK as usize, 256 * MB) {
         Ok(store) => Arc::new(store),
         Err(e) => {
-            println!("SKIP: no O_DIRECT file store here: {e}");
+            test_resources::skip(
+                module_path!(),
+                test_resources::Resource::ODirect,
+                format!("no O_DIRECT file store in the temporary directory: {e}"),
+            );
             return;
         }
     };

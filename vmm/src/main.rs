@@ -6,6 +6,7 @@ mod cli;
 mod console;
 mod control;
 mod cpu;
+mod host_check;
 #[allow(dead_code, unused_imports)] // smoke-boot helpers are used by tests only
 mod linux;
 mod machine_devices;

@@ -192,6 +192,12 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         Guest::Linux(_) => GuestKind::Linux,
     };
 
+    if let Some(swap) = &config.swap {
+        for warning in crate::host_check::check_swap_host(config.backing, &swap.store)? {
+            eprintln!("hugevmm: warning: {warning}");
+        }
+    }
+
     // Bound before anything is allocated, so that a path in use fails fast;
     // removed again on every way out of this function.
     let control_socket = config

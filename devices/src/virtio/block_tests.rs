@@ -362,8 +362,10 @@ fn out_of_range_and_odd_requests_fail_with_a_status() {
 fn discard_and_write_zeroes_punch_holes() {
     let mut rig = rig(false);
     if !rig.transport.device().disk().can_discard() {
-        eprintln!(
-            "SKIP discard_and_write_zeroes_punch_holes: the test filesystem cannot punch holes"
+        test_resources::skip(
+            "discard_and_write_zeroes_punch_holes",
+            test_resources::Resource::HolePunch,
+            "the test filesystem cannot punch holes",
         );
         return;
     }

@@ -345,11 +345,14 @@ mod tests {
     #[test]
     fn stock_kernel_prints_banner_cmdline_and_our_e820_map() {
         if !Path::new(KERNEL).exists() {
-            println!("SKIP: no kernel at {KERNEL}; run .ci/fetch-kernel");
+            test_resources::skip(
+                "stock_kernel_prints_banner_cmdline_and_our_e820_map",
+                test_resources::Resource::Kernel,
+                format!("no kernel at {KERNEL}; run .ci/fetch-kernel"),
+            );
             return;
         }
-        if !Path::new("/dev/kvm").exists() {
-            println!("SKIP: no /dev/kvm");
+        if test_resources::skip_without_kvm("stock_kernel_prints_banner_cmdline_and_our_e820_map") {
             return;
         }
         // About 40 s alone on a host that emulates guest CPL 0 (most of it in

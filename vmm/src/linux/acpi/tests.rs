@@ -114,7 +114,11 @@ fn iasl(dir: &std::path::Path, args: &[&str]) -> Option<std::process::Output> {
     {
         Ok(out) => Some(out),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!("SKIP acpi iasl check: no iasl; apt-get install acpica-tools (.ci/run does)");
+            test_resources::skip(
+                "acpi iasl check",
+                test_resources::Resource::Iasl,
+                "no iasl; apt-get install acpica-tools (.ci/run does)",
+            );
             None
         }
         Err(e) => panic!("cannot run iasl: {e}"),
