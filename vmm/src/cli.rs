@@ -7,11 +7,17 @@ use crate::machine_devices::DeviceOptions;
 use crate::stats;
 use crate::swap_setup::{self, SwapOptions};
 use crate::vm::{self, Guest, Payload, RunConfig};
-use anyhow::{Context, Result};
+use crate::exit::{ExitKind, RunEnd, EXIT_CONFIG};
+use crate::image_kind::{recognize, ImageKind};
+use crate::input_file::{open_checked, read_bounded};
+use crate::outputs::{self, OutputFile};
+use crate::payload::layout::MAX_VCPUS;
+use crate::signals::StopSignals;
+use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use devices::virtio::DiskSpec;
-use guestmem::{format_size, parse_size, Backing};
-use std::path::PathBuf;
+use guestmem::{format_size, parse_size, Backing, Layout};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use swap::engine::SwapUnit;
@@ -68,19 +74,21 @@ struct RunArgs {
     /// vmlinux.
     #[arg(long)]
     kernel: Option<PathBuf>,
-    /// Initial ramdisk for --kernel.
-    #[arg(long, requires = "kernel")]
+    /// Initial ramdisk for --kernel (a regular file, at most --mem).
+    #[arg(long)]
     initrd: Option<PathBuf>,
     /// Kernel command line for --kernel (virtio_mmio.device= words for the
-    /// devices are appended, see --virtio-announce).
-    #[arg(long, default_value = DEFAULT_CMDLINE, requires = "kernel")]
-    cmdline: String,
+    /// devices are appended, see --virtio-announce) [default: console=ttyS0
+    /// earlyprintk=serial,ttyS0,115200 panic=-1].
+    #[arg(long)]
+    cmdline: Option<String>,
     /// How a Linux guest learns about the --disk and --balloon devices:
     /// ACPI DSDT entries (what stock distribution kernels read),
     /// virtio_mmio.device= words on the command line (kernels built with
     /// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES), or both.
-    #[arg(long, value_enum, default_value_t, requires = "kernel")]
-    virtio_announce: VirtioAnnounce,
+    /// [default: both]
+    #[arg(long, value_enum)]
+    virtio_announce: Option<VirtioAnnounce>,
     /// virtio-blk disk: a raw image, PATH[,readonly]; repeat for more.
     #[arg(long = "disk")]
     disks: Vec<DiskSpec>,
@@ -91,7 +99,7 @@ struct RunArgs {
     /// Initial balloon target: how much guest RAM the guest is asked to
     /// give back (a multiple of 4K, at most --mem; e.g. 256M). Change it
     /// later with `hugevmm ctl ... balloon SIZE`.
-    #[arg(long, value_name = "SIZE", requires = "balloon", value_parser = parse_size_arg)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     balloon_target: Option<u64>,
     /// Serve a control socket at PATH while the VM runs (one JSON reply
     /// line per command line: `balloon SIZE`, `balloon-stats`, `stats`,
@@ -101,14 +109,19 @@ struct RunArgs {
     #[arg(long, value_name = "PATH")]
     api_socket: Option<PathBuf>,
     /// Write the Linux serial console to this file instead of stdout.
-    #[arg(long, requires = "kernel")]
+    #[arg(long)]
     console_log: Option<PathBuf>,
     /// Argument string passed verbatim to the payload (`key=value` words).
-    #[arg(long, default_value = "")]
-    payload_args: String,
+    #[arg(long)]
+    payload_args: Option<String>,
     /// Write run statistics as a JSON object to this file.
     #[arg(long)]
     stats_json: Option<PathBuf>,
+    /// Write how the run ended to this file, as one JSON object:
+    /// `{"exit_status":N,"exit_kind":"payload|quit|config|timeout|vm-failure|signal","message":...}`
+    /// (a payload can exit with any status, so the number alone cannot say).
+    #[arg(long, value_name = "PATH")]
+    status_file: Option<PathBuf>,
     /// End the run (exit 124) if the payload has not finished after this many seconds.
     #[arg(long)]
     timeout: Option<f64>,
@@ -124,24 +137,27 @@ struct RunArgs {
     #[arg(long)]
     swap_store: Option<StoreSpec>,
     /// Swap unit: 2m (whole 2 MiB chunks, restored as huge mappings) or 4k
-    /// (per-page baseline).
-    #[arg(long, default_value = "2m")]
-    swap_unit: SwapUnit,
-    /// Threads serving guest memory faults (swap engine).
-    #[arg(long, default_value_t = 1)]
-    fault_threads: usize,
-    /// Nice value of the fault threads; below 0 they are served before the
-    /// vCPU threads when vCPUs outnumber cores (needs root; 0 = same as vCPUs).
-    #[arg(long, default_value_t = -10, allow_hyphen_values = true)]
-    fault_thread_nice: i32,
+    /// (per-page baseline) [default: 2m].
+    #[arg(long)]
+    swap_unit: Option<SwapUnit>,
+    /// Threads serving guest memory faults (swap engine), 1 to 32
+    /// [default: 1].
+    #[arg(long)]
+    fault_threads: Option<usize>,
+    /// Nice value of the fault threads, -20 to 19; below 0 they are served
+    /// before the vCPU threads when vCPUs outnumber cores (needs root; 0 =
+    /// same as vCPUs) [default: -10].
+    #[arg(long, allow_hyphen_values = true)]
+    fault_thread_nice: Option<i32>,
     /// Write a sample of the run's figures (resident memory, faults, KVM
     /// mappings) every --stats-interval milliseconds to this file, one JSON
     /// object per line.
     #[arg(long)]
     stats_timeline: Option<PathBuf>,
-    /// Sampling interval for --stats-timeline, in milliseconds.
-    #[arg(long, default_value_t = 100)]
-    stats_interval: u64,
+    /// Sampling interval for --stats-timeline, in milliseconds, 1 to
+    /// 3600000 [default: 100].
+    #[arg(long)]
+    stats_interval: Option<u64>,
     /// After the payload finished, evict all guest RAM to the store and
     /// report how long it took (`pageout` in --stats-json).
     #[arg(long)]
@@ -152,10 +168,37 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
+/// Serial console with early output, and a reboot (ending the VM) on panic.
+const DEFAULT_CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1";
+/// Most `--fault-threads`: as many as vCPUs can fault at once.
+const MAX_FAULT_THREADS: usize = MAX_VCPUS as usize;
+/// Longest `--stats-interval`: an hour.
+const MAX_STATS_INTERVAL_MS: u64 = 3_600_000;
+/// Default `--stats-interval`.
+const DEFAULT_STATS_INTERVAL_MS: u64 = 100;
+/// Default `--fault-thread-nice` (see its help).
+const DEFAULT_FAULT_THREAD_NICE: i32 = -10;
+/// Why an input file is bounded by guest RAM.
+const MUST_FIT_IN_RAM: &str = "guest RAM, which it is loaded into";
+
+/// Refuses `option` when it does not apply to this run, saying why.
+fn not_applicable(given: bool, option: &str, why: &str) -> Result<()> {
+    if given {
+        bail!("{option} {why}");
+    }
+    Ok(())
+}
+
+/// The payload to run, read and checked.
 fn load_payload(args: &RunArgs) -> Result<Payload> {
     if let Some(path) = &args.payload_file {
-        let elf = std::fs::read(path)
-            .with_context(|| format!("cannot read --payload-file {}", path.display()))?;
+        let elf = read_bounded("--payload-file", path, args.mem, MUST_FIT_IN_RAM)?;
+        if matches!(recognize(&elf), ImageKind::BzImage | ImageKind::Vmlinux) {
+            bail!(
+                "--payload-file {} is a Linux kernel, not a payload: boot it with --kernel {0}",
+                path.display()
+            );
+        }
         return Ok(Payload {
             name: path.display().to_string(),
             elf,
@@ -175,47 +218,173 @@ fn load_payload(args: &RunArgs) -> Result<Payload> {
     })
 }
 
-/// Serial console with early output, and a reboot (ending the VM) on panic.
-const DEFAULT_CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1";
+/// Checks a kernel and initrd before anything is allocated: regular
+/// files no larger than guest RAM, and the kernel really a kernel.
+fn check_kernel_inputs(kernel: &Path, initrd: Option<&Path>, mem_bytes: u64) -> Result<()> {
+    let image = read_bounded("--kernel", kernel, mem_bytes, MUST_FIT_IN_RAM)?;
+    if recognize(&image) == ImageKind::PayloadElf {
+        bail!(
+            "--kernel {} is a hugevmm payload (an ELF linked at low addresses), not a Linux kernel: run it with --payload-file {0}",
+            kernel.display()
+        );
+    }
+    if let Some(initrd) = initrd {
+        open_checked("--initrd", initrd, mem_bytes, MUST_FIT_IN_RAM)?;
+    }
+    Ok(())
+}
 
-fn run_command(args: RunArgs) -> Result<i32> {
-    let guest = match &args.kernel {
-        Some(kernel) => Guest::Linux(LinuxBootConfig {
-            kernel: kernel.clone(),
-            initrd: args.initrd.clone(),
-            cmdline: args.cmdline.clone(),
-            virtio_announce: args.virtio_announce,
-        }),
-        None => Guest::Payload {
-            payload: load_payload(&args)?,
-            args: args.payload_args.clone(),
-        },
-    };
-    let timeout = match args.timeout {
-        Some(secs) if !(secs.is_finite() && secs > 0.0) => {
-            anyhow::bail!("--timeout must be a positive number of seconds")
+/// Every check of `run`'s options that needs no resource: ranges, options
+/// that do not apply to this run, input files, output paths. Nothing the
+/// user named is opened for writing before this has passed.
+fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
+    if args.vcpus == 0 || args.vcpus > MAX_VCPUS {
+        bail!("--vcpus {} is out of range: give 1 to {MAX_VCPUS}", args.vcpus);
+    }
+    Layout::new(args.mem).context("invalid --mem")?;
+    let is_linux = args.kernel.is_some();
+    let for_kernels = "applies to --kernel only: drop it (a payload has no kernel command line, initrd or serial console; its output goes to stdout)";
+    not_applicable(!is_linux && args.initrd.is_some(), "--initrd", for_kernels)?;
+    not_applicable(!is_linux && args.cmdline.is_some(), "--cmdline", for_kernels)?;
+    not_applicable(!is_linux && args.virtio_announce.is_some(), "--virtio-announce", for_kernels)?;
+    not_applicable(!is_linux && args.console_log.is_some(), "--console-log", for_kernels)?;
+    not_applicable(
+        is_linux && args.payload_args.is_some(),
+        "--payload-args",
+        "applies to payloads only: a kernel's arguments go in --cmdline",
+    )?;
+    not_applicable(
+        args.balloon_target.is_some() && !args.balloon,
+        "--balloon-target",
+        "needs --balloon: add it or drop the target",
+    )?;
+    let engine = args.mem_limit.is_some() || args.swap_store.is_some();
+    let for_engine = "configures the swap engine, which runs only with --mem-limit or --swap-store: add one of them or drop this option";
+    not_applicable(!engine && args.swap_unit.is_some(), "--swap-unit", for_engine)?;
+    not_applicable(!engine && args.fault_threads.is_some(), "--fault-threads", for_engine)?;
+    not_applicable(!engine && args.fault_thread_nice.is_some(), "--fault-thread-nice", for_engine)?;
+    not_applicable(!engine && args.pageout, "--pageout", for_engine)?;
+    not_applicable(
+        args.stats_interval.is_some() && args.stats_timeline.is_none(),
+        "--stats-interval",
+        "sets the sampling of --stats-timeline: add --stats-timeline PATH or drop it",
+    )?;
+    if let Some(ms) = args.stats_interval {
+        if !(1..=MAX_STATS_INTERVAL_MS).contains(&ms) {
+            bail!("--stats-interval {ms} is out of range: give 1 to {MAX_STATS_INTERVAL_MS} milliseconds");
         }
-        Some(secs) => Some(Duration::from_secs_f64(secs)),
-        None => None,
-    };
-    let payload_name = guest.name();
+    }
+    let fault_threads = args.fault_threads.unwrap_or(1);
+    if !(1..=MAX_FAULT_THREADS).contains(&fault_threads) {
+        bail!("--fault-threads {fault_threads} is out of range: give 1 to {MAX_FAULT_THREADS}");
+    }
+    let fault_thread_nice = args.fault_thread_nice.unwrap_or(DEFAULT_FAULT_THREAD_NICE);
+    if !(-20..=19).contains(&fault_thread_nice) {
+        bail!("--fault-thread-nice {fault_thread_nice} is out of range: give -20 (first served) to 19");
+    }
+    if let Some(secs) = args.timeout {
+        if !(secs.is_finite() && secs > 0.0) {
+            bail!("--timeout must be a positive number of seconds");
+        }
+    }
+    let swap_unit = args.swap_unit.unwrap_or_default();
+    if let Some(limit_bytes) = args.mem_limit {
+        swap_setup::check_mem_limit(limit_bytes, swap_unit.bytes(), args.vcpus)
+            .context("invalid --mem-limit")?;
+        if limit_bytes > args.mem {
+            bail!(
+                "--mem-limit {} is more than --mem {}: the limit caps resident guest RAM, so give at most {} (or drop --mem-limit and give --swap-store to run the engine without a cap)",
+                format_size(limit_bytes),
+                format_size(args.mem),
+                format_size(args.mem)
+            );
+        }
+    }
     let balloon_target_pages = match args.balloon_target {
         Some(bytes) => {
             balloon_handle::target_pages(bytes, args.mem).context("invalid --balloon-target")?
         }
         None => 0,
     };
-    if let Some(limit_bytes) = args.mem_limit {
-        swap_setup::check_mem_limit(limit_bytes, args.swap_unit.bytes(), args.vcpus)
-            .context("invalid --mem-limit")?;
+    for (option, path) in [
+        ("--stats-json", &args.stats_json),
+        ("--stats-timeline", &args.stats_timeline),
+        ("--status-file", &args.status_file),
+        ("--console-log", &args.console_log),
+    ] {
+        if let Some(path) = path {
+            outputs::check_output_path(option, path)?;
+        }
     }
-    let swap = (args.mem_limit.is_some() || args.swap_store.is_some()).then(|| SwapOptions {
+    if let Some(socket) = &args.api_socket {
+        // The socket itself is created (replacing a stale one) when the VM
+        // is built; its directory must exist.
+        let parent = socket.parent().filter(|p| !p.as_os_str().is_empty());
+        if let Some(dir) = parent {
+            if !dir.is_dir() {
+                bail!(
+                    "--api-socket {}: {} is not an existing directory",
+                    socket.display(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    let guest = match &args.kernel {
+        Some(kernel) => {
+            check_kernel_inputs(kernel, args.initrd.as_deref(), args.mem)?;
+            Guest::Linux(LinuxBootConfig {
+                kernel: kernel.clone(),
+                initrd: args.initrd.clone(),
+                cmdline: args
+                    .cmdline
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_CMDLINE.into()),
+                virtio_announce: args.virtio_announce.unwrap_or_default(),
+            })
+        }
+        None => Guest::Payload {
+            payload: load_payload(args)?,
+            args: args.payload_args.clone().unwrap_or_default(),
+        },
+    };
+    let swap = engine.then(|| SwapOptions {
         mem_limit_bytes: args.mem_limit,
         store: args.swap_store.clone().unwrap_or(StoreSpec::Default),
-        unit: args.swap_unit,
-        fault_threads: args.fault_threads.max(1),
-        fault_thread_nice: args.fault_thread_nice,
+        unit: swap_unit,
+        fault_threads,
+        fault_thread_nice,
     });
+    Ok((guest, swap, balloon_target_pages))
+}
+
+/// The output files, opened once the options are valid and before the VM
+/// is built.
+struct Outputs {
+    stats_json: Option<OutputFile>,
+    stats_timeline: Option<OutputFile>,
+}
+
+impl Outputs {
+    fn open(args: &RunArgs) -> Result<Self> {
+        let open = |option, path: &Option<PathBuf>| {
+            path.as_deref()
+                .map(|p| OutputFile::open(option, p))
+                .transpose()
+        };
+        Ok(Self {
+            stats_json: open("--stats-json", &args.stats_json)?,
+            stats_timeline: open("--stats-timeline", &args.stats_timeline)?,
+        })
+    }
+}
+
+/// Validates, acquires and runs; `Err` is a configuration or setup error.
+fn run_checked(args: &RunArgs) -> Result<RunEnd> {
+    let (guest, swap, balloon_target_pages) = validate(args)?;
+    let outputs = Outputs::open(args)?;
+    let stop_signals = StopSignals::install()?;
+    let payload_name = guest.name();
     let config = RunConfig {
         mem_bytes: args.mem,
         backing: args.backing,
@@ -227,20 +396,21 @@ fn run_command(args: RunArgs) -> Result<i32> {
             balloon_target_pages,
             console_log: args.console_log.clone(),
         },
-        timeout,
+        timeout: args.timeout.map(Duration::from_secs_f64),
         swap,
-        sample_interval: args
-            .stats_timeline
-            .as_ref()
-            .map(|_| Duration::from_millis(args.stats_interval.max(1))),
+        sample_interval: args.stats_timeline.as_ref().map(|_| {
+            Duration::from_millis(args.stats_interval.unwrap_or(DEFAULT_STATS_INTERVAL_MS))
+        }),
         pageout_at_exit: args.pageout,
         api_socket: args.api_socket.clone(),
+        stop_signals: Some(stop_signals),
     };
     let console: ConsoleSink = Arc::new(Mutex::new(Box::new(std::io::stdout())));
     let outcome = vm::run(config, console)?;
     if let Some(failure) = &outcome.failure {
         eprintln!("hugevmm: {failure}");
     }
+    print_summary(args, &payload_name, &outcome);
     let summary = stats::RunSummary {
         payload: &payload_name,
         vcpus: args.vcpus,
@@ -248,6 +418,32 @@ fn run_command(args: RunArgs) -> Result<i32> {
         backing: args.backing,
         outcome: &outcome,
     };
+    // The run is over: an output that cannot be written is reported, but
+    // the guest's status stays the process's status.
+    if let Some(out) = outputs.stats_timeline {
+        let mut text = String::new();
+        for sample in &outcome.timeline {
+            text += &stats::sample_json(sample).to_string();
+            text.push('\n');
+        }
+        if let Err(e) = out.replace_with(&text) {
+            eprintln!("hugevmm: error: {e:#}");
+        }
+    }
+    if let Some(out) = outputs.stats_json {
+        let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");
+        if let Err(e) = out.replace_with(&(json + "\n")) {
+            eprintln!("hugevmm: error: {e:#}");
+        }
+    }
+    Ok(RunEnd {
+        status: outcome.exit_status,
+        kind: outcome.exit_kind,
+        message: outcome.failure.clone(),
+    })
+}
+
+fn print_summary(args: &RunArgs, payload_name: &str, outcome: &vm::RunOutcome) {
     eprintln!(
         "hugevmm: {} exited {} after {:.3} s on {} vCPUs, {} {} RAM; KVM stage-2 mappings: {} x 4K, {} x 2M, {} x 1G",
         payload_name,
@@ -291,28 +487,35 @@ fn run_command(args: RunArgs) -> Result<i32> {
             p.report.zero_units
         );
     }
-    if let Some(path) = &args.stats_timeline {
-        let mut text = String::new();
-        for sample in &outcome.timeline {
-            text += &stats::sample_json(sample).to_string();
-            text.push('\n');
+}
+
+/// `hugevmm run`: the process exit status, with `--status-file` written.
+fn run_command(args: RunArgs) -> i32 {
+    let end = run_checked(&args).unwrap_or_else(|e| {
+        eprintln!("hugevmm: error: {e:#}");
+        RunEnd {
+            status: EXIT_CONFIG,
+            kind: ExitKind::Config,
+            message: Some(format!("{e:#}")),
         }
-        std::fs::write(path, text)
-            .with_context(|| format!("cannot write --stats-timeline {}", path.display()))?;
+    });
+    // Written on configuration errors too: telling those apart from a
+    // payload's status 1 is what the file is for.
+    if let Some(path) = &args.status_file {
+        let written =
+            OutputFile::open("--status-file", path).and_then(|f| f.replace_with(&end.status_file_text()));
+        if let Err(e) = written {
+            eprintln!("hugevmm: error: {e:#}");
+        }
     }
-    if let Some(path) = &args.stats_json {
-        let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");
-        std::fs::write(path, json + "\n")
-            .with_context(|| format!("cannot write --stats-json {}", path.display()))?;
-    }
-    Ok(outcome.exit_status)
+    end.status
 }
 
 /// Runs the CLI and returns the process exit status.
 pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run_command(*args),
+        Command::Run(args) => Ok(run_command(*args)),
         Command::Bench(args) => crate::bench::run(args),
         Command::Ctl(args) => crate::control::client::run(args),
         Command::Payloads => {

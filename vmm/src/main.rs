@@ -6,11 +6,16 @@ mod cli;
 mod console;
 mod control;
 mod cpu;
+mod exit;
 mod host_check;
+mod image_kind;
+mod input_file;
 #[allow(dead_code, unused_imports)] // smoke-boot helpers are used by tests only
 mod linux;
 mod machine_devices;
+mod outputs;
 mod payload;
+mod signals;
 mod stats;
 mod swap_setup;
 mod vcpu;

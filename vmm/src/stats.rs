@@ -33,6 +33,7 @@ impl RunSummary<'_> {
             "mem_bytes": self.mem_bytes,
             "backing": self.backing.to_string(),
             "exit_status": o.exit_status,
+            "exit_kind": o.exit_kind.name(),
             "vcpu_statuses": o.vcpu_statuses,
             "failure": o.failure,
             "tsc_khz": o.tsc_khz,

@@ -41,6 +41,17 @@ pub enum VcpuEvent {
         /// How it asked.
         how: &'static str,
     },
+    /// The operator ended the VM (`quit` on the control socket, Ctrl-A x
+    /// on the console); the run ends normally, status 0.
+    Quit {
+        /// How.
+        how: &'static str,
+    },
+    /// A stop signal (SIGTERM, SIGINT, SIGHUP) ends the run cleanly.
+    Signal {
+        /// The signal's number.
+        signo: i32,
+    },
     /// The vCPU cannot continue; the whole run ends.
     Fatal {
         /// vCPU index.

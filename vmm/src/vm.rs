@@ -5,6 +5,8 @@ use crate::balloon_handle::BalloonSnapshot;
 use crate::console::ConsoleSink;
 use crate::control::{ControlContext, ControlSocket};
 use crate::cpu::{self, EntryState};
+use crate::exit::ExitKind;
+use crate::signals::{self, StopSignals};
 use crate::linux::{self, console_input, LinuxBootConfig, MachineInfo};
 use crate::machine_devices::{self, DeviceOptions, Interrupts, MachineDevices};
 use crate::payload::bootinfo::{self, GpaRange};
@@ -79,6 +81,9 @@ pub struct RunConfig {
     pub pageout_at_exit: bool,
     /// Serve the control socket here while the guest runs.
     pub api_socket: Option<PathBuf>,
+    /// Handlers for SIGTERM/SIGINT/SIGHUP, installed before the run so
+    /// that none of them kills it uncleanly; None leaves the defaults.
+    pub stop_signals: Option<StopSignals>,
 }
 
 /// The run's figures at one moment (`--stats-timeline`).
@@ -109,6 +114,8 @@ pub struct Pageout {
 pub struct RunOutcome {
     /// Process exit status to use.
     pub exit_status: i32,
+    /// Why the run ended.
+    pub exit_kind: ExitKind,
     /// Per-vCPU statuses written to the finish port (None: did not finish).
     pub vcpu_statuses: Vec<Option<u32>>,
     /// Why the VM failed, if it did.
@@ -163,7 +170,7 @@ pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
 }
 
 /// Runs the payload to completion.
-pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
+pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
         bail!(
             "--vcpus {} is out of range: give 1 to {MAX_VCPUS}",
@@ -221,6 +228,9 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         .context("cannot register guest RAM with KVM")?;
     let stats = KvmStats::open(&vm).context("cannot open KVM statistics")?;
     let (events_tx, events_rx) = mpsc::channel();
+    if let Some(stop_signals) = config.stop_signals.take() {
+        stop_signals.forward(events_tx.clone())?;
+    }
     let engine = match &config.swap {
         Some(options) => Some(Arc::new(swap_setup::start(
             &ram,
@@ -354,6 +364,7 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let mut vcpus_still_running = false;
     let mut failure = None;
     let mut exit_status = None;
+    let mut exit_kind = ExitKind::Payload;
     let mut timeline = Vec::new();
     let deadline = config.timeout.map(|t| started + t);
     let mut next_sample = config.sample_interval.map(|i| started + i);
@@ -384,6 +395,7 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
                             started.elapsed().as_secs_f64()
                         ));
                             exit_status = Some(EXIT_TIMEOUT);
+                            exit_kind = ExitKind::Timeout;
                             break;
                         }
                         continue;
@@ -398,22 +410,37 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         };
         match event {
             VcpuEvent::Finished { index, status } => statuses[index as usize] = Some(status),
-            VcpuEvent::GuestReset { how } => {
+            VcpuEvent::GuestReset { how } | VcpuEvent::Quit { how } => {
                 // A guest reset or power-off, the console user's Ctrl-A x,
                 // or `quit` on the control socket.
                 eprintln!("hugevmm: ending the VM: {how}");
+                if matches!(event, VcpuEvent::Quit { .. }) {
+                    exit_kind = ExitKind::Quit;
+                }
                 statuses.iter_mut().for_each(|s| *s = Some(s.unwrap_or(0)));
+                vcpus_still_running = true;
+                break;
+            }
+            VcpuEvent::Signal { signo } => {
+                eprintln!(
+                    "hugevmm: ending the VM: {} received (a second one ends hugevmm at once)",
+                    signals::signal_name(signo)
+                );
+                exit_status = Some(signals::exit_status(signo));
+                exit_kind = ExitKind::Signal;
                 vcpus_still_running = true;
                 break;
             }
             VcpuEvent::SwapFatal { message } => {
                 failure = Some(format!("swap engine: {message}"));
                 exit_status = Some(EXIT_VM_FAILURE);
+                exit_kind = ExitKind::VmFailure;
                 break;
             }
             VcpuEvent::Fatal { index, message } => {
                 failure = Some(format!("vCPU {index}: {message}"));
                 exit_status = Some(EXIT_VM_FAILURE);
+                exit_kind = ExitKind::VmFailure;
                 break;
             }
         }
@@ -472,6 +499,7 @@ pub fn run(config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     // the process exit: the VM ends with this run.
     Ok(RunOutcome {
         exit_status: exit_status.unwrap_or_else(|| combined_status(&statuses)),
+        exit_kind,
         vcpu_statuses: statuses,
         failure,
         elapsed,

@@ -75,7 +75,7 @@ impl ControlContext {
             Command::Stats => ok_reply(self.live_summary()),
             Command::MemLimit { limit_bytes } => self.set_mem_limit(limit_bytes),
             Command::Pageout => self.pageout(),
-            Command::Quit => match self.events.send(VcpuEvent::GuestReset {
+            Command::Quit => match self.events.send(VcpuEvent::Quit {
                 how: "quit through the control socket",
             }) {
                 Ok(()) => ok_reply(json!({ "quitting": true })),
@@ -251,7 +251,7 @@ pub(crate) mod tests {
             ..context(false)
         };
         assert_eq!(reply(&ctx, "quit")["quitting"], true);
-        assert!(matches!(rx.try_recv(), Ok(VcpuEvent::GuestReset { .. })));
+        assert!(matches!(rx.try_recv(), Ok(VcpuEvent::Quit { .. })));
     }
 
     #[test]

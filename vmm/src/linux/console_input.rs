@@ -211,7 +211,7 @@ impl Drop for ConsoleInput {
 
 /// Starts feeding the host terminal to `serial` if stdin is a terminal in
 /// the foreground (None otherwise: input from a pipe or file is not read,
-/// so scripted runs behave as before). Ctrl-A x sends `GuestReset` on
+/// so scripted runs behave as before). Ctrl-A x sends `Quit` on
 /// `events`, which ends the run with status 0.
 pub fn start(
     serial: Arc<Mutex<SerialPort>>,
@@ -286,7 +286,7 @@ fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<VcpuEvent>, stop: &Ato
                     for command in filter.feed(&buf[..n as usize], &mut typed) {
                         match command {
                             ConsoleCommand::Quit => {
-                                let _ = events.send(VcpuEvent::GuestReset {
+                                let _ = events.send(VcpuEvent::Quit {
                                     how: "console quit (Ctrl-A x)",
                                 });
                                 return;

@@ -100,12 +100,14 @@ pub enum DecompressError {
         len_bytes: usize,
     },
     /// The appended size is implausible.
-    #[error("the {} kernel payload claims a decompressed size of {size_bytes} bytes, over the {MAX_KERNEL_BYTES}-byte limit", format.name())]
+    #[error("the {} kernel payload claims a decompressed size of {size_bytes} bytes, over the {limit_bytes}-byte limit (1 GiB, and no more than guest RAM, which the kernel must fit in); give a smaller kernel or more --mem", format.name())]
     TooLarge {
         /// The format.
         format: PayloadFormat,
         /// The claimed size.
         size_bytes: u32,
+        /// The bound it exceeds.
+        limit_bytes: u64,
     },
     /// The decoder failed.
     #[error("the {} kernel payload does not decompress: {reason}", format.name())]
@@ -132,7 +134,19 @@ pub enum DecompressError {
 }
 
 /// Decompresses a bzImage payload into the vmlinux ELF.
+#[cfg(test)]
 pub fn decompress(payload: &[u8]) -> Result<(PayloadFormat, Vec<u8>), DecompressError> {
+    decompress_within(payload, u64::from(MAX_KERNEL_BYTES))
+}
+
+/// Decompresses a bzImage payload into the vmlinux ELF, refusing one that
+/// would be larger than `max_bytes` (and than 1 GiB) before allocating
+/// anything for it: the output is sized by the size the image claims, and
+/// decoding stops one byte past it, so a decompression bomb costs nothing.
+pub fn decompress_within(
+    payload: &[u8],
+    max_bytes: u64,
+) -> Result<(PayloadFormat, Vec<u8>), DecompressError> {
     let format = PayloadFormat::detect(payload).ok_or_else(|| DecompressError::UnknownFormat {
         magic: payload[..payload.len().min(6)].to_vec(),
     })?;
@@ -147,10 +161,12 @@ pub fn decompress(payload: &[u8]) -> Result<(PayloadFormat, Vec<u8>), Decompress
     }
     let (stream, size_field) = payload.split_at(payload.len() - 4);
     let expected_bytes = u32::from_le_bytes(size_field.try_into().expect("split at len - 4"));
-    if expected_bytes > MAX_KERNEL_BYTES {
+    let limit_bytes = max_bytes.min(u64::from(MAX_KERNEL_BYTES));
+    if u64::from(expected_bytes) > limit_bytes {
         return Err(DecompressError::TooLarge {
             format,
             size_bytes: expected_bytes,
+            limit_bytes,
         });
     }
     let corrupt = |reason: String| DecompressError::Corrupt { format, reason };
@@ -295,6 +311,25 @@ mod tests {
             PayloadFormat::Lz4Legacy,
             &data,
         );
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_by_its_claimed_size() {
+        // 64 MiB of zeros squeeze into a few KiB; guest RAM of 16 MiB
+        // cannot hold the result, so it is refused before decoding.
+        let zeros = vec![0u8; 64 << 20];
+        let stream = zstd::bulk::compress(&zeros, 3).unwrap();
+        assert!(stream.len() < 64 << 10);
+        let bomb = with_size(stream.clone(), zeros.len());
+        let err = decompress_within(&bomb, 16 << 20).unwrap_err();
+        assert!(
+            matches!(err, DecompressError::TooLarge { limit_bytes, .. } if limit_bytes == 16 << 20),
+            "{err}"
+        );
+        assert!(err.to_string().contains("guest RAM"), "{err}");
+        // A size that lies low stops the decoder one byte past it.
+        let liar = with_size(stream, 1 << 20);
+        assert!(decompress_within(&liar, 16 << 20).is_err());
     }
 
     #[test]

@@ -24,12 +24,15 @@ const VMLINUX_CMDLINE_SIZE_BYTES: u32 = 2047;
 /// kernels.
 const VMLINUX_INITRD_ADDR_MAX: u32 = 0x7fff_ffff;
 
-fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, LinuxBootError> {
-    std::fs::read(path).map_err(|error| LinuxBootError::Read {
+/// Reads a kernel or initrd: a regular file no larger than guest RAM
+/// (`ram_bytes`), which it must fit in.
+fn read(what: &'static str, path: &Path, ram_bytes: u64) -> Result<Vec<u8>, LinuxBootError> {
+    Ok(crate::input_file::read_bounded(
         what,
-        path: path.to_path_buf(),
-        error,
-    })
+        path,
+        ram_bytes,
+        "guest RAM, which it is loaded into",
+    )?)
 }
 
 /// The kernel file taken apart: the setup header for the zero page, the
@@ -44,7 +47,12 @@ pub struct KernelFile {
 }
 
 /// Takes a bzImage or vmlinux apart.
-pub fn open_kernel(image: Vec<u8>, path: &Path) -> Result<KernelFile, LinuxBootError> {
+/// `ram_bytes` bounds the decompressed kernel, which must fit in guest RAM.
+pub fn open_kernel(
+    image: Vec<u8>,
+    path: &Path,
+    ram_bytes: u64,
+) -> Result<KernelFile, LinuxBootError> {
     if PayloadFormat::detect(&image) == Some(PayloadFormat::Uncompressed) {
         let header = SetupHeader::synthesize(
             VMLINUX_ALIGNMENT_BYTES,
@@ -64,7 +72,7 @@ pub fn open_kernel(image: Vec<u8>, path: &Path) -> Result<KernelFile, LinuxBootE
     let bz = bzimage::parse(&image).map_err(with_path)?;
     let started = Instant::now();
     let (format, vmlinux) =
-        decompress::decompress(bz.payload).map_err(|source| LinuxBootError::Decompress {
+        decompress::decompress_within(bz.payload, ram_bytes).map_err(|source| LinuxBootError::Decompress {
             path: path.to_path_buf(),
             source,
         })?;
@@ -94,7 +102,12 @@ pub fn load(
     let virtio_irqs: Vec<u32> = machine.virtio.iter().map(|d| d.irq).collect();
     let mp_table = mptable::build(machine.vcpus, &virtio_irqs)?;
     let acpi = acpi::build(machine)?;
-    let kernel = open_kernel(read("kernel", &config.kernel)?, &config.kernel)?;
+    let ram_bytes = layout.ram_bytes();
+    let kernel = open_kernel(
+        read("--kernel", &config.kernel, ram_bytes)?,
+        &config.kernel,
+        ram_bytes,
+    )?;
     let elf_error = |source| LinuxBootError::Kernel {
         path: config.kernel.clone(),
         source,
@@ -114,7 +127,7 @@ pub fn load(
     image.load(&kernel.vmlinux, ram).map_err(elf_error)?;
     let initrd_gpa = match &config.initrd {
         Some(path) => {
-            let initrd = read("initrd", path)?;
+            let initrd = read("--initrd", path, ram_bytes)?;
             let range = placement::place_initrd(
                 layout,
                 initrd.len() as u64,

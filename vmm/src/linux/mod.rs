@@ -149,16 +149,10 @@ pub struct BootSetup {
 /// Why a Linux boot could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum LinuxBootError {
-    /// A file could not be read.
-    #[error("cannot read the {what} {}: {error}", path.display())]
-    Read {
-        /// "kernel" or "initrd".
-        what: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        error: std::io::Error,
-    },
+    /// A file could not be read, or is no regular file of a size that
+    /// fits in guest RAM.
+    #[error(transparent)]
+    Read(#[from] crate::input_file::InputFileError),
     /// The kernel is neither a usable bzImage nor a vmlinux.
     #[error("kernel {}: {source}", path.display())]
     BzImage {

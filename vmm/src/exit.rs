@@ -1,0 +1,84 @@
+//! How a run ended, as a kind a caller can read (`exit_kind` in
+//! `--stats-json`, and `--status-file`), because the exit status alone
+//! cannot say it: a payload may exit with any status 0-255, including the
+//! ones hugevmm uses itself (1, 124, 125, 128 + signal).
+
+use serde_json::json;
+
+/// Exit status for a configuration or setup error.
+pub const EXIT_CONFIG: i32 = 1;
+
+/// Why the process ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitKind {
+    /// The guest ended the run: the payloads' statuses, or a Linux guest's
+    /// power-off or reboot (status 0).
+    Payload,
+    /// The operator ended the run (`hugevmm ctl quit`, Ctrl-A x): status 0.
+    Quit,
+    /// hugevmm refused the options or could not set the VM up: status 1.
+    Config,
+    /// `--timeout` expired: status 124.
+    Timeout,
+    /// The VM failed (guest exception, KVM error, swap store failure):
+    /// status 125.
+    VmFailure,
+    /// SIGTERM, SIGINT or SIGHUP ended the run: status 128 + the signal.
+    Signal,
+}
+
+impl ExitKind {
+    /// The name used in `exit_kind` and the status file.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExitKind::Payload => "payload",
+            ExitKind::Quit => "quit",
+            ExitKind::Config => "config",
+            ExitKind::Timeout => "timeout",
+            ExitKind::VmFailure => "vm-failure",
+            ExitKind::Signal => "signal",
+        }
+    }
+}
+
+/// The end of a run: status, kind, and what went wrong if anything.
+#[derive(Debug, Clone)]
+pub struct RunEnd {
+    /// The process exit status.
+    pub status: i32,
+    /// Why.
+    pub kind: ExitKind,
+    /// The error or failure message, if any.
+    pub message: Option<String>,
+}
+
+impl RunEnd {
+    /// The `--status-file` content: one JSON object and a newline.
+    pub fn status_file_text(&self) -> String {
+        json!({
+            "exit_status": self.status,
+            "exit_kind": self.kind.name(),
+            "message": self.message,
+        })
+        .to_string()
+            + "\n"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_status_file_names_the_kind_beside_the_status() {
+        let end = RunEnd {
+            status: 124,
+            kind: ExitKind::Payload,
+            message: None,
+        };
+        let value: serde_json::Value = serde_json::from_str(&end.status_file_text()).unwrap();
+        assert_eq!(value["exit_status"], 124);
+        assert_eq!(value["exit_kind"], "payload");
+        assert!(value["message"].is_null());
+    }
+}
