@@ -263,6 +263,15 @@ impl Background {
         }
     }
 
+    /// Sends signal `signo` (e.g. `libc::SIGTERM`) to the process.
+    pub fn signal(&self, signo: i32) {
+        let pid = self.process.child.id() as libc::pid_t;
+        // SAFETY: kill has no memory effects; the pid is our own child's,
+        // which has not been waited for, so it cannot have been reused.
+        let ret = unsafe { libc::kill(pid, signo) };
+        assert_eq!(ret, 0, "kill({pid}, {signo}): {}", std::io::Error::last_os_error());
+    }
+
     /// Waits for the process to end (killing it after `limit`, which fails
     /// the test) and collects its output and stats.
     pub fn finish(self, limit: Duration) -> Run {

@@ -74,7 +74,9 @@ static BUILTINS: &[Builtin] = &[
          descriptors, flushes, reads back and compares (twice); checks GET_ID and \
          IOERR past the end; prints `blkcheck ok sectors=<n> capacity=<c> id=<id>`, \
          exit 1 on a mismatch, 2 without a disk (sectors=N, default 4096; seed=N, \
-         default 1)"
+         default 1). stream=R instead writes R rounds of a stream_mib=M (default 32) \
+         buffer of self-describing sectors to the disk, printing `blkcheck stream \
+         round=<r>` after each"
     ),
     builtin!(
         "balloon",

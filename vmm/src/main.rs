@@ -19,6 +19,7 @@ mod signals;
 mod stats;
 mod swap_setup;
 mod vcpu;
+mod vcpu_stop;
 mod vm;
 
 fn main() {

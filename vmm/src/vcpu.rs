@@ -112,6 +112,8 @@ pub struct VcpuContext {
     pub unknown: Arc<UnknownAccessLog>,
     /// Where to report.
     pub events: Sender<VcpuEvent>,
+    /// Set when the run ends: the thread leaves at its next exit.
+    pub stop: crate::vcpu_stop::StopFlag,
 }
 
 enum Step {
@@ -129,6 +131,11 @@ pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
     let mut console = VcpuConsole::new(ctx.console.clone());
     let index = ctx.index;
     let event = loop {
+        if ctx.stop.is_set() {
+            // The run is over and said so: nothing to report.
+            console.flush();
+            return;
+        }
         let step = match vcpu.run() {
             Ok(exit) => dispatch(exit, &ctx, &mut console),
             Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => Step::Continue,

@@ -27,6 +27,11 @@ use swap::engine::{EvictReport, SwapStats};
 pub const EXIT_VM_FAILURE: i32 = 125;
 /// Exit status when `--timeout` expired.
 pub const EXIT_TIMEOUT: i32 = 124;
+/// How long the end of a run waits for its vCPU threads to stop.
+const VCPU_STOP_LIMIT: Duration = Duration::from_secs(10);
+/// The same after a failure, when a vCPU may wait for memory nobody will
+/// serve.
+const VCPU_STOP_LIMIT_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// A payload image and where it came from.
 pub struct Payload {
@@ -340,6 +345,10 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         })?),
         None => None,
     };
+    crate::vcpu_stop::install_kick_handler()
+        .context("cannot install the vCPU kick signal handler")?;
+    let stop = crate::vcpu_stop::StopFlag::default();
+    let mut vcpu_threads = Vec::new();
     for (index, fd) in vcpus.into_iter().enumerate() {
         let ctx = VcpuContext {
             kind,
@@ -350,18 +359,18 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
             console: console.clone(),
             unknown: unknown.clone(),
             events: events_tx.clone(),
+            stop: stop.clone(),
         };
-        std::thread::Builder::new()
-            .name(format!("vcpu{index}"))
-            .spawn(move || vcpu::run(fd, ctx))
-            .context("cannot spawn a vCPU thread")?;
+        vcpu_threads.push(
+            std::thread::Builder::new()
+                .name(format!("vcpu{index}"))
+                .spawn(move || vcpu::run(fd, ctx))
+                .context("cannot spawn a vCPU thread")?,
+        );
     }
     drop(events_tx);
 
     let mut statuses = vec![None; config.vcpus as usize];
-    // Ended by a reset or `quit` while vCPUs ran on: they keep running until
-    // the process exits.
-    let mut vcpus_still_running = false;
     let mut failure = None;
     let mut exit_status = None;
     let mut exit_kind = ExitKind::Payload;
@@ -418,7 +427,6 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
                     exit_kind = ExitKind::Quit;
                 }
                 statuses.iter_mut().for_each(|s| *s = Some(s.unwrap_or(0)));
-                vcpus_still_running = true;
                 break;
             }
             VcpuEvent::Signal { signo } => {
@@ -428,7 +436,6 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
                 );
                 exit_status = Some(signals::exit_status(signo));
                 exit_kind = ExitKind::Signal;
-                vcpus_still_running = true;
                 break;
             }
             VcpuEvent::SwapFatal { message } => {
@@ -446,13 +453,29 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         }
     }
     let elapsed = started.elapsed();
+    // Read while the vCPUs are as the guest left them.
+    let swap_stats = engine.as_ref().map(|e| e.stats());
+    let stage2 = stats.read().context("cannot read KVM statistics")?;
+    // vCPUs first, while the engine still serves the faults they may be
+    // blocked in; after a failure one may be stuck for good, so the wait is
+    // short then.
+    let stop_limit = if failure.is_none() {
+        VCPU_STOP_LIMIT
+    } else {
+        VCPU_STOP_LIMIT_AFTER_FAILURE
+    };
+    let still_running = crate::vcpu_stop::stop_all(&stop, &mut vcpu_threads, stop_limit);
+    if still_running > 0 && failure.is_none() {
+        eprintln!(
+            "hugevmm: {still_running} vCPU(s) did not stop within {stop_limit:?}; guest memory stays served until hugevmm exits"
+        );
+    }
+    let vcpus_still_running = still_running > 0;
     if let Some(control) = control {
         // After a failure a command may be stuck on guest memory nobody
         // will serve any more: do not wait for it then.
         control.shutdown(failure.is_none());
     }
-    let swap_stats = engine.as_ref().map(|e| e.stats());
-    let stage2 = stats.read().context("cannot read KVM statistics")?;
     let pageout = match (&engine, config.pageout_at_exit && failure.is_none()) {
         (Some(engine), true) => {
             let resident_bytes_before = engine.stats().resident_bytes;
@@ -482,12 +505,10 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     // The devices hold the engine too (balloon drops); release them first.
     drop(machine);
     match engine.map(Arc::try_unwrap) {
-        // Every payload vCPU finished: nothing can fault any more.
-        Some(Ok(engine))
-            if failure.is_none() && !vcpus_still_running && kind == GuestKind::Payload =>
-        {
-            engine.shutdown()
-        }
+        // Every vCPU thread has ended and the devices (served on vCPU
+        // threads) and the control socket are gone: nothing can fault any
+        // more.
+        Some(Ok(engine)) if failure.is_none() && !vcpus_still_running => engine.shutdown(),
         // vCPUs may still run or be blocked in faults. Unregistering would
         // let them see empty memory before the process exits; keep the
         // engine (and its threads) until then.

@@ -32,6 +32,18 @@
  * written; fewer when the disk is too small or crowded), seed=N (default
  * 1).
  *
+ * Stream mode (stream=R, R rounds; stream_mib=M, default 32): instead of
+ * the check, vCPU 0 fills an M MiB buffer with sectors that carry a
+ * header (STREAM_MAGIC, round, sector) and a body derived from both
+ * (never a zero byte), then writes it to sectors [0, 2048 M) (less on a
+ * smaller disk) in 128 KiB requests, and prints
+ *   blkcheck stream round=<r>
+ * after each round. Under a memory limit smaller than M the buffer is
+ * swapped out while the device reads it: the host uses this to end a VM
+ * while disk writes from swapped memory are in flight and check that the
+ * disk holds only whole sectors of some round or its old content, never
+ * zeros (integration-tests, disk_writes_in_flight_*).
+ *
  * Memory: rings, request headers and two 1056 KiB data buffers come from
  * the SDK's virtio arena at the top of free RAM.
  *
@@ -454,10 +466,46 @@ static int run_readonly(struct blk *b, uint64_t seed)
     return 0;
 }
 
-static int setup(struct blk *b, const struct hvmm_boot_info *info,
-                 struct virtio_arena *arena)
+#define STREAM_MAGIC 0x4d41455254534b42ull /* "BKSTREAM" */
+#define STREAM_REQUEST_BYTES (128u << 10)
+
+/* One sector of round `round`: header, then a body no byte of which is 0. */
+static void stream_sector(uint8_t *at, uint64_t round, uint64_t sector)
 {
-    uint64_t arena_bytes = 2 * DATA_BYTES + 16 * 4096;
+    uint64_t header[3] = { STREAM_MAGIC, round, sector };
+    memcpy(at, header, sizeof(header));
+    for (unsigned i = sizeof(header); i < SECTOR; i++)
+        at[i] = (uint8_t)((round * 31 + sector * 7 + i) | 1);
+}
+
+static int run_stream(struct blk *b, uint8_t *buf, uint64_t buf_bytes,
+                      uint64_t rounds)
+{
+    uint64_t sectors = buf_bytes / SECTOR;
+    if (sectors > b->capacity)
+        sectors = b->capacity;
+    uint64_t per_request = STREAM_REQUEST_BYTES / SECTOR;
+    if (b->size_max != 0 && b->size_max < STREAM_REQUEST_BYTES)
+        per_request = b->size_max / SECTOR;
+    for (uint64_t round = 1; round <= rounds; round++) {
+        for (uint64_t s = 0; s < sectors; s++)
+            stream_sector(buf + s * SECTOR, round, s);
+        for (uint64_t s = 0; s < sectors; s += per_request) {
+            uint64_t n = sectors - s < per_request ? sectors - s : per_request;
+            if (expect_status(simple_io(b, BLK_T_OUT, s, buf + s * SECTOR,
+                                        (uint32_t)(n * SECTOR)),
+                              BLK_S_OK, "stream write") != 0)
+                return -1;
+        }
+        hvmm_printf("blkcheck stream round=%lu\n", round);
+    }
+    return 0;
+}
+
+static int setup(struct blk *b, const struct hvmm_boot_info *info,
+                 struct virtio_arena *arena, uint64_t extra_bytes)
+{
+    uint64_t arena_bytes = 2 * DATA_BYTES + 16 * 4096 + extra_bytes;
     if (virtio_arena_init(arena, info, arena_bytes) == 0) {
         hvmm_printf("blkcheck: no free range holds %lu bytes for rings and "
                     "buffers\n",
@@ -502,10 +550,12 @@ static int setup(struct blk *b, const struct hvmm_boot_info *info,
 
 int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
 {
-    uint64_t sectors = 4096, seed = 1;
+    uint64_t sectors = 4096, seed = 1, stream = 0, stream_mib = 32;
     const struct hvmm_arg_spec specs[] = {
         { "sectors", HVMM_ARG_NUMBER, &sectors },
         { "seed", HVMM_ARG_NUMBER, &seed },
+        { "stream", HVMM_ARG_NUMBER, &stream },
+        { "stream_mib", HVMM_ARG_NUMBER, &stream_mib },
         { NULL, 0, NULL },
     };
     if (hvmm_parse_args(info, "blkcheck", specs, vcpu == 0) != 0)
@@ -524,8 +574,18 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
         return 2;
     }
     struct virtio_arena arena;
-    if (setup(&b, info, &arena) != 0)
+    uint64_t stream_bytes = stream ? stream_mib << 20 : 0;
+    if (setup(&b, info, &arena, stream_bytes) != 0)
         return 1;
+    if (stream) {
+        uint8_t *buf = virtio_arena_alloc(&arena, stream_bytes, 4096);
+        if (buf == NULL) {
+            hvmm_printf("blkcheck: arena too small for stream_mib=%lu\n",
+                        stream_mib);
+            return 1;
+        }
+        return run_stream(&b, buf, stream_bytes, stream) != 0;
+    }
 
     memset(b.id, 0, BLK_ID_BYTES + 1);
     if (expect_status(simple_io(&b, BLK_T_GET_ID, 0, b.id, BLK_ID_BYTES),
