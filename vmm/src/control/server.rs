@@ -406,7 +406,12 @@ fn send(
             Ok(n) => rest = &rest[n..],
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                match wait_for(stream.as_raw_fd(), libc::POLLOUT, &shared.stop, Some(deadline))? {
+                match wait_for(
+                    stream.as_raw_fd(),
+                    libc::POLLOUT,
+                    &shared.stop,
+                    Some(deadline),
+                )? {
                     Wake::Ready => {}
                     Wake::Stop => return Ok(Some(ClientEnd::Stop)),
                     Wake::TimedOut => return Err(ErrorKind::TimedOut.into()),
@@ -628,7 +633,10 @@ mod tests {
         let r = silent.reply();
         assert_eq!(r["ok"], false, "{r}");
         assert!(
-            r["error"].as_str().unwrap().contains("no complete command line"),
+            r["error"]
+                .as_str()
+                .unwrap()
+                .contains("no complete command line"),
             "{r}"
         );
         assert!(silent.closed().is_empty());
@@ -649,7 +657,10 @@ mod tests {
         done.store(true, Ordering::Relaxed);
         assert_eq!(r["ok"], false, "{r}");
         assert!(
-            r["error"].as_str().unwrap().contains("no complete command line"),
+            r["error"]
+                .as_str()
+                .unwrap()
+                .contains("no complete command line"),
             "{r}"
         );
         assert!(trickling.closed().is_empty());
