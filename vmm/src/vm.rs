@@ -342,6 +342,7 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
             // Its own descriptor: the run loop keeps reading `stats`.
             kvm_stats: KvmStats::open(&vm).ok(),
             events: events_tx.clone(),
+            pageout_lock: Default::default(),
         })?),
         None => None,
     };

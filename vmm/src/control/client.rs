@@ -18,9 +18,9 @@ pub struct CtlArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     timeout: f64,
     /// Repeat the command every SECONDS until the VM ends, connecting
-    /// afresh each time (so other clients get their turn). `stats` is then
-    /// shown as one line of rates per interval; other commands as their
-    /// JSON replies.
+    /// afresh each time (the VMM drops a connection idle for 10 s).
+    /// `stats` is then shown as one line of rates per interval; other
+    /// commands as their JSON replies.
     #[arg(long, value_name = "SECONDS")]
     watch: Option<f64>,
     /// The command: `balloon SIZE`, `balloon-stats`, `stats`,
@@ -123,7 +123,7 @@ fn exchange(args: &CtlArgs) -> Result<serde_json::Value> {
         .read_line(&mut reply)
         .map_err(|e| match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => anyhow!(
-                "no reply from {shown} within {} s (the VM serves one client at a time: is another one connected?)",
+                "no reply from {shown} within {} s (is the VM stuck, or a long command such as pageout still running?)",
                 args.timeout
             ),
             _ => anyhow!("cannot read the reply from {shown}: {e}"),

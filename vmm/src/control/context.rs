@@ -9,11 +9,23 @@ use crate::vcpu::VcpuEvent;
 use guestmem::{Backing, KvmStats, PAGE_BYTES};
 use serde_json::{json, Value};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use swap::engine::SwapEngine;
 
-/// What the control thread can reach of the VM.
+/// What the control socket's threads can reach of the VM.
+///
+/// One context serves every client at once, so commands from two clients
+/// may run together. Each part is safe for that: the balloon's transport
+/// is behind its own mutex, the one the vCPUs take for MMIO (`balloon-stats`
+/// writes the used ring in guest memory under it, as a vCPU does; a fault
+/// there is served by the swap engine's fault threads, which never take
+/// it); the swap engine's run-time calls are built for concurrent callers
+/// (its background evictor and faulting vCPUs already are); the KVM
+/// statistics are read with `pread`; the event channel's sender is `Sync`
+/// (two `quit`s send two events, the run loop ends at the first). The one
+/// lock of the control socket's own, `pageout_lock`, is taken with no
+/// other held and by nothing else, so it adds no lock-order cycle.
 pub struct ControlContext {
     /// Payload name or kernel path, for `stats`.
     pub payload: String,
@@ -33,6 +45,9 @@ pub struct ControlContext {
     pub kvm_stats: Option<KvmStats>,
     /// Where `quit` asks the run loop to end the VM.
     pub events: Sender<VcpuEvent>,
+    /// Held for the length of a `pageout` (see [`ControlContext::pageout`]);
+    /// give `Default::default()`.
+    pub pageout_lock: Mutex<()>,
 }
 
 /// An error reply: `{"ok": false, "error": ...}`.
@@ -84,10 +99,23 @@ impl ControlContext {
         }
     }
 
+    /// Evicts everything, one pageout at a time: two at once would each
+    /// wait on the other's writes and report only part of the pass, with a
+    /// `resident_bytes_before` taken halfway through the other's. The
+    /// second waits, then finds little left and says so. The lock is only
+    /// ever taken here, with no other held, so holding it across the
+    /// engine's waits cannot deadlock; a pageout stuck on a failed VM
+    /// holds it for good, but the server is then no longer waited for.
+    ///
+    /// `mem-limit` takes no lock: setting the limit is one atomic store
+    /// (the last of two concurrent changes wins, as if they had come in
+    /// turn), and it must not wait behind a pageout of seconds.
     fn pageout(&self) -> Value {
         let Some(engine) = &self.engine else {
             return error_reply(NO_ENGINE);
         };
+        // A poisoned lock guards nothing: the engine keeps its own state.
+        let _one_pageout = self.pageout_lock.lock().unwrap_or_else(|e| e.into_inner());
         let resident_bytes_before = engine.stats().resident_bytes;
         let started = Instant::now();
         match engine.evict_all() {
@@ -185,7 +213,6 @@ pub(crate) mod tests {
     use devices::virtio::{Balloon, MmioTransport};
     use devices::{CountingLine, FreeMemorySink, GuestMemoryHandle};
     use guestmem::{GuestRam, Layout};
-    use std::sync::Mutex;
 
     struct NoSink;
     impl FreeMemorySink for NoSink {
@@ -220,6 +247,7 @@ pub(crate) mod tests {
             kvm_stats: None,
             // The receiver is gone: `quit` then says the VM is ending.
             events: std::sync::mpsc::channel().0,
+            pageout_lock: Mutex::default(),
         }
     }
 
