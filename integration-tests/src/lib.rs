@@ -269,7 +269,12 @@ impl Background {
         // SAFETY: kill has no memory effects; the pid is our own child's,
         // which has not been waited for, so it cannot have been reused.
         let ret = unsafe { libc::kill(pid, signo) };
-        assert_eq!(ret, 0, "kill({pid}, {signo}): {}", std::io::Error::last_os_error());
+        assert_eq!(
+            ret,
+            0,
+            "kill({pid}, {signo}): {}",
+            std::io::Error::last_os_error()
+        );
     }
 
     /// Waits for the process to end (killing it after `limit`, which fails

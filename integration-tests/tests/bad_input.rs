@@ -90,21 +90,63 @@ fn kernels_and_payloads_given_for_each_other_are_refused() {
 fn options_that_do_not_apply_or_are_out_of_range_are_refused() {
     let hello = ["--payload", "hello", "--mem", "64M"];
     let cases: &[(&[&str], &str)] = &[
-        (&["--console-log", "/tmp/c.log"], "--console-log applies to --kernel only"),
-        (&["--initrd", "/etc/hostname"], "--initrd applies to --kernel only"),
-        (&["--cmdline", "quiet"], "--cmdline applies to --kernel only"),
-        (&["--virtio-announce", "acpi"], "--virtio-announce applies to --kernel only"),
-        (&["--swap-unit", "4k"], "--swap-unit configures the swap engine"),
-        (&["--fault-threads", "2"], "--fault-threads configures the swap engine"),
+        (
+            &["--console-log", "/tmp/c.log"],
+            "--console-log applies to --kernel only",
+        ),
+        (
+            &["--initrd", "/etc/hostname"],
+            "--initrd applies to --kernel only",
+        ),
+        (
+            &["--cmdline", "quiet"],
+            "--cmdline applies to --kernel only",
+        ),
+        (
+            &["--virtio-announce", "acpi"],
+            "--virtio-announce applies to --kernel only",
+        ),
+        (
+            &["--swap-unit", "4k"],
+            "--swap-unit configures the swap engine",
+        ),
+        (
+            &["--fault-threads", "2"],
+            "--fault-threads configures the swap engine",
+        ),
         (&["--pageout"], "--pageout configures the swap engine"),
-        (&["--mem-limit", "32M", "--fault-threads", "0"], "--fault-threads 0 is out of range: give 1 to 32"),
-        (&["--mem-limit", "32M", "--fault-threads", "1000"], "--fault-threads 1000 is out of range"),
-        (&["--mem-limit", "32M", "--fault-thread-nice", "100"], "--fault-thread-nice 100 is out of range: give -20"),
-        (&["--mem-limit", "32M", "--fault-thread-nice", "-100"], "--fault-thread-nice -100 is out of range"),
-        (&["--stats-interval", "10"], "--stats-interval sets the sampling of --stats-timeline"),
-        (&["--stats-timeline", "/tmp/t.jsonl", "--stats-interval", "0"], "--stats-interval 0 is out of range"),
-        (&["--mem-limit", "128M"], "--mem-limit 128 MiB is more than --mem 64 MiB"),
-        (&["--balloon-target", "4M"], "--balloon-target needs --balloon"),
+        (
+            &["--mem-limit", "32M", "--fault-threads", "0"],
+            "--fault-threads 0 is out of range: give 1 to 32",
+        ),
+        (
+            &["--mem-limit", "32M", "--fault-threads", "1000"],
+            "--fault-threads 1000 is out of range",
+        ),
+        (
+            &["--mem-limit", "32M", "--fault-thread-nice", "100"],
+            "--fault-thread-nice 100 is out of range: give -20",
+        ),
+        (
+            &["--mem-limit", "32M", "--fault-thread-nice", "-100"],
+            "--fault-thread-nice -100 is out of range",
+        ),
+        (
+            &["--stats-interval", "10"],
+            "--stats-interval sets the sampling of --stats-timeline",
+        ),
+        (
+            &["--stats-timeline", "/tmp/t.jsonl", "--stats-interval", "0"],
+            "--stats-interval 0 is out of range",
+        ),
+        (
+            &["--mem-limit", "128M"],
+            "--mem-limit 128 MiB is more than --mem 64 MiB",
+        ),
+        (
+            &["--balloon-target", "4M"],
+            "--balloon-target needs --balloon",
+        ),
         (&["--vcpus", "0"], "--vcpus 0 is out of range"),
         (&["--timeout", "0"], "--timeout must be a positive number"),
     ];
@@ -121,8 +163,16 @@ fn options_that_do_not_apply_or_are_out_of_range_are_refused() {
 fn an_unusable_output_path_fails_before_the_guest_runs_and_the_status_file_says_config() {
     let status_file = temp_path("status.json");
     for (option, path, want) in [
-        ("--stats-json", "/proc/x", "cannot open --stats-json /proc/x for writing"),
-        ("--stats-timeline", "/nonexistent-dir/t.jsonl", "its directory /nonexistent-dir cannot be used"),
+        (
+            "--stats-json",
+            "/proc/x",
+            "cannot open --stats-json /proc/x for writing",
+        ),
+        (
+            "--stats-timeline",
+            "/nonexistent-dir/t.jsonl",
+            "its directory /nonexistent-dir cannot be used",
+        ),
         ("--stats-json", "/tmp", "--stats-json /tmp is a directory"),
     ] {
         refused(
@@ -142,7 +192,10 @@ fn an_unusable_output_path_fails_before_the_guest_runs_and_the_status_file_says_
             serde_json::from_str(&std::fs::read_to_string(&status_file).unwrap()).unwrap();
         assert_eq!(status["exit_kind"], "config", "{status}");
         assert_eq!(status["exit_status"], 1, "{status}");
-        assert!(status["message"].as_str().unwrap().contains(want), "{status}");
+        assert!(
+            status["message"].as_str().unwrap().contains(want),
+            "{status}"
+        );
     }
     std::fs::remove_file(&status_file).unwrap();
 }
@@ -217,15 +270,22 @@ fn each_stop_signal_ends_a_swapping_run_cleanly() {
         let run = vm.finish(LIMIT);
         run.expect_status(128 + signo);
         assert!(
-            run.stderr.contains(&format!("ending the VM: {name} received")),
+            run.stderr
+                .contains(&format!("ending the VM: {name} received")),
             "{name}: {}",
             run.stderr
         );
         assert!(!run.stdout.contains("MISMATCH"), "{name}: {}", run.stdout);
-        let stats = run.stats.as_ref().expect("--stats-json written after a signal");
+        let stats = run
+            .stats
+            .as_ref()
+            .expect("--stats-json written after a signal");
         assert_eq!(stats["exit_kind"], "signal", "{name}: {stats}");
         assert!(stats["swap"]["evictions"].as_u64().unwrap() > 0, "{stats}");
-        assert!(!socket.exists(), "{name}: the control socket was left behind");
+        assert!(
+            !socket.exists(),
+            "{name}: the control socket was left behind"
+        );
     }
 }
 
@@ -236,7 +296,11 @@ fn stream_sector(round: u64, sector: u64) -> [u8; 512] {
     bytes[8..16].copy_from_slice(&round.to_le_bytes());
     bytes[16..24].copy_from_slice(&sector.to_le_bytes());
     for (i, b) in bytes.iter_mut().enumerate().skip(24) {
-        *b = (round.wrapping_mul(31).wrapping_add(sector * 7).wrapping_add(i as u64) | 1) as u8;
+        *b = (round
+            .wrapping_mul(31)
+            .wrapping_add(sector * 7)
+            .wrapping_add(i as u64)
+            | 1) as u8;
     }
     bytes
 }
@@ -289,12 +353,24 @@ fn disk_writes_in_flight_survive(test: &str, end: impl FnOnce(&Background, &Path
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(seen_round >= 3, "{test}: the guest's stream never reached round 3 on the disk");
-    let evictions = ctl(&socket, &["stats"])["swap"]["evictions"].as_u64().unwrap();
-    assert!(evictions > 0, "{test}: the stream buffer was never swapped out");
+    assert!(
+        seen_round >= 3,
+        "{test}: the guest's stream never reached round 3 on the disk"
+    );
+    let evictions = ctl(&socket, &["stats"])["swap"]["evictions"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        evictions > 0,
+        "{test}: the stream buffer was never swapped out"
+    );
     end(&vm, &socket);
     let run = vm.finish(LIMIT);
-    assert!(run.status.is_some(), "{test}: hugevmm died by a signal\n{}", run.stderr);
+    assert!(
+        run.status.is_some(),
+        "{test}: hugevmm died by a signal\n{}",
+        run.stderr
+    );
     let image = std::fs::read(&disk).unwrap();
     std::fs::remove_file(&disk).unwrap();
     let mut rounds_seen = std::collections::BTreeMap::new();

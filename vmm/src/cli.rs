@@ -2,17 +2,17 @@
 
 use crate::balloon_handle;
 use crate::console::ConsoleSink;
-use crate::linux::{LinuxBootConfig, VirtioAnnounce};
-use crate::machine_devices::DeviceOptions;
-use crate::stats;
-use crate::swap_setup::{self, SwapOptions};
-use crate::vm::{self, Guest, Payload, RunConfig};
 use crate::exit::{ExitKind, RunEnd, EXIT_CONFIG};
 use crate::image_kind::{recognize, ImageKind};
 use crate::input_file::{open_checked, read_bounded};
+use crate::linux::{LinuxBootConfig, VirtioAnnounce};
+use crate::machine_devices::DeviceOptions;
 use crate::outputs::{self, OutputFile};
 use crate::payload::layout::MAX_VCPUS;
 use crate::signals::StopSignals;
+use crate::stats;
+use crate::swap_setup::{self, SwapOptions};
+use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use devices::virtio::DiskSpec;
@@ -239,15 +239,30 @@ fn check_kernel_inputs(kernel: &Path, initrd: Option<&Path>, mem_bytes: u64) -> 
 /// user named is opened for writing before this has passed.
 fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     if args.vcpus == 0 || args.vcpus > MAX_VCPUS {
-        bail!("--vcpus {} is out of range: give 1 to {MAX_VCPUS}", args.vcpus);
+        bail!(
+            "--vcpus {} is out of range: give 1 to {MAX_VCPUS}",
+            args.vcpus
+        );
     }
     Layout::new(args.mem).context("invalid --mem")?;
     let is_linux = args.kernel.is_some();
     let for_kernels = "applies to --kernel only: drop it (a payload has no kernel command line, initrd or serial console; its output goes to stdout)";
     not_applicable(!is_linux && args.initrd.is_some(), "--initrd", for_kernels)?;
-    not_applicable(!is_linux && args.cmdline.is_some(), "--cmdline", for_kernels)?;
-    not_applicable(!is_linux && args.virtio_announce.is_some(), "--virtio-announce", for_kernels)?;
-    not_applicable(!is_linux && args.console_log.is_some(), "--console-log", for_kernels)?;
+    not_applicable(
+        !is_linux && args.cmdline.is_some(),
+        "--cmdline",
+        for_kernels,
+    )?;
+    not_applicable(
+        !is_linux && args.virtio_announce.is_some(),
+        "--virtio-announce",
+        for_kernels,
+    )?;
+    not_applicable(
+        !is_linux && args.console_log.is_some(),
+        "--console-log",
+        for_kernels,
+    )?;
     not_applicable(
         is_linux && args.payload_args.is_some(),
         "--payload-args",
@@ -260,9 +275,21 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     )?;
     let engine = args.mem_limit.is_some() || args.swap_store.is_some();
     let for_engine = "configures the swap engine, which runs only with --mem-limit or --swap-store: add one of them or drop this option";
-    not_applicable(!engine && args.swap_unit.is_some(), "--swap-unit", for_engine)?;
-    not_applicable(!engine && args.fault_threads.is_some(), "--fault-threads", for_engine)?;
-    not_applicable(!engine && args.fault_thread_nice.is_some(), "--fault-thread-nice", for_engine)?;
+    not_applicable(
+        !engine && args.swap_unit.is_some(),
+        "--swap-unit",
+        for_engine,
+    )?;
+    not_applicable(
+        !engine && args.fault_threads.is_some(),
+        "--fault-threads",
+        for_engine,
+    )?;
+    not_applicable(
+        !engine && args.fault_thread_nice.is_some(),
+        "--fault-thread-nice",
+        for_engine,
+    )?;
     not_applicable(!engine && args.pageout, "--pageout", for_engine)?;
     not_applicable(
         args.stats_interval.is_some() && args.stats_timeline.is_none(),
@@ -502,8 +529,8 @@ fn run_command(args: RunArgs) -> i32 {
     // Written on configuration errors too: telling those apart from a
     // payload's status 1 is what the file is for.
     if let Some(path) = &args.status_file {
-        let written =
-            OutputFile::open("--status-file", path).and_then(|f| f.replace_with(&end.status_file_text()));
+        let written = OutputFile::open("--status-file", path)
+            .and_then(|f| f.replace_with(&end.status_file_text()));
         if let Err(e) = written {
             eprintln!("hugevmm: error: {e:#}");
         }

@@ -101,7 +101,10 @@ mod tests {
             recognize(&elf_with_segment_at(0xffff_ffff_8100_0000)),
             ImageKind::Vmlinux
         );
-        assert_eq!(recognize(&elf_with_segment_at(0x20_0000)), ImageKind::PayloadElf);
+        assert_eq!(
+            recognize(&elf_with_segment_at(0x20_0000)),
+            ImageKind::PayloadElf
+        );
         let mut bz = vec![0u8; 0x300];
         bz[0x202..0x206].copy_from_slice(b"HdrS");
         assert_eq!(recognize(&bz), ImageKind::BzImage);
@@ -114,13 +117,21 @@ mod tests {
     #[test]
     fn the_built_in_payloads_are_payloads() {
         for builtin in payloads::all() {
-            assert_eq!(recognize(builtin.elf), ImageKind::PayloadElf, "{}", builtin.name);
+            assert_eq!(
+                recognize(builtin.elf),
+                ImageKind::PayloadElf,
+                "{}",
+                builtin.name
+            );
         }
     }
 
     #[test]
     fn the_fetched_kernel_is_a_bzimage() {
-        let kernel = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/linux-kernel/vmlinuz");
+        let kernel = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../target/linux-kernel/vmlinuz"
+        );
         match std::fs::read(kernel) {
             Ok(bytes) => assert_eq!(recognize(&bytes), ImageKind::BzImage),
             Err(e) => test_resources::skip(

@@ -154,7 +154,8 @@ mod tests {
     use super::*;
 
     fn temp(name: &str, bytes: &[u8]) -> PathBuf {
-        let path = std::env::temp_dir().join(format!("hugevmm-input-{}-{name}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("hugevmm-input-{}-{name}", std::process::id()));
         std::fs::write(&path, bytes).unwrap();
         path
     }
@@ -162,7 +163,10 @@ mod tests {
     #[test]
     fn a_regular_file_within_the_bound_is_read_whole() {
         let path = temp("ok", b"0123456789");
-        assert_eq!(read_bounded("--initrd", &path, 10, "RAM").unwrap(), b"0123456789");
+        assert_eq!(
+            read_bounded("--initrd", &path, 10, "RAM").unwrap(),
+            b"0123456789"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 
@@ -174,7 +178,10 @@ mod tests {
             .to_string();
         std::fs::remove_file(&path).unwrap();
         assert!(message.contains("--payload-file"), "{message}");
-        assert!(message.contains("more than the 4 KiB it must fit in"), "{message}");
+        assert!(
+            message.contains("more than the 4 KiB it must fit in"),
+            "{message}"
+        );
     }
 
     #[test]
@@ -182,7 +189,10 @@ mod tests {
         let message = read_bounded("--payload-file", Path::new("/dev/zero"), 1 << 30, "RAM")
             .unwrap_err()
             .to_string();
-        assert!(message.contains("/dev/zero is a character device"), "{message}");
+        assert!(
+            message.contains("/dev/zero is a character device"),
+            "{message}"
+        );
         let message = read_bounded("--kernel", Path::new("/tmp"), 1 << 30, "RAM")
             .unwrap_err()
             .to_string();

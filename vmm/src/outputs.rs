@@ -43,16 +43,29 @@ pub fn check_output_path(option: &str, path: &Path) -> Result<()> {
     }
 }
 
-/// One output file, open for writing since the run started.
+/// One output file, open for writing since the run started. Dropped
+/// without [`OutputFile::replace_with`] (the run failed to start), a file
+/// that did not exist before is removed again: a failed run leaves no
+/// empty result file behind, and one that existed keeps its content.
 pub struct OutputFile {
     option: &'static str,
     path: PathBuf,
-    file: File,
+    file: Option<File>,
+    created: bool,
+}
+
+impl Drop for OutputFile {
+    fn drop(&mut self) {
+        if self.file.is_some() && self.created {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 impl OutputFile {
     /// Opens (creating, not truncating) `path` for `option`.
     pub fn open(option: &'static str, path: &Path) -> Result<Self> {
+        let created = std::fs::symlink_metadata(path).is_err();
         let file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -67,7 +80,8 @@ impl OutputFile {
         Ok(Self {
             option,
             path: path.to_path_buf(),
-            file,
+            file: Some(file),
+            created,
         })
     }
 
@@ -83,7 +97,8 @@ impl OutputFile {
             file.write_all(text.as_bytes())?;
             file.flush()
         };
-        write(&mut self.file)
+        let mut file = self.file.take().expect("an output file is written once");
+        write(&mut file)
             .with_context(|| format!("cannot write {} {}", self.option, self.path.display()))
     }
 }
@@ -119,6 +134,14 @@ mod tests {
         );
         out.replace_with("new\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        // A run that fails to start leaves a file it created no trace...
+        std::fs::remove_file(&path).unwrap();
+        drop(OutputFile::open("--stats-json", &path).unwrap());
+        assert!(!path.exists());
+        // ...and one that was there untouched.
+        std::fs::write(&path, "kept").unwrap();
+        drop(OutputFile::open("--stats-json", &path).unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -72,9 +72,11 @@ pub fn open_kernel(
     let bz = bzimage::parse(&image).map_err(with_path)?;
     let started = Instant::now();
     let (format, vmlinux) =
-        decompress::decompress_within(bz.payload, ram_bytes).map_err(|source| LinuxBootError::Decompress {
-            path: path.to_path_buf(),
-            source,
+        decompress::decompress_within(bz.payload, ram_bytes).map_err(|source| {
+            LinuxBootError::Decompress {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
     let kind = KernelKind::BzImage {
         protocol_version: bz.header.version(),
