@@ -8,10 +8,9 @@
 //! `Stored(slot) → Absent` (one compare-and-swap). `Staged` units are in an
 //! evictor's write batch: wait until the writer settles them.
 
-use super::evict::settled_state;
 use super::mapping::punch_hole;
 use super::{Backing, Shared, SwapError};
-use crate::chunk::Tag;
+use crate::chunk::{Settled, Tag};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -58,20 +57,16 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
             // Owned by an evictor's write batch until the write completes.
             Tag::Staged => std::thread::sleep(Duration::from_millis(1)),
             Tag::Stored => {
-                let absent = settled_state(state, Tag::Absent, 0);
-                if s.table.transition(unit, state, absent).is_ok() {
+                if s.table.discard_stored(unit.into(), state).is_ok() {
                     s.store.free(state.index());
                     report.stored_units += 1;
                     return Ok(());
                 }
             }
             Tag::Resident => {
-                let evicting = state
-                    .to(Tag::Evicting, state.index())
-                    .with_referenced(false);
-                if s.table.transition(unit, state, evicting).is_err() {
+                let Ok(evicting) = s.table.begin_evict(unit.into(), state) else {
                     continue;
-                }
+                };
                 let offset = unit as u64 * s.unit_bytes;
                 let zapped = match s.backing {
                     Backing::Thp | Backing::Small => s.guest.discard(offset, s.unit_bytes),
@@ -79,7 +74,7 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
                 };
                 if let Err(e) = zapped {
                     // Nothing was released: the unit keeps its content.
-                    s.table.finish(unit, state);
+                    s.table.abort_evict(unit.into(), evicting, state);
                     return Err(SwapError::os(
                         format!("dropping the free chunk at {}", s.unit_name(unit)),
                         e,
@@ -88,7 +83,7 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
                 if state.clean() {
                     s.store.free(state.index());
                 }
-                s.table.finish(unit, settled_state(state, Tag::Absent, 0));
+                s.table.settle(unit.into(), evicting, Settled::Discarded);
                 s.limiter.release();
                 report.resident_units += 1;
                 return Ok(());

@@ -34,7 +34,7 @@ use super::mapping::{punch_hole, PAGE_BYTES};
 use super::recycle::release_parked;
 use super::stats::{add, bump};
 use super::{fault, Backing, Shared, SwapError};
-use crate::chunk::{Tag, UnitState};
+use crate::chunk::{Settled, Tag, UnitState};
 use crate::store::WriteRequest;
 use crate::uffd::MoveOptions;
 
@@ -58,16 +58,6 @@ impl EvictReport {
     pub fn released_units(&self) -> u64 {
         self.written_units + self.clean_dropped_units + self.zero_units
     }
-}
-
-/// The state of an evicted unit once settled outside memory.
-pub(crate) fn settled_state(from: UnitState, tag: Tag, index: u32) -> UnitState {
-    from.to(tag, index)
-        .with_clean(false)
-        .with_wp(false)
-        .with_huge(false)
-        .with_referenced(false)
-        .with_writing(false)
 }
 
 /// Evicts a set of units and writes them in batches.
@@ -111,31 +101,28 @@ impl<'a> Evictor<'a> {
     /// Evicts one unit if it is resident and not pinned.
     fn evict(&mut self, unit: usize) -> Result<(), SwapError> {
         let s = self.s;
-        let resident = loop {
+        let (resident, evicting) = loop {
             let state = s.table.load(unit);
             if state.tag() != Tag::Resident || state.pinned() {
                 return Ok(());
             }
-            let evicting = state
-                .to(Tag::Evicting, state.index())
-                .with_referenced(false);
-            if s.table.transition(unit, state, evicting).is_ok() {
-                break state;
+            if let Ok(evicting) = s.table.begin_evict(unit.into(), state) {
+                break (state, evicting);
             }
         };
         bump(&s.counters.evictions);
         let p = match self.parking_slot() {
             Ok(p) => p,
             Err(e) => {
-                s.table.finish(unit, resident);
+                s.table.abort_evict(unit.into(), evicting, resident);
                 return Err(e);
             }
         };
-        match self.take_away(unit, resident, p) {
+        match self.take_away(unit, evicting, p) {
             Ok(true) => {}
             Ok(false) => {
                 s.parking.release(p);
-                s.table.finish(unit, resident);
+                s.table.abort_evict(unit.into(), evicting, resident);
                 self.report.busy_units += 1;
                 bump(&s.counters.evict_busy);
                 return Ok(());
@@ -147,7 +134,7 @@ impl<'a> Evictor<'a> {
                 return Err(e);
             }
         }
-        self.classify(unit, resident, p)
+        self.classify(unit, evicting, p)
     }
 
     /// Moves or copies the unit into parking slot `p`. `Ok(false)`: the
@@ -259,7 +246,7 @@ impl<'a> Evictor<'a> {
     }
 
     /// Decides the fate of a unit parked in `p`.
-    fn classify(&mut self, unit: usize, resident: UnitState, p: u32) -> Result<(), SwapError> {
+    fn classify(&mut self, unit: usize, evicting: UnitState, p: u32) -> Result<(), SwapError> {
         let s = self.s;
         // SAFETY: slot `p` is populated (moved in and holes filled, or
         // copied) and owned by this thread until released or staged.
@@ -267,21 +254,20 @@ impl<'a> Evictor<'a> {
         // Without a recorded hash the write-protection is exact (the unit
         // was installed write-protected by UFFDIO_COPY): skip the scan.
         let recorded = s.table.hash(unit);
-        let content = if resident.clean() && recorded.is_none() {
+        let content = if evicting.clean() && recorded.is_none() {
             None
         } else {
             Some(scan(data))
         };
-        if resident.clean() {
-            let slot = resident.index();
+        if evicting.clean() {
+            let slot = evicting.index();
             let unchanged = match (recorded, content) {
                 (Some(hash), Some(content)) => hash == content.hash,
                 _ => true,
             };
             if unchanged {
                 release_parked(s, p);
-                s.table
-                    .finish(unit, settled_state(resident, Tag::Stored, slot));
+                s.table.settle(unit.into(), evicting, Settled::Clean);
                 s.limiter.release();
                 self.report.clean_dropped_units += 1;
                 bump(&s.counters.clean_drops);
@@ -293,16 +279,15 @@ impl<'a> Evictor<'a> {
         let content = content.unwrap_or_else(|| scan(data));
         if content.zero {
             release_parked(s, p);
-            s.table
-                .finish(unit, settled_state(resident, Tag::Absent, 0));
+            s.table.settle(unit.into(), evicting, Settled::Zero);
             s.limiter.release();
             self.report.zero_units += 1;
             bump(&s.counters.zero_chunks);
             return Ok(());
         }
         s.table.set_hash(unit, content.hash);
-        let staged = settled_state(resident, Tag::Staged, p).with_huge(resident.huge());
-        s.table.finish(unit, staged);
+        s.table
+            .settle(unit.into(), evicting, Settled::Dirty { parking: p });
         self.batch.push((unit, p));
         if self.batch.len() >= s.batch_units {
             self.flush()?;
@@ -321,10 +306,7 @@ impl<'a> Evictor<'a> {
             if state.tag() != Tag::Staged || state.index() != p || state.writing() {
                 return false;
             }
-            if s.table
-                .transition(unit, state, state.with_writing(true))
-                .is_ok()
-            {
+            if s.table.begin_write(unit.into(), state).is_ok() {
                 return true;
             }
         });
@@ -379,11 +361,11 @@ impl<'a> Evictor<'a> {
             let state = s.table.load(unit);
             let ours = state.tag() == Tag::Staged && state.index() == p && state.writing();
             if ours {
-                let next = match slot {
-                    Some(slot) => settled_state(state, Tag::Stored, slot),
-                    None => state.with_writing(false),
+                let settled = match slot {
+                    Some(slot) => s.table.finish_write(unit.into(), state, slot),
+                    None => s.table.fail_write(unit.into(), state),
                 };
-                if s.table.transition(unit, state, next).is_err() {
+                if settled.is_err() {
                     continue;
                 }
                 if slot.is_some() {

@@ -26,7 +26,7 @@ use super::mapping::PAGE_BYTES;
 use super::recycle::{self, RestoreBuffer};
 use super::stats::{add, bump, FaultSource};
 use super::{evict, Backing, Shared};
-use crate::chunk::{Tag, UnitState};
+use crate::chunk::{Restored, Tag, UnitState};
 use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, UffdEvent};
 
 /// Outcome of handling one fault message.
@@ -122,11 +122,10 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
             }
             Tag::Absent | Tag::Stored => {
                 claim_memory(s);
-                let loading = state.to(Tag::Loading, state.index());
-                if s.table.transition(unit, state, loading).is_err() {
+                let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     s.limiter.release();
                     continue;
-                }
+                };
                 return if state.tag() == Tag::Absent {
                     restore_zero(s, unit, loading)
                 } else {
@@ -134,18 +133,16 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                 };
             }
             Tag::Staged => {
-                let loading = state.to(Tag::Loading, state.index());
-                if s.table.transition(unit, state, loading).is_err() {
+                let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     continue;
-                }
+                };
                 return hand_back(s, unit, loading);
             }
             Tag::Resident => {
-                let loading = state.to(Tag::Loading, state.index());
-                if s.table.transition(unit, state, loading).is_err() {
+                let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     continue;
-                }
-                return resident_fault(s, unit, state, kind, address);
+                };
+                return resident_fault(s, unit, loading, state, kind, address);
             }
         }
     }
@@ -175,15 +172,13 @@ fn claim_memory(s: &Shared) {
     }
 }
 
-/// The published state of a freshly restored unit.
-fn restored(loading: UnitState, huge: bool, clean_slot: Option<u32>, wp: bool) -> UnitState {
-    loading
-        .to(Tag::Resident, clean_slot.unwrap_or(0))
-        .with_huge(huge)
-        .with_clean(clean_slot.is_some())
-        .with_wp(wp)
-        .with_writing(false)
-        .with_referenced(true)
+/// How a unit restored without a store copy was installed.
+fn restored(huge: bool) -> Restored {
+    Restored {
+        huge,
+        clean_slot: None,
+        write_protected: false,
+    }
 }
 
 fn count_install(s: &Shared, huge: bool) {
@@ -315,7 +310,7 @@ fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, 
     };
     count_install(s, huge);
     bump(&s.counters.faults_zero);
-    s.table.finish(unit, restored(loading, huge, None, false));
+    s.table.finish_restore(unit.into(), loading, restored(huge));
     wake_unit(s, unit, Some(FaultSource::Zero))
 }
 
@@ -391,8 +386,15 @@ fn restore_from_store(
         s.store.free(slot);
         None
     };
-    s.table
-        .finish(unit, restored(loading, huge, slot_kept, clean));
+    s.table.finish_restore(
+        unit.into(),
+        loading,
+        Restored {
+            huge,
+            clean_slot: slot_kept,
+            write_protected: clean,
+        },
+    );
     wake_unit(s, unit, Some(FaultSource::Store))
 }
 
@@ -477,7 +479,7 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
     }
     count_install(s, huge);
     bump(&s.counters.faults_staging);
-    s.table.finish(unit, restored(loading, huge, None, false));
+    s.table.finish_restore(unit.into(), loading, restored(huge));
     wake_unit(s, unit, Some(FaultSource::Staging))
 }
 
@@ -486,12 +488,13 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
 fn resident_fault(
     s: &Shared,
     unit: usize,
+    loading: UnitState,
     resident: UnitState,
     kind: FaultKind,
     address: u64,
 ) -> Result<Outcome, String> {
     let dst = s.unit_addr(unit);
-    let mut next = resident.with_waiters(false);
+    let mut first_write = false;
     let source = (kind == FaultKind::WriteProtect).then_some(FaultSource::WriteProtect);
     let result = match kind {
         FaultKind::WriteProtect => {
@@ -502,11 +505,7 @@ fn resident_fault(
                 if resident.clean() {
                     s.store.free(resident.index());
                 }
-                next = resident
-                    .to(Tag::Resident, 0)
-                    .with_clean(false)
-                    .with_wp(false)
-                    .with_referenced(true);
+                first_write = true;
             }
             s.uffd.write_unprotect(dst, s.unit_bytes, true)
         }
@@ -530,7 +529,8 @@ fn resident_fault(
         },
         FaultKind::Minor => Ok(()),
     };
-    s.table.finish(unit, next);
+    s.table
+        .end_resident_fault(unit.into(), loading, resident, first_write);
     result.map_err(|e| {
         format!(
             "cannot resolve a fault on the resident chunk at {}: {e}",

@@ -300,8 +300,8 @@ impl SwapEngine {
             let first = offset / unit_bytes;
             let end = (offset + len).div_ceil(unit_bytes).min(units as u64);
             for unit in first..end {
-                let s = table.load(unit as usize);
-                let _ = table.transition(unit as usize, s, s.with_pinned(true));
+                // Nothing else runs yet: the word cannot change under us.
+                let _ = table.pin((unit as usize).into());
             }
         }
         let limit_units = config.mem_limit_bytes.map(|b| (b / unit_bytes).max(1));

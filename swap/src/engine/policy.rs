@@ -64,16 +64,20 @@ impl EvictionPolicy for Clock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::chunk::UnitState;
+    use crate::chunk::{Restored, UnitState};
 
     #[test]
     fn clock_gives_referenced_units_a_second_chance() {
         let table = ChunkTable::new(4, 2 << 20, false);
         for unit in 0..4 {
-            let resident = UnitState::ABSENT
-                .to(Tag::Resident, 0)
-                .with_referenced(unit % 2 == 0);
-            table.transition(unit, UnitState::ABSENT, resident).unwrap();
+            let loading = table.begin_fault(unit.into(), UnitState::ABSENT).unwrap();
+            let restored = Restored {
+                huge: true,
+                clean_slot: None,
+                write_protected: false,
+            };
+            table.finish_restore(unit.into(), loading, restored);
+            table.set_referenced(unit, unit % 2 == 0);
         }
         let clock = Clock::default();
         let mut out = Vec::new();

@@ -1,0 +1,147 @@
+//! A unit's state packed in one word: tag, flags and a 32-bit index.
+
+/// A unit's lifecycle state (the tag of [`UnitState`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tag {
+    /// Never written or known zero.
+    Absent = 0,
+    /// Mapped in the guest.
+    Resident = 1,
+    /// Parked, content in memory, maybe being written.
+    Staged = 2,
+    /// Content only in the store.
+    Stored = 3,
+    /// Being restored.
+    Loading = 4,
+    /// Being taken away.
+    Evicting = 5,
+}
+
+impl Tag {
+    pub(super) fn from_bits(bits: u64) -> Tag {
+        match bits & TAG_MASK {
+            0 => Tag::Absent,
+            1 => Tag::Resident,
+            2 => Tag::Staged,
+            3 => Tag::Stored,
+            4 => Tag::Loading,
+            _ => Tag::Evicting,
+        }
+    }
+
+    /// In-flight states are owned by one thread; faults wait on them.
+    pub fn in_flight(self) -> bool {
+        matches!(self, Tag::Loading | Tag::Evicting)
+    }
+
+    /// States that hold guest memory on the host (count against the limit).
+    pub fn holds_memory(self) -> bool {
+        matches!(
+            self,
+            Tag::Resident | Tag::Staged | Tag::Loading | Tag::Evicting
+        )
+    }
+}
+
+const TAG_MASK: u64 = 0x7;
+const HUGE: u64 = 1 << 4;
+const CLEAN: u64 = 1 << 5;
+const WP: u64 = 1 << 6;
+const REFERENCED: u64 = 1 << 7;
+const WAITERS: u64 = 1 << 8;
+const WRITING: u64 = 1 << 9;
+const PINNED: u64 = 1 << 10;
+const INDEX_SHIFT: u32 = 32;
+
+/// One unit's packed state: tag, flags and a 32-bit index (store slot or
+/// parking slot, see the module table).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UnitState(pub(super) u64);
+
+impl std::fmt::Debug for UnitState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}(index={}", self.tag(), self.index())?;
+        for (bit, name) in [
+            (HUGE, "huge"),
+            (CLEAN, "clean"),
+            (WP, "wp"),
+            (REFERENCED, "ref"),
+            (WAITERS, "waiters"),
+            (WRITING, "writing"),
+            (PINNED, "pinned"),
+        ] {
+            if self.0 & bit != 0 {
+                write!(f, " {name}")?;
+            }
+        }
+        write!(f, ")")
+    }
+}
+
+macro_rules! flag {
+    ($get:ident, $with:ident, $bit:ident, $doc:literal) => {
+        #[doc = $doc]
+        pub fn $get(self) -> bool {
+            self.0 & $bit != 0
+        }
+        #[doc = concat!("This state with the flag set to `on`: ", $doc)]
+        pub fn $with(self, on: bool) -> UnitState {
+            UnitState(if on { self.0 | $bit } else { self.0 & !$bit })
+        }
+    };
+}
+
+impl UnitState {
+    /// The initial state.
+    pub const ABSENT: UnitState = UnitState(Tag::Absent as u64);
+
+    /// The tag.
+    pub fn tag(self) -> Tag {
+        Tag::from_bits(self.0)
+    }
+
+    /// The index field (store slot or parking slot; see module docs).
+    pub fn index(self) -> u32 {
+        (self.0 >> INDEX_SHIFT) as u32
+    }
+
+    /// Same flags, new tag and index. `WAITERS` is dropped: the caller that
+    /// publishes the result wakes the waiters of the old word.
+    pub fn to(self, tag: Tag, index: u32) -> UnitState {
+        let flags = self.0 & !(TAG_MASK | WAITERS) & ((1 << INDEX_SHIFT) - 1);
+        UnitState(flags | tag as u64 | (u64::from(index) << INDEX_SHIFT))
+    }
+
+    flag!(huge, with_huge, HUGE, "Restored as one huge mapping.");
+    flag!(
+        clean,
+        with_clean,
+        CLEAN,
+        "The store slot in `index` holds an identical copy."
+    );
+    flag!(wp, with_wp, WP, "Write-protected to catch the first write.");
+    flag!(
+        referenced,
+        with_referenced,
+        REFERENCED,
+        "Accessed since the CLOCK hand last passed."
+    );
+    flag!(
+        waiters,
+        with_waiters,
+        WAITERS,
+        "Threads sleep waiting for this in-flight unit."
+    );
+    flag!(
+        writing,
+        with_writing,
+        WRITING,
+        "A store write of the parked content is in flight."
+    );
+    flag!(pinned, with_pinned, PINNED, "Never evicted.");
+
+    /// Raw bits (for tests and debugging).
+    pub fn bits(self) -> u64 {
+        self.0
+    }
+}

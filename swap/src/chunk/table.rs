@@ -1,0 +1,480 @@
+//! The table of unit states, its wait shards, and the named transitions
+//! the engine takes (each checked against [`super::Transition`]'s table).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use super::state::{Tag, UnitState};
+use super::transition::Transition;
+
+/// Which unit a transition acts on. Names a whole unit today; once chunks
+/// can be split it will also name one page of a split chunk (see
+/// `transition.rs`), without changing the methods that take it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitRef {
+    unit: usize,
+}
+
+impl UnitRef {
+    /// The whole unit `unit`.
+    pub fn unit(unit: usize) -> UnitRef {
+        UnitRef { unit }
+    }
+
+    /// The unit's index in the table.
+    pub fn index(self) -> usize {
+        self.unit
+    }
+}
+
+impl From<usize> for UnitRef {
+    fn from(unit: usize) -> UnitRef {
+        UnitRef::unit(unit)
+    }
+}
+
+/// How a fault thread restored a unit ([`ChunkTable::finish_restore`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// Installed as one huge mapping.
+    pub huge: bool,
+    /// The store slot that still holds an identical copy, if any.
+    pub clean_slot: Option<u32>,
+    /// Write-protected to catch the first write.
+    pub write_protected: bool,
+}
+
+/// Where an evicted unit went ([`ChunkTable::settle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// All zero: nothing kept.
+    Zero,
+    /// Clean: its store slot (the `Evicting` state's index) holds it.
+    Clean,
+    /// Dirty: parked in this parking slot until written.
+    Dirty {
+        /// The parking slot.
+        parking: u32,
+    },
+    /// Discarded (freed by the guest): nothing kept.
+    Discarded,
+}
+
+/// Panics (in debug builds) on a change the transition table does not
+/// allow: an engine bug that would corrupt the state machine.
+fn checked(transition: Transition, from: UnitState, to: UnitState) {
+    if cfg!(debug_assertions) {
+        if let Err(e) = transition.check(from, to) {
+            panic!("{e}");
+        }
+    }
+}
+
+/// A condvar shard; units hash onto shards so waiting costs no per-unit
+/// memory.
+struct WaitShard {
+    lock: Mutex<()>,
+    cond: Condvar,
+}
+
+const WAIT_SHARDS: usize = 64;
+
+/// The table of unit states.
+pub struct ChunkTable {
+    words: Box<[AtomicU64]>,
+    hashes: Option<Box<[AtomicU64]>>,
+    shards: Box<[WaitShard]>,
+    unit_bytes: u64,
+}
+
+impl ChunkTable {
+    /// A table of `units` units of `unit_bytes`, all `Absent`. With
+    /// `with_hashes`, keeps a content hash per unit.
+    pub fn new(units: usize, unit_bytes: u64, with_hashes: bool) -> ChunkTable {
+        let words = (0..units)
+            .map(|_| AtomicU64::new(UnitState::ABSENT.0))
+            .collect();
+        let hashes = with_hashes.then(|| (0..units).map(|_| AtomicU64::new(0)).collect());
+        let shards = (0..WAIT_SHARDS)
+            .map(|_| WaitShard {
+                lock: Mutex::new(()),
+                cond: Condvar::new(),
+            })
+            .collect();
+        ChunkTable {
+            words,
+            hashes,
+            shards,
+            unit_bytes,
+        }
+    }
+
+    /// Number of units.
+    pub fn units(&self) -> usize {
+        self.words.len()
+    }
+
+    /// Bytes per unit.
+    pub fn unit_bytes(&self) -> u64 {
+        self.unit_bytes
+    }
+
+    /// Bytes of per-unit metadata (state words and hashes).
+    pub fn metadata_bytes(&self) -> u64 {
+        let per_unit = 8 + if self.hashes.is_some() { 8 } else { 0 };
+        (self.words.len() * per_unit) as u64
+    }
+
+    /// Current state of unit `unit`.
+    pub fn load(&self, unit: usize) -> UnitState {
+        UnitState(self.words[unit].load(Ordering::Acquire))
+    }
+
+    /// Atomically replaces `from` with `to`; on failure returns the current
+    /// state. For transitions out of a non-in-flight state (several
+    /// threads may race; exactly one wins).
+    fn cas(&self, unit: usize, from: UnitState, to: UnitState) -> Result<(), UnitState> {
+        self.words[unit]
+            .compare_exchange(from.0, to.0, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+            .map_err(UnitState)
+    }
+
+    /// Takes `transition` by compare-and-swap from `from` to `to`.
+    fn take(
+        &self,
+        at: UnitRef,
+        transition: Transition,
+        from: UnitState,
+        to: UnitState,
+    ) -> Result<(), UnitState> {
+        checked(transition, from, to);
+        self.cas(at.index(), from, to)
+    }
+
+    /// Publishes `to` for a unit this thread owns (in flight since it took
+    /// it to `owned`), checked as `transition`, and wakes its waiters.
+    fn publish(&self, at: UnitRef, transition: Transition, owned: UnitState, to: UnitState) {
+        checked(transition, owned, to);
+        self.swap_and_wake(at.index(), to);
+    }
+
+    /// A fault takes the unit in `from` (not in flight) into `Loading`,
+    /// keeping its index (the store slot of a `Stored` unit, the parking
+    /// slot of a `Staged` one): [`Transition::for_fault`] names which
+    /// transition. Returns the `Loading` state, or the current one if
+    /// another thread changed it first.
+    pub fn begin_fault(&self, at: UnitRef, from: UnitState) -> Result<UnitState, UnitState> {
+        let transition = Transition::for_fault(from).expect("a fault waits on in-flight units");
+        let loading = from.to(Tag::Loading, from.index());
+        self.take(at, transition, from, loading).map(|()| loading)
+    }
+
+    /// The owning fault thread publishes the restored unit.
+    pub fn finish_restore(&self, at: UnitRef, loading: UnitState, how: Restored) -> UnitState {
+        let resident = loading
+            .to(Tag::Resident, how.clean_slot.unwrap_or(0))
+            .with_huge(how.huge)
+            .with_clean(how.clean_slot.is_some())
+            .with_wp(how.write_protected)
+            .with_writing(false)
+            .with_referenced(true);
+        self.publish(at, Transition::FinishRestore, loading, resident);
+        resident
+    }
+
+    /// The owning fault thread ends a fault on a resident unit: `resident`
+    /// as it was before, `first_write` when the fault unprotected it (its
+    /// store copy, if any, is stale now: the caller freed the slot).
+    pub fn end_resident_fault(
+        &self,
+        at: UnitRef,
+        loading: UnitState,
+        resident: UnitState,
+        first_write: bool,
+    ) {
+        let next = if first_write {
+            resident
+                .to(Tag::Resident, 0)
+                .with_clean(false)
+                .with_wp(false)
+                .with_referenced(true)
+        } else {
+            resident
+        };
+        self.publish(
+            at,
+            Transition::EndResidentFault,
+            loading,
+            next.with_waiters(false),
+        );
+    }
+
+    /// An evictor (or discard) takes a resident, unpinned unit; returns the
+    /// `Evicting` state (CLOCK bit cleared), or the current state if it
+    /// changed first.
+    pub fn begin_evict(&self, at: UnitRef, resident: UnitState) -> Result<UnitState, UnitState> {
+        let evicting = resident
+            .to(Tag::Evicting, resident.index())
+            .with_referenced(false);
+        self.take(at, Transition::BeginEvict, resident, evicting)
+            .map(|()| evicting)
+    }
+
+    /// The owner of an `Evicting` unit puts it back as it was (`resident`).
+    pub fn abort_evict(&self, at: UnitRef, evicting: UnitState, resident: UnitState) {
+        self.publish(at, Transition::AbortEvict, evicting, resident);
+    }
+
+    /// The owner of an `Evicting` unit publishes where it went; returns the
+    /// new state.
+    pub fn settle(&self, at: UnitRef, evicting: UnitState, how: Settled) -> UnitState {
+        let outside = |tag: Tag, index: u32| {
+            evicting
+                .to(tag, index)
+                .with_clean(false)
+                .with_wp(false)
+                .with_huge(false)
+                .with_referenced(false)
+                .with_writing(false)
+        };
+        let (transition, next) = match how {
+            Settled::Zero => (Transition::SettleZero, outside(Tag::Absent, 0)),
+            Settled::Discarded => (Transition::SettleDiscarded, outside(Tag::Absent, 0)),
+            Settled::Clean => (
+                Transition::SettleClean,
+                outside(Tag::Stored, evicting.index()),
+            ),
+            Settled::Dirty { parking } => (
+                Transition::SettleDirty,
+                outside(Tag::Staged, parking).with_huge(evicting.huge()),
+            ),
+        };
+        self.publish(at, transition, evicting, next);
+        next
+    }
+
+    /// An evictor claims a staged unit for writing (sets `WRITING`).
+    pub fn begin_write(&self, at: UnitRef, staged: UnitState) -> Result<(), UnitState> {
+        self.take(
+            at,
+            Transition::BeginWrite,
+            staged,
+            staged.with_writing(true),
+        )
+    }
+
+    /// The writer settles a written unit in store slot `slot`.
+    pub fn finish_write(
+        &self,
+        at: UnitRef,
+        writing: UnitState,
+        slot: u32,
+    ) -> Result<(), UnitState> {
+        let stored = writing
+            .to(Tag::Stored, slot)
+            .with_clean(false)
+            .with_wp(false)
+            .with_huge(false)
+            .with_referenced(false)
+            .with_writing(false);
+        self.take(at, Transition::FinishWrite, writing, stored)
+    }
+
+    /// The writer keeps a unit whose write failed staged (its content
+    /// stays parked; the failure ends the VM).
+    pub fn fail_write(&self, at: UnitRef, writing: UnitState) -> Result<(), UnitState> {
+        self.take(
+            at,
+            Transition::FailWrite,
+            writing,
+            writing.with_writing(false),
+        )
+    }
+
+    /// Discard of a stored unit: it becomes absent (the caller frees the
+    /// slot once this succeeded).
+    pub fn discard_stored(&self, at: UnitRef, stored: UnitState) -> Result<(), UnitState> {
+        let absent = stored
+            .to(Tag::Absent, 0)
+            .with_clean(false)
+            .with_wp(false)
+            .with_huge(false)
+            .with_referenced(false)
+            .with_writing(false);
+        self.take(at, Transition::DiscardStored, stored, absent)
+    }
+
+    /// Pins a unit (never evicted from now on).
+    pub fn pin(&self, at: UnitRef) -> Result<(), UnitState> {
+        let state = self.load(at.index());
+        self.take(at, Transition::Pin, state, state.with_pinned(true))
+    }
+
+    /// Swaps in `to` and wakes the unit's waiters.
+    fn swap_and_wake(&self, unit: usize, to: UnitState) {
+        let old = UnitState(self.words[unit].swap(to.with_waiters(false).0, Ordering::AcqRel));
+        if old.waiters() {
+            let shard = &self.shards[unit % WAIT_SHARDS];
+            // Taking the lock orders this notify after any waiter that set
+            // WAITERS has started waiting (it set the flag under the lock).
+            let _guard = shard.lock.lock().unwrap_or_else(|e| e.into_inner());
+            shard.cond.notify_all();
+        }
+    }
+
+    /// Blocks while the unit is in flight; returns the first state seen that
+    /// is not. Gives up (returning the in-flight state) when `give_up`
+    /// returns true, checked every 100 ms.
+    pub fn wait_settled(&self, unit: usize, give_up: &dyn Fn() -> bool) -> UnitState {
+        self.wait_while(unit, &|s| s.tag().in_flight(), give_up)
+    }
+
+    /// Blocks while `busy(state)` holds for an in-flight unit; returns the
+    /// first state for which it does not (or the current one when `give_up`
+    /// says so, checked every 100 ms).
+    pub fn wait_while(
+        &self,
+        unit: usize,
+        busy: &dyn Fn(UnitState) -> bool,
+        give_up: &dyn Fn() -> bool,
+    ) -> UnitState {
+        let shard = &self.shards[unit % WAIT_SHARDS];
+        let mut guard = shard.lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let state = self.load(unit);
+            if !state.tag().in_flight() || !busy(state) {
+                return state;
+            }
+            if !state.waiters()
+                && self
+                    .take(
+                        UnitRef::unit(unit),
+                        Transition::AddWaiter,
+                        state,
+                        state.with_waiters(true),
+                    )
+                    .is_err()
+            {
+                continue;
+            }
+            if give_up() {
+                return state;
+            }
+            guard = shard
+                .cond
+                .wait_timeout(guard, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Sets or clears the CLOCK bit of a `Resident` unit unless the unit
+    /// changed meanwhile (the bit is advisory; losing a race is harmless).
+    /// Other states are left alone so their owners' CAS never fails on it.
+    pub fn set_referenced(&self, unit: usize, on: bool) {
+        let state = self.load(unit);
+        if state.referenced() != on && state.tag() == Tag::Resident {
+            let _ = self.take(
+                UnitRef::unit(unit),
+                Transition::Reference,
+                state,
+                state.with_referenced(on),
+            );
+        }
+    }
+
+    /// Records the content hash of a unit's stored copy.
+    pub fn set_hash(&self, unit: usize, hash: u64) {
+        if let Some(hashes) = &self.hashes {
+            hashes[unit].store(hash, Ordering::Release);
+        }
+    }
+
+    /// The recorded content hash, if the table keeps hashes.
+    pub fn hash(&self, unit: usize) -> Option<u64> {
+        self.hashes
+            .as_ref()
+            .map(|h| h[unit].load(Ordering::Acquire))
+    }
+
+    /// Counts units per tag (for stats and tests); not a snapshot.
+    pub fn count_tags(&self) -> [u64; 6] {
+        let mut counts = [0u64; 6];
+        for unit in 0..self.units() {
+            counts[self.load(unit).tag() as usize] += 1;
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn state_word_packs_tag_flags_and_index() {
+        let s = UnitState::ABSENT
+            .to(Tag::Resident, 7)
+            .with_huge(true)
+            .with_clean(true)
+            .with_wp(true);
+        assert_eq!(s.tag(), Tag::Resident);
+        assert_eq!(s.index(), 7);
+        assert!(s.huge() && s.clean() && s.wp() && !s.writing());
+        let t = s.with_waiters(true).to(Tag::Stored, u32::MAX);
+        assert_eq!(t.tag(), Tag::Stored);
+        assert_eq!(t.index(), u32::MAX);
+        assert!(!t.waiters(), "publishing drops WAITERS");
+        assert!(t.huge() && t.clean());
+    }
+
+    #[test]
+    fn only_one_thread_wins_a_transition() {
+        let table = ChunkTable::new(1, 2 << 20, false);
+        let from = table.load(0);
+        let loading = table.begin_fault(0.into(), from).unwrap();
+        assert_eq!(loading.tag(), Tag::Loading);
+        assert_eq!(table.begin_fault(0.into(), from), Err(loading));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "illegal chunk state transition BeginEvict")]
+    fn an_illegal_transition_is_caught() {
+        let table = ChunkTable::new(1, 2 << 20, false);
+        // Absent units are not evicted: an engine bug.
+        let _ = table.begin_evict(0.into(), table.load(0));
+    }
+
+    #[test]
+    fn waiters_wake_when_the_owner_finishes() {
+        let table = Arc::new(ChunkTable::new(4, 2 << 20, true));
+        let loading = table.begin_fault(3.into(), UnitState::ABSENT).unwrap();
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let table = table.clone();
+                std::thread::spawn(move || table.wait_settled(3, &|| false))
+            })
+            .collect();
+        // At least one waiter sleeps on the unit before the owner
+        // finishes (the others may come after, and see it settled).
+        while !table.load(3).waiters() {
+            std::thread::yield_now();
+        }
+        let restored = Restored {
+            huge: true,
+            clean_slot: None,
+            write_protected: false,
+        };
+        table.finish_restore(3.into(), loading, restored);
+        for w in waiters {
+            let s = w.join().unwrap();
+            assert_eq!(s.tag(), Tag::Resident);
+            assert!(s.huge() && !s.waiters());
+        }
+        assert_eq!(table.metadata_bytes(), 4 * 16);
+    }
+}
