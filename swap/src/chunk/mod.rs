@@ -63,6 +63,7 @@
 //! the wait shards and the named transition methods the engine uses.
 
 mod state;
+mod sync;
 mod table;
 mod transition;
 

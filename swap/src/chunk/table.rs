@@ -1,11 +1,10 @@
 //! The table of unit states, its wait shards, and the named transitions
 //! the engine takes (each checked against [`super::Transition`]'s table).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use super::state::{Tag, UnitState};
+use super::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use super::transition::Transition;
 
 /// Which unit a transition acts on. Names a whole unit today; once chunks

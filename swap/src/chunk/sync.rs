@@ -1,0 +1,16 @@
+//! The synchronization primitives of the unit table: std's, or with
+//! `--features model-check` shuttle's, whose scheduler controls every
+//! atomic access and lock so that a test can explore the interleavings of
+//! the engine's protocol (swap/tests/model.rs). Only the table switches:
+//! it is where the protocol's concurrency lives (one compare-and-swap per
+//! transition, wait shards for the in-flight states).
+
+#[cfg(not(feature = "model-check"))]
+pub(super) use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(feature = "model-check"))]
+pub(super) use std::sync::{Condvar, Mutex};
+
+#[cfg(feature = "model-check")]
+pub(super) use shuttle::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "model-check")]
+pub(super) use shuttle::sync::{Condvar, Mutex};
