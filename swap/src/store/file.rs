@@ -10,11 +10,22 @@
 //! disk up front for a store that may never hold more than a few chunks would
 //! make large overcommit experiments fail for no reason. The cost is that a
 //! full filesystem shows up late, as `ENOSPC` on a write, which becomes
-//! [`StoreError::Full`] for that unit. Freed slots keep their blocks (no hole
-//! punching): the allocator hands out the lowest free slot next, so they are
-//! reused soon, and overwriting allocated blocks is the cheapest write.
+//! [`StoreError::FilesystemFull`] (naming the filesystem's free space) for
+//! that unit; [`FileStore::reserve_capacity`] (`,reserve`) allocates it all
+//! at start instead. Freed slots keep their blocks (no hole punching): the
+//! allocator hands out the lowest free slot next, so they are reused soon,
+//! and overwriting allocated blocks is the cheapest write.
+//!
+//! A named store never destroys what it did not create: without
+//! [`FileOptions::overwrite`] only a new file is made (`O_EXCL`). With it,
+//! an existing file or block device is locked first, and a regular file is
+//! truncated only when the first unit is written, so a VM that fails to
+//! start (say, because a `--disk` names the same file and cannot lock it)
+//! leaves it as it was.
 
+use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -22,6 +33,18 @@ use super::open_error::check_unit_bytes;
 use super::slots::SlotTable;
 use super::{SlotId, Store, StoreError, StoreOpenError, WriteRequest};
 use crate::blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
+use crate::lockfile::{self, LockMode};
+
+/// How [`FileStore::create_with`] treats a path that exists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileOptions {
+    /// Use an existing regular file or block device, destroying its
+    /// content; without it only a new file is created.
+    pub overwrite: bool,
+}
+
+/// What the store's lock is taken for, in messages.
+const LOCK_ROLE: &str = "the swap store";
 
 /// Unit-sized slots in a file or block device; see the module docs.
 #[derive(Debug)]
@@ -31,6 +54,12 @@ pub struct FileStore {
     capacity_slots: u64,
     slots: Mutex<Slots>,
     description: String,
+    /// The old content of an overwritten file, still to be cut away before
+    /// the first write (see the module docs).
+    pending_truncate: Mutex<bool>,
+    /// Capacity allocated at start ([`Self::reserve_capacity`]); kept after
+    /// the deferred truncation too.
+    reserved: bool,
 }
 
 /// The allocator and the checksums, under one lock because a slot's checksum
@@ -44,28 +73,145 @@ struct Slots {
 }
 
 impl FileStore {
-    /// Creates (or truncates) `path`, mode 0600, as a store of `unit_bytes`
-    /// slots holding up to `capacity_bytes`. A block device is used as it
-    /// is, and the capacity is cut to the device's size.
+    /// Creates `path`, which must not exist, mode 0600, as a store of
+    /// `unit_bytes` slots holding up to `capacity_bytes`; locked.
     pub fn create(
         path: &Path,
         unit_bytes: usize,
         capacity_bytes: u64,
     ) -> Result<Self, StoreOpenError> {
-        Self::create_with(path, unit_bytes, capacity_bytes, &BlockOptions::default())
+        Self::create_with(
+            path,
+            unit_bytes,
+            capacity_bytes,
+            FileOptions::default(),
+            &BlockOptions::default(),
+        )
     }
 
-    /// [`Self::create`] with explicit block options (engine, rings).
+    /// [`Self::create`], or with `file.overwrite` an existing regular file
+    /// or block device, with explicit block options (engine, rings). The
+    /// file is locked exclusively before anything is changed; an existing
+    /// one without `overwrite` is [`StoreOpenError::Exists`] and left as it
+    /// was. A block device's capacity is cut to its size.
     pub fn create_with(
         path: &Path,
         unit_bytes: usize,
         capacity_bytes: u64,
+        file: FileOptions,
         opts: &BlockOptions,
     ) -> Result<Self, StoreOpenError> {
         check_unit_bytes(unit_bytes)?;
-        let block = BlockFile::create(path, opts)?;
-        let description = format!("file:{} ({})", path.display(), block.engine_name());
-        Self::from_block(block, unit_bytes, capacity_bytes, description)
+        let open_err = |source| BlockIoError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let existing = match std::fs::metadata(path) {
+            Ok(meta) => Some(meta),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(open_err(e).into()),
+        };
+        let (raw, created) = match existing {
+            None => {
+                // O_EXCL: a file that appeared since the check is refused
+                // below as existing, never truncated.
+                match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(path)
+                {
+                    Ok(raw) => (raw, true),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        return Err(StoreOpenError::Exists {
+                            path: path.to_owned(),
+                            what: "file (it appeared while the store was being created)".into(),
+                        })
+                    }
+                    Err(e) => return Err(open_err(e).into()),
+                }
+            }
+            Some(meta) => {
+                let kind = meta.file_type();
+                let what = if kind.is_file() {
+                    format!("regular file of {} bytes", meta.len())
+                } else if kind.is_block_device() {
+                    "block device".to_string()
+                } else {
+                    return Err(StoreOpenError::NotStorable {
+                        path: path.to_owned(),
+                        what: if kind.is_dir() {
+                            "directory"
+                        } else if kind.is_char_device() {
+                            "character device"
+                        } else if kind.is_fifo() {
+                            "FIFO"
+                        } else {
+                            "special file"
+                        },
+                    });
+                };
+                if !file.overwrite {
+                    return Err(StoreOpenError::Exists {
+                        path: path.to_owned(),
+                        what,
+                    });
+                }
+                let raw = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(open_err)?;
+                (raw, false)
+            }
+        };
+        let set_up = || -> Result<Self, StoreOpenError> {
+            lockfile::lock(&raw, path, LockMode::Exclusive, LOCK_ROLE)?;
+            let is_regular = raw.metadata().map_err(open_err)?.file_type().is_file();
+            if is_regular && !created {
+                // Only now, locked and allowed to: what goes in is private.
+                use std::os::unix::fs::PermissionsExt;
+                raw.set_permissions(std::fs::Permissions::from_mode(0o600))
+                    .map_err(open_err)?;
+            }
+            let block =
+                BlockFile::from_file(raw.try_clone().map_err(open_err)?, path.to_owned(), opts)?;
+            let description = format!("file:{} ({})", path.display(), block.engine_name());
+            let store = Self::from_block(block, unit_bytes, capacity_bytes, description)?;
+            *store
+                .pending_truncate
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = is_regular && !created;
+            Ok(store)
+        };
+        let result = set_up();
+        if result.is_err() && created {
+            // Ours, empty and locked by us until `raw` closes: nothing to keep.
+            let _ = std::fs::remove_file(path);
+        }
+        result
+    }
+
+    /// Allocates the whole capacity now (`,reserve`: `fallocate` mode 0), so
+    /// that a filesystem without room is [`StoreOpenError::Reserve`] at
+    /// start, naming its free space, rather than a full filesystem when the
+    /// store fills. Nothing to do on a block device.
+    pub fn reserve_capacity(&mut self) -> Result<(), StoreOpenError> {
+        if self.block.is_block_device() {
+            return Ok(());
+        }
+        let need_bytes = self.capacity_slots * self.unit_bytes as u64;
+        self.block
+            .reserve(need_bytes)
+            .map_err(|e| StoreOpenError::Reserve {
+                path: self.block.path().to_owned(),
+                need_bytes,
+                free_bytes: self.block.fs_free_bytes().ok(),
+                source: e.into(),
+            })?;
+        self.reserved = true;
+        Ok(())
     }
 
     /// A store in an unnamed file that disappears with the store (mode
@@ -168,7 +314,28 @@ impl FileStore {
                 crcs: Vec::new(),
             }),
             description,
+            pending_truncate: Mutex::new(false),
+            reserved: false,
         })
+    }
+
+    /// Cuts away an overwritten file's old content before the first write
+    /// (and reserves the capacity again if it was reserved). Other writers
+    /// wait on the lock, so no write is submitted before this is done.
+    fn drop_old_content(&self) -> Result<(), BlockIoError> {
+        let mut pending = self
+            .pending_truncate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *pending {
+            self.block.set_len(0)?;
+            if self.reserved {
+                self.block
+                    .reserve(self.capacity_slots * self.unit_bytes as u64)?;
+            }
+            *pending = false;
+        }
+        Ok(())
     }
 
     /// The underlying block file (for its engine name or path).
@@ -226,13 +393,20 @@ impl FileStore {
                 got_bytes,
                 want_bytes,
             },
-            BlockIoError::Io { ref source, .. }
+            BlockIoError::Io { source, .. } | BlockIoError::Control { source, .. }
                 if matches!(
                     source.raw_os_error(),
                     Some(libc::ENOSPC) | Some(libc::EDQUOT)
                 ) =>
             {
-                self.full(gpa)
+                StoreError::FilesystemFull {
+                    gpa,
+                    path: self.block.path().to_owned(),
+                    free_bytes: self.block.fs_free_bytes().ok(),
+                    used_slots: self.slots().table.used_slots(),
+                    capacity_slots: self.capacity_slots,
+                    source,
+                }
             }
             other => {
                 let kind = match &other {
@@ -303,7 +477,26 @@ impl Store for FileStore {
                 buf: bounce.as_deref().unwrap_or(requests[i].data),
             })
             .collect();
-        let outcomes = self.block.submit(&mut ops);
+        let outcomes = match self.drop_old_content() {
+            Ok(()) => self.block.submit(&mut ops),
+            Err(e) => {
+                // Each request fails with the same cause, ENOSPC included.
+                let e = io::Error::from(e);
+                let same = || match e.raw_os_error() {
+                    Some(code) => io::Error::from_raw_os_error(code),
+                    None => io::Error::new(e.kind(), e.to_string()),
+                };
+                ops.iter()
+                    .map(|_| {
+                        Err(BlockIoError::Control {
+                            what: "truncating the overwritten store file",
+                            path: self.block.path().to_owned(),
+                            source: same(),
+                        })
+                    })
+                    .collect()
+            }
+        };
         drop(ops);
         {
             let mut slots = self.slots();
