@@ -609,10 +609,7 @@ fn read_only_disks_share_and_exclude_a_writer() {
     let img = image("lock-ro");
     let a = Disk::open(&img.0, true).unwrap();
     let b = Disk::open(&img.0, true).unwrap();
-    assert!(matches!(
-        Disk::open(&img.0, false),
-        Err(DiskError::Lock(_))
-    ));
+    assert!(matches!(Disk::open(&img.0, false), Err(DiskError::Lock(_))));
     drop((a, b));
 }
 

@@ -169,12 +169,6 @@ impl FileStore {
         let set_up = || -> Result<Self, StoreOpenError> {
             lockfile::lock(&raw, path, LockMode::Exclusive, LOCK_ROLE)?;
             let is_regular = raw.metadata().map_err(open_err)?.file_type().is_file();
-            if is_regular && !created {
-                // Only now, locked and allowed to: what goes in is private.
-                use std::os::unix::fs::PermissionsExt;
-                raw.set_permissions(std::fs::Permissions::from_mode(0o600))
-                    .map_err(open_err)?;
-            }
             let block =
                 BlockFile::from_file(raw.try_clone().map_err(open_err)?, path.to_owned(), opts)?;
             let description = format!("file:{} ({})", path.display(), block.engine_name());
@@ -328,6 +322,17 @@ impl FileStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if *pending {
+            // What goes in is private; changed only now, with the content,
+            // so that a VM that never wrote leaves the file as it was.
+            // SAFETY: fchmod on a descriptor the block file owns; it touches
+            // no memory.
+            if unsafe { libc::fchmod(self.block.as_raw_fd(), 0o600) } != 0 {
+                return Err(BlockIoError::Control {
+                    what: "fchmod(0600)",
+                    path: self.block.path().to_owned(),
+                    source: io::Error::last_os_error(),
+                });
+            }
             self.block.set_len(0)?;
             if self.reserved {
                 self.block
@@ -380,8 +385,15 @@ impl FileStore {
     }
 
     /// Maps a block error of `slot` to the store's error, keeping the file
-    /// and offset in the message.
-    fn store_error(&self, gpa: u64, slot: SlotId, err: BlockIoError) -> StoreError {
+    /// and offset in the message. `used_slots` is passed in because writers
+    /// call this with the slot table locked.
+    fn store_error(
+        &self,
+        gpa: u64,
+        slot: SlotId,
+        used_slots: u64,
+        err: BlockIoError,
+    ) -> StoreError {
         match err {
             BlockIoError::ShortRead {
                 got_bytes,
@@ -403,7 +415,7 @@ impl FileStore {
                     gpa,
                     path: self.block.path().to_owned(),
                     free_bytes: self.block.fs_free_bytes().ok(),
-                    used_slots: self.slots().table.used_slots(),
+                    used_slots,
                     capacity_slots: self.capacity_slots,
                     source,
                 }
@@ -512,7 +524,8 @@ impl Store for FileStore {
                     }
                     Err(e) => {
                         slots.table.free(slot);
-                        Err(self.store_error(requests[i].gpa, slot, e))
+                        let used = slots.table.used_slots();
+                        Err(self.store_error(requests[i].gpa, slot, used, e))
                     }
                 });
             }
@@ -538,12 +551,12 @@ impl Store for FileStore {
         if self.is_aligned(buf) {
             self.block
                 .read_at(offset, buf)
-                .map_err(|e| self.store_error(gpa, slot, e))?;
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
         } else {
             let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
             self.block
                 .read_at(offset, &mut bounce)
-                .map_err(|e| self.store_error(gpa, slot, e))?;
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
             buf.copy_from_slice(&bounce);
         }
         let found = crc32fast::hash(buf);
@@ -807,5 +820,176 @@ mod tests {
         let d = store.describe();
         assert!(d.starts_with("file:/var/tmp (unlinked temporary;"), "{d}");
         assert!(d.contains("/nonexistent-dir: No such file"), "{d}");
+    }
+
+    fn existing(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
+        let path = test_dir().join(format!(".filestore-{name}-{}", std::process::id()));
+        let content: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        (path, content)
+    }
+
+    #[test]
+    fn an_existing_file_is_refused_and_kept_byte_for_byte() {
+        use std::os::unix::fs::PermissionsExt;
+        let (path, content) = existing("exists", 3 * MIB2 + 5);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = FileStore::create(&path, MIB2, 8 * MIB2 as u64).unwrap_err();
+        let kept = std::fs::read(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        std::fs::remove_file(&path).unwrap();
+        let text = err.to_string();
+        assert!(matches!(err, StoreOpenError::Exists { .. }), "{text}");
+        assert!(text.contains(",overwrite"), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(kept == content, "the existing file must be kept");
+        assert_eq!(mode, 0o644, "nor its mode changed");
+        let err = FileStore::create(&test_dir(), MIB2, 8 * MIB2 as u64).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreOpenError::NotStorable {
+                    what: "directory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn overwrite_uses_an_existing_file_and_truncates_it_only_when_writing() {
+        let (path, content) = existing("overwrite", 3 * MIB2);
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let store = FileStore::create_with(
+            &path,
+            MIB2,
+            4 * MIB2 as u64,
+            FileOptions { overwrite: true },
+            &BlockOptions::default(),
+        )
+        .unwrap();
+        assert!(
+            std::fs::read(&path).unwrap() == content,
+            "nothing is destroyed before the store writes"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = || std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(), 0o644, "nor its mode changed");
+        let a = unit_image(8, MIB2);
+        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), MIB2 as u64);
+        assert_eq!(mode(), 0o600, "a store's content is private");
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        store.read(slot, 0, &mut buf).unwrap();
+        assert!(buf[..] == a[..]);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_locked_file_is_refused_and_unchanged() {
+        let (path, content) = existing("locked", MIB2);
+        let other = std::fs::File::open(&path).unwrap();
+        lockfile::lock(&other, &path, LockMode::Shared, "--disk").unwrap();
+        let err = FileStore::create_with(
+            &path,
+            MIB2,
+            4 * MIB2 as u64,
+            FileOptions { overwrite: true },
+            &BlockOptions::default(),
+        )
+        .unwrap_err();
+        let kept = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let text = err.to_string();
+        assert!(matches!(err, StoreOpenError::Lock(_)), "{text}");
+        assert!(text.contains("in use"), "{text}");
+        assert!(text.contains("the swap store"), "{text}");
+        assert!(kept == content);
+        // Two stores on one new path: the second is refused as existing.
+        let (store, path) = created("twice", KIB4, 4);
+        let err = FileStore::create_with(
+            &path,
+            KIB4,
+            4 * KIB4 as u64,
+            FileOptions { overwrite: true },
+            &BlockOptions::default(),
+        )
+        .unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        drop(store);
+        assert!(matches!(err, StoreOpenError::Lock(_)), "{err}");
+    }
+
+    /// Runs `f` in a fresh 16 MiB tmpfs; prints SKIP and returns None where
+    /// mounting is not allowed.
+    fn with_small_tmpfs<R: Send>(test: &str, f: impl FnOnce(&Path) -> R + Send) -> Option<R> {
+        let r = crate::blockio::tests::with_mount(c"tmpfs", Some(c"size=16m"), f);
+        if r.is_none() {
+            eprintln!("SKIP {test}: cannot mount a tmpfs here (needs root and unshare)");
+        }
+        r
+    }
+
+    #[test]
+    fn a_full_filesystem_is_named_as_such_not_as_a_full_store() {
+        let outcome = with_small_tmpfs("a_full_filesystem_is_named_as_such", |dir| {
+            let store =
+                FileStore::temporary(dir, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
+            let a = unit_image(9, MIB2);
+            for k in 0..64u64 {
+                let res = store.write_batch(&[WriteRequest {
+                    gpa: k << 21,
+                    data: &a,
+                }]);
+                if let Err(e) = &res[0] {
+                    return Ok((
+                        k,
+                        e.to_string(),
+                        matches!(e, StoreError::FilesystemFull { .. }),
+                    ));
+                }
+            }
+            Err("64 units fitted in a 16 MiB tmpfs".to_string())
+        });
+        let Some(outcome) = outcome else { return };
+        let (written, text, is_fs_full) = outcome.unwrap();
+        assert!(is_fs_full, "{text}");
+        assert!(written < 16, "{written} units written");
+        assert!(text.contains("no space left on the filesystem"), "{text}");
+        assert!(text.contains("bytes free"), "{text}");
+        assert!(text.contains(&format!("{written} of 64 slots")), "{text}");
+        assert!(!text.contains("store is full"), "{text}");
+        assert!(
+            text.contains("TMPDIR") && text.contains(",reserve"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn reserve_on_a_too_small_filesystem_is_refused_at_open() {
+        let outcome = with_small_tmpfs("reserve_on_a_too_small_filesystem", |dir| {
+            let path = dir.join("store");
+            let mut big =
+                FileStore::create(&path, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
+            let err = big.reserve_capacity().err().map(|e| e.to_string());
+            drop(big);
+            let _ = std::fs::remove_file(&path);
+            let mut small =
+                FileStore::temporary(dir, MIB2, 4 * MIB2 as u64).map_err(|e| e.to_string())?;
+            small.reserve_capacity().map_err(|e| e.to_string())?;
+            Ok::<_, String>((err, small.block.len_bytes().unwrap()))
+        });
+        let Some(outcome) = outcome else { return };
+        let (err, small_len) = outcome.unwrap();
+        let text = err.expect("reserving 128 MiB on a 16 MiB tmpfs must fail");
+        assert!(text.contains("cannot reserve 134217728 bytes"), "{text}");
+        assert!(text.contains("bytes free"), "{text}");
+        assert!(!text.contains("unknown number"), "{text}");
+        assert_eq!(small_len, 4 * MIB2 as u64);
     }
 }

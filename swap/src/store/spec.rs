@@ -524,6 +524,39 @@ mod tests {
     }
 
     #[test]
+    fn a_size_below_the_runs_need_is_refused_before_opening() {
+        let need = CapacityNeed {
+            guest_ram_bytes: 1 << 30,
+            mem_limit_bytes: Some(256 << 20),
+            unit_bytes: 2 << 20,
+            in_flight_units: 32,
+        };
+        let path = "/nonexistent-dir/never-created";
+        let err = parse(&format!("file:{path},size=512M"))
+            .check_size(&need)
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, StoreOpenError::TooSmallForRun { .. }),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("size={}", (768 + 64) << 20)),
+            "{text}"
+        );
+        parse(&format!("file:{path},size=832M"))
+            .check_size(&need)
+            .unwrap();
+        // Without size= the store is the guest's size; memory stores count
+        // compressed bytes and are not checked.
+        parse(&format!("file:{path}")).check_size(&need).unwrap();
+        parse("mem:lz4,size=1M").check_size(&need).unwrap();
+        assert!(parse(&format!("faulty:inner=file:{path},size=2M"))
+            .check_size(&need)
+            .is_err());
+    }
+
+    #[test]
     fn faulty_spec_opens_a_store_that_fails() {
         let store = parse("faulty:read-error-after=0,inner=mem:lz4")
             .open(2 << 20, 8 << 20)
