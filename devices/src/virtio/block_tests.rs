@@ -629,3 +629,26 @@ fn a_disk_locked_by_someone_else_is_refused() {
     assert!(matches!(err, DiskError::Lock(_)), "{err}");
     assert!(std::fs::read(&img.0).unwrap() == vec![7u8; DISK_BYTES as usize]);
 }
+
+#[test]
+fn a_disk_and_a_swap_store_cannot_share_a_file() {
+    use swap::store::{FileOptions, FileStore, StoreOpenError};
+    let img = image("lock-store");
+    std::fs::write(&img.0, vec![9u8; DISK_BYTES as usize]).unwrap();
+    let overwrite = FileOptions { overwrite: true };
+    let opts = swap::blockio::BlockOptions::default();
+    // Disk first: the store is refused by the lock.
+    let disk = Disk::open(&img.0, false).unwrap();
+    let err = FileStore::create_with(&img.0, 4096, 1 << 20, overwrite, &opts).unwrap_err();
+    assert!(matches!(err, StoreOpenError::Lock(_)), "{err}");
+    drop(disk);
+    // Store first (the order hugevmm run uses): the disk is refused.
+    let store = FileStore::create_with(&img.0, 4096, 1 << 20, overwrite, &opts).unwrap();
+    let err = Disk::open(&img.0, false).unwrap_err();
+    assert!(matches!(err, DiskError::Lock(_)), "{err}");
+    drop(store);
+    assert!(
+        std::fs::read(&img.0).unwrap() == vec![9u8; DISK_BYTES as usize],
+        "neither may change the file"
+    );
+}
