@@ -254,6 +254,18 @@ impl From<BlockIoError> for io::Error {
     }
 }
 
+/// Bytes an unprivileged writer may still allocate on the filesystem
+/// holding `file` (`f_bavail * f_frsize` from `fstatvfs`).
+pub fn fs_free_bytes(file: &File) -> io::Result<u64> {
+    // SAFETY: statvfs is plain old data; all-zero bytes are a valid value.
+    let mut st: libc::statvfs64 = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatvfs writes only into `st`, which outlives the call.
+    if unsafe { libc::fstatvfs64(file.as_raw_fd(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// A zeroed heap buffer with a chosen alignment, for `O_DIRECT` transfers
 /// (a `Vec<u8>` is only byte aligned).
 pub struct AlignedBuf {
@@ -361,30 +373,21 @@ impl BlockFile {
         Self::from_file(file, path.to_owned(), opts)
     }
 
-    /// Creates `path` (mode 0600) or truncates it if it is a regular file;
-    /// a block device is opened as it is. An existing regular file's mode is
-    /// set to 0600 too, because what goes in is private.
-    pub fn create(path: &Path, opts: &BlockOptions) -> Result<Self, BlockIoError> {
-        let open_err = |source| BlockIoError::Open {
-            path: path.to_owned(),
-            source,
-        };
-        let is_block_device = std::fs::metadata(path)
-            .map(|m| m.file_type().is_block_device())
-            .unwrap_or(false);
+    /// Creates `path`, which must not exist (`O_CREAT | O_EXCL`), mode 0600
+    /// because what goes in is private. An existing file is never opened
+    /// here, so nothing anyone had is lost; see [`crate::store::FileStore`]
+    /// for how a store reuses one.
+    pub fn create_new(path: &Path, opts: &BlockOptions) -> Result<Self, BlockIoError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .create(!is_block_device)
-            .truncate(!is_block_device)
+            .create_new(true)
             .mode(0o600)
             .open(path)
-            .map_err(open_err)?;
-        if !is_block_device {
-            use std::os::unix::fs::PermissionsExt;
-            file.set_permissions(std::fs::Permissions::from_mode(0o600))
-                .map_err(open_err)?;
-        }
+            .map_err(|source| BlockIoError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
         Self::from_file(file, path.to_owned(), opts)
     }
 
@@ -551,6 +554,46 @@ impl BlockFile {
     /// The file descriptor, e.g. for `fallocate` by the caller.
     pub fn as_raw_fd(&self) -> RawFd {
         self.file.as_raw_fd()
+    }
+
+    /// Bytes an unprivileged writer may still allocate on the filesystem
+    /// holding the file (`fstatvfs`: `f_bavail * f_frsize`), for messages
+    /// about a full filesystem.
+    pub fn fs_free_bytes(&self) -> io::Result<u64> {
+        fs_free_bytes(&self.file)
+    }
+
+    /// Allocates blocks for `[0, len_bytes)` (`fallocate` mode 0), so that
+    /// later writes there cannot fail for want of space. Existing content
+    /// is kept and the file grows to `len_bytes` if it is shorter.
+    pub fn reserve(&self, len_bytes: u64) -> Result<(), BlockIoError> {
+        let len = i64::try_from(len_bytes).unwrap_or(i64::MAX);
+        loop {
+            // SAFETY: fallocate on a descriptor we own; it touches no memory.
+            let rc = unsafe { libc::fallocate64(self.file.as_raw_fd(), 0, 0, len) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let source = io::Error::last_os_error();
+            if source.raw_os_error() != Some(libc::EINTR) {
+                return Err(BlockIoError::Control {
+                    what: "fallocate",
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        }
+    }
+
+    /// Cuts or extends the file to `len_bytes` (`ftruncate`).
+    pub fn set_len(&self, len_bytes: u64) -> Result<(), BlockIoError> {
+        self.file
+            .set_len(len_bytes)
+            .map_err(|source| BlockIoError::Control {
+                what: "ftruncate",
+                path: self.path.clone(),
+                source,
+            })
     }
 
     /// Runs a batch: all requests go to the kernel together and the call
@@ -1308,24 +1351,54 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn create_sets_private_mode_and_truncates() {
+    fn create_new_is_private_and_never_reuses_a_file() {
         use std::os::unix::fs::PermissionsExt;
         let path = test_dir().join(format!(".blockio-create-{}", std::process::id()));
-        std::fs::write(&path, vec![1u8; 3 * UNIT]).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let f = BlockFile::create(&path, &BlockOptions::default()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let f = BlockFile::create_new(&path, &BlockOptions::default()).unwrap();
         assert_eq!(f.len_bytes().unwrap(), 0);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        std::fs::remove_file(&path).unwrap();
         assert_eq!(mode, 0o600);
-        // Writes through O_DIRECT remain visible through a plain descriptor.
         drop(f);
+        std::fs::write(&path, vec![1u8; 3 * UNIT]).unwrap();
+        let err = BlockFile::create_new(&path, &BlockOptions::default()).unwrap_err();
+        let kept = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(
+            matches!(&err, BlockIoError::Open { source, .. } if source.kind() == io::ErrorKind::AlreadyExists),
+            "{err}"
+        );
+        assert!(kept == vec![1u8; 3 * UNIT], "an existing file must be kept");
+    }
+
+    #[test]
+    fn reserve_allocates_and_keeps_content() {
+        let f = temp_file(Engine::Sync);
+        f.write_at(0, &pattern(3, UNIT)).unwrap();
+        f.reserve(4 * UNIT as u64).unwrap();
+        assert_eq!(f.len_bytes().unwrap(), 4 * UNIT as u64);
+        let mut buf = AlignedBuf::new(UNIT, 4096);
+        f.read_at(0, &mut buf).unwrap();
+        assert!(buf[..] == pattern(3, UNIT)[..]);
+        assert!(f.fs_free_bytes().unwrap() > 0);
+        f.set_len(0).unwrap();
+        assert_eq!(f.len_bytes().unwrap(), 0);
     }
 
     /// Runs `f` on a fresh ramfs directory (ramfs refuses O_DIRECT), mounted
     /// in a private mount namespace of a new thread so that nothing outside
     /// the test sees it. None where mounting is not allowed.
     pub(crate) fn with_ramfs<R: Send>(f: impl FnOnce(&Path) -> R + Send) -> Option<R> {
+        with_mount(c"ramfs", None, f)
+    }
+
+    /// [`with_ramfs`] for any filesystem type with mount data, e.g. a
+    /// `size=16m` tmpfs to fill up. None where mounting is not allowed.
+    pub(crate) fn with_mount<R: Send>(
+        fstype: &std::ffi::CStr,
+        data: Option<&std::ffi::CStr>,
+        f: impl FnOnce(&Path) -> R + Send,
+    ) -> Option<R> {
         std::thread::scope(|scope| {
             scope
                 .spawn(|| {
@@ -1349,7 +1422,8 @@ pub(crate) mod tests {
                         return None;
                     }
                     let dir = test_dir().join(format!(
-                        ".blockio-ramfs-{}-{:?}",
+                        ".blockio-{}-{}-{:?}",
+                        fstype.to_string_lossy(),
                         std::process::id(),
                         std::thread::current().id()
                     ));
@@ -1360,9 +1434,9 @@ pub(crate) mod tests {
                         libc::mount(
                             c"none".as_ptr(),
                             cdir.as_ptr(),
-                            c"ramfs".as_ptr(),
+                            fstype.as_ptr(),
                             0,
-                            std::ptr::null(),
+                            data.map_or(std::ptr::null(), |d| d.as_ptr().cast()),
                         )
                     } == 0;
                     let result = mounted.then(|| f(&dir));
@@ -1399,7 +1473,8 @@ pub(crate) mod tests {
     #[test]
     fn pwrite_behind_the_back_is_seen_by_direct_reads() {
         let path = test_dir().join(format!(".blockio-coherent-{}", std::process::id()));
-        let f = BlockFile::create(&path, &BlockOptions::default()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let f = BlockFile::create_new(&path, &BlockOptions::default()).unwrap();
         f.write_at(0, &pattern(9, UNIT)).unwrap();
         let plain = OpenOptions::new().write(true).open(&path).unwrap();
         plain.write_all_at(b"XYZ", 10).unwrap();

@@ -4,5 +4,6 @@
 pub mod blockio;
 pub mod chunk;
 pub mod engine;
+pub mod lockfile;
 pub mod store;
 pub mod uffd;

@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
 use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapUnit};
-use swap::store::StoreSpec;
+use swap::store::{CapacityNeed, StoreSpec};
 
 /// The swap options of a run.
 #[derive(Clone, Debug)]
@@ -103,10 +103,6 @@ pub fn start(
             .map(|r| (r.gpa, r.backing_offset, r.len_bytes))
             .collect(),
     };
-    let store = options
-        .store
-        .open(options.unit.bytes() as usize, ram.len_bytes())
-        .with_context(|| format!("cannot open --swap-store {}", options.store))?;
     let config = EngineConfig {
         unit: options.unit,
         mem_limit_bytes: options.mem_limit_bytes,
@@ -115,6 +111,22 @@ pub fn start(
         fault_thread_nice: options.fault_thread_nice,
         ..EngineConfig::default()
     };
+    let need = store_need(ram.len_bytes(), options, &config);
+    // A size= too small is refused before the store's file is created.
+    options
+        .store
+        .check_size(&need)
+        .with_context(|| format!("invalid --swap-store {}", options.store))?;
+    let store = options
+        .store
+        .open(options.unit.bytes() as usize, ram.len_bytes())
+        .with_context(|| format!("cannot open --swap-store {}", options.store))?;
+    // A block device can hold less than the size asked for.
+    need.check(
+        &store.describe(),
+        store.capacity_slots() * store.unit_bytes() as u64,
+    )
+    .with_context(|| format!("cannot use --swap-store {}", options.store))?;
     // The engine calls this from its own threads; the run loop ends the VM.
     let events = Mutex::new(events);
     let on_fatal = Box::new(move |message: String| {
@@ -124,6 +136,21 @@ pub fn start(
             .send(VcpuEvent::SwapFatal { message });
     });
     SwapEngine::start(region, store, config, on_fatal).context("cannot start the swap engine")
+}
+
+/// What the store of a run with these options can need to hold
+/// ([`swap::store::required_capacity_bytes`]).
+pub fn store_need(
+    guest_ram_bytes: u64,
+    options: &SwapOptions,
+    config: &EngineConfig,
+) -> CapacityNeed {
+    CapacityNeed {
+        guest_ram_bytes,
+        mem_limit_bytes: options.mem_limit_bytes,
+        unit_bytes: options.unit.bytes(),
+        in_flight_units: config.parking_units_or_default() as u64,
+    }
 }
 
 #[cfg(test)]

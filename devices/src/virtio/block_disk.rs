@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use swap::blockio::{AlignedBuf, BlockFile, BlockIoError, BlockOptions, OpKind, RawBlockOp};
+use swap::lockfile::{self, LockError, LockMode};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use guestmem::GuestMemoryView;
@@ -46,6 +47,10 @@ pub enum DiskError {
         /// The image.
         path: PathBuf,
     },
+    /// The image is in use by another VM, or by this one (another
+    /// `--disk`, the swap store).
+    #[error(transparent)]
+    Lock(#[from] LockError),
     /// The block backend failed.
     #[error(transparent)]
     Block(#[from] BlockIoError),
@@ -120,6 +125,11 @@ impl Disk {
 
     /// [`Disk::open`], choosing whether to try O_DIRECT at all; without it
     /// every request goes through the page cache.
+    ///
+    /// The image is locked (`flock`: shared when read-only, exclusive
+    /// otherwise) before anything else, so a second VM, or this one naming
+    /// the same file twice or as its swap store, is refused with the file
+    /// unchanged.
     pub fn open_with(path: &Path, readonly: bool, try_direct: bool) -> Result<Disk, DiskError> {
         let open = || {
             OpenOptions::new()
@@ -137,8 +147,19 @@ impl Disk {
             rings: 1,
             ..BlockOptions::default()
         };
+        let first = open()?;
+        let mode = if readonly {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        };
+        // Only this descriptor is locked: a second open file description
+        // of ours would conflict with our own flock. The direct one below is
+        // opened after the lock is held and closed with it, so no other
+        // user can come in between.
+        lockfile::lock(&first, path, mode, "--disk")?;
         let buffered = BlockFile::from_file(
-            open()?,
+            first,
             path.to_owned(),
             &BlockOptions {
                 direct: false,

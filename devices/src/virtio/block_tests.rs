@@ -583,3 +583,74 @@ fn the_device_works_again_after_a_reset() {
     start(&mut rig, &vq);
     assert_eq!(submit(&mut rig, &vq, VIRTIO_BLK_T_FLUSH, 0, &[]), (OK, 1));
 }
+
+#[test]
+fn the_same_writable_disk_twice_is_refused_and_kept() {
+    let img = image("lock-rw");
+    std::fs::write(&img.0, vec![0x5au8; DISK_BYTES as usize]).unwrap();
+    let first = Disk::open(&img.0, false).unwrap();
+    for readonly in [false, true] {
+        let err = Disk::open(&img.0, readonly).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, DiskError::Lock(_)), "{text}");
+        assert!(text.contains(&img.0.display().to_string()), "{text}");
+        assert!(text.contains("--disk"), "{text}");
+        assert!(text.contains("in use"), "{text}");
+    }
+    drop(first);
+    assert!(
+        std::fs::read(&img.0).unwrap() == vec![0x5au8; DISK_BYTES as usize],
+        "a refused disk must be unchanged"
+    );
+    // The lock goes with the disk.
+    Disk::open(&img.0, false).unwrap();
+}
+
+#[test]
+fn read_only_disks_share_and_exclude_a_writer() {
+    let img = image("lock-ro");
+    let a = Disk::open(&img.0, true).unwrap();
+    let b = Disk::open(&img.0, true).unwrap();
+    assert!(matches!(Disk::open(&img.0, false), Err(DiskError::Lock(_))));
+    drop((a, b));
+}
+
+#[test]
+fn a_disk_locked_by_someone_else_is_refused() {
+    let img = image("lock-other");
+    std::fs::write(&img.0, vec![7u8; DISK_BYTES as usize]).unwrap();
+    let other = std::fs::File::open(&img.0).unwrap();
+    swap::lockfile::lock(
+        &other,
+        &img.0,
+        swap::lockfile::LockMode::Exclusive,
+        "the swap store",
+    )
+    .unwrap();
+    let err = Disk::open(&img.0, true).unwrap_err();
+    assert!(matches!(err, DiskError::Lock(_)), "{err}");
+    assert!(std::fs::read(&img.0).unwrap() == vec![7u8; DISK_BYTES as usize]);
+}
+
+#[test]
+fn a_disk_and_a_swap_store_cannot_share_a_file() {
+    use swap::store::{FileOptions, FileStore, StoreOpenError};
+    let img = image("lock-store");
+    std::fs::write(&img.0, vec![9u8; DISK_BYTES as usize]).unwrap();
+    let overwrite = FileOptions { overwrite: true };
+    let opts = swap::blockio::BlockOptions::default();
+    // Disk first: the store is refused by the lock.
+    let disk = Disk::open(&img.0, false).unwrap();
+    let err = FileStore::create_with(&img.0, 4096, 1 << 20, overwrite, &opts).unwrap_err();
+    assert!(matches!(err, StoreOpenError::Lock(_)), "{err}");
+    drop(disk);
+    // Store first (the order hugevmm run uses): the disk is refused.
+    let store = FileStore::create_with(&img.0, 4096, 1 << 20, overwrite, &opts).unwrap();
+    let err = Disk::open(&img.0, false).unwrap_err();
+    assert!(matches!(err, DiskError::Lock(_)), "{err}");
+    drop(store);
+    assert!(
+        std::fs::read(&img.0).unwrap() == vec![9u8; DISK_BYTES as usize],
+        "neither may change the file"
+    );
+}

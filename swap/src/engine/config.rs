@@ -147,6 +147,16 @@ impl EngineConfig {
             })
             .max(1)
     }
+
+    /// Parking-area slots after defaults (at least one batch): the most
+    /// units that can be in memory and in a store slot at once, the
+    /// in-flight margin of [`crate::store::required_capacity_bytes`].
+    pub fn parking_units_or_default(&self) -> usize {
+        let batch_units = self.batch_units_or_default();
+        self.parking_units
+            .unwrap_or(4 * batch_units)
+            .max(batch_units)
+    }
 }
 
 #[cfg(test)]

@@ -245,10 +245,7 @@ impl SwapEngine {
             .map_err(|e| SwapError::uffd("registering guest RAM", e))?;
 
         let batch_units = config.batch_units_or_default();
-        let parking_units = config
-            .parking_units
-            .unwrap_or(4 * batch_units)
-            .max(batch_units);
+        let parking_units = config.parking_units_or_default();
         let fault_threads = config.fault_threads.max(1);
         let buffer_count = config.buffer_count.unwrap_or(2 * fault_threads + 4).max(1);
         // Recycled pages stay in their parking slots (see `recycle`): one

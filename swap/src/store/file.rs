@@ -10,11 +10,22 @@
 //! disk up front for a store that may never hold more than a few chunks would
 //! make large overcommit experiments fail for no reason. The cost is that a
 //! full filesystem shows up late, as `ENOSPC` on a write, which becomes
-//! [`StoreError::Full`] for that unit. Freed slots keep their blocks (no hole
-//! punching): the allocator hands out the lowest free slot next, so they are
-//! reused soon, and overwriting allocated blocks is the cheapest write.
+//! [`StoreError::FilesystemFull`] (naming the filesystem's free space) for
+//! that unit; [`FileStore::reserve_capacity`] (`,reserve`) allocates it all
+//! at start instead. Freed slots keep their blocks (no hole punching): the
+//! allocator hands out the lowest free slot next, so they are reused soon,
+//! and overwriting allocated blocks is the cheapest write.
+//!
+//! A named store never destroys what it did not create: without
+//! [`FileOptions::overwrite`] only a new file is made (`O_EXCL`). With it,
+//! an existing file or block device is locked first, and a regular file is
+//! truncated only when the first unit is written, so a VM that fails to
+//! start (say, because a `--disk` names the same file and cannot lock it)
+//! leaves it as it was.
 
+use std::fs::OpenOptions;
 use std::io;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -22,6 +33,18 @@ use super::open_error::check_unit_bytes;
 use super::slots::SlotTable;
 use super::{SlotId, Store, StoreError, StoreOpenError, WriteRequest};
 use crate::blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
+use crate::lockfile::{self, LockMode};
+
+/// How [`FileStore::create_with`] treats a path that exists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileOptions {
+    /// Use an existing regular file or block device, destroying its
+    /// content; without it only a new file is created.
+    pub overwrite: bool,
+}
+
+/// What the store's lock is taken for, in messages.
+const LOCK_ROLE: &str = "the swap store";
 
 /// Unit-sized slots in a file or block device; see the module docs.
 #[derive(Debug)]
@@ -31,6 +54,12 @@ pub struct FileStore {
     capacity_slots: u64,
     slots: Mutex<Slots>,
     description: String,
+    /// The old content of an overwritten file, still to be cut away before
+    /// the first write (see the module docs).
+    pending_truncate: Mutex<bool>,
+    /// Capacity allocated at start ([`Self::reserve_capacity`]); kept after
+    /// the deferred truncation too.
+    reserved: bool,
 }
 
 /// The allocator and the checksums, under one lock because a slot's checksum
@@ -44,28 +73,139 @@ struct Slots {
 }
 
 impl FileStore {
-    /// Creates (or truncates) `path`, mode 0600, as a store of `unit_bytes`
-    /// slots holding up to `capacity_bytes`. A block device is used as it
-    /// is, and the capacity is cut to the device's size.
+    /// Creates `path`, which must not exist, mode 0600, as a store of
+    /// `unit_bytes` slots holding up to `capacity_bytes`; locked.
     pub fn create(
         path: &Path,
         unit_bytes: usize,
         capacity_bytes: u64,
     ) -> Result<Self, StoreOpenError> {
-        Self::create_with(path, unit_bytes, capacity_bytes, &BlockOptions::default())
+        Self::create_with(
+            path,
+            unit_bytes,
+            capacity_bytes,
+            FileOptions::default(),
+            &BlockOptions::default(),
+        )
     }
 
-    /// [`Self::create`] with explicit block options (engine, rings).
+    /// [`Self::create`], or with `file.overwrite` an existing regular file
+    /// or block device, with explicit block options (engine, rings). The
+    /// file is locked exclusively before anything is changed; an existing
+    /// one without `overwrite` is [`StoreOpenError::Exists`] and left as it
+    /// was. A block device's capacity is cut to its size.
     pub fn create_with(
         path: &Path,
         unit_bytes: usize,
         capacity_bytes: u64,
+        file: FileOptions,
         opts: &BlockOptions,
     ) -> Result<Self, StoreOpenError> {
         check_unit_bytes(unit_bytes)?;
-        let block = BlockFile::create(path, opts)?;
-        let description = format!("file:{} ({})", path.display(), block.engine_name());
-        Self::from_block(block, unit_bytes, capacity_bytes, description)
+        let open_err = |source| BlockIoError::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let existing = match std::fs::metadata(path) {
+            Ok(meta) => Some(meta),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(open_err(e).into()),
+        };
+        let (raw, created) = match existing {
+            None => {
+                // O_EXCL: a file that appeared since the check is refused
+                // below as existing, never truncated.
+                match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(path)
+                {
+                    Ok(raw) => (raw, true),
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        return Err(StoreOpenError::Exists {
+                            path: path.to_owned(),
+                            what: "file (it appeared while the store was being created)".into(),
+                        })
+                    }
+                    Err(e) => return Err(open_err(e).into()),
+                }
+            }
+            Some(meta) => {
+                let kind = meta.file_type();
+                let what = if kind.is_file() {
+                    format!("regular file of {} bytes", meta.len())
+                } else if kind.is_block_device() {
+                    "block device".to_string()
+                } else {
+                    return Err(StoreOpenError::NotStorable {
+                        path: path.to_owned(),
+                        what: if kind.is_dir() {
+                            "directory"
+                        } else if kind.is_char_device() {
+                            "character device"
+                        } else if kind.is_fifo() {
+                            "FIFO"
+                        } else {
+                            "special file"
+                        },
+                    });
+                };
+                if !file.overwrite {
+                    return Err(StoreOpenError::Exists {
+                        path: path.to_owned(),
+                        what,
+                    });
+                }
+                let raw = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(path)
+                    .map_err(open_err)?;
+                (raw, false)
+            }
+        };
+        let set_up = || -> Result<Self, StoreOpenError> {
+            lockfile::lock(&raw, path, LockMode::Exclusive, LOCK_ROLE)?;
+            let is_regular = raw.metadata().map_err(open_err)?.file_type().is_file();
+            let block =
+                BlockFile::from_file(raw.try_clone().map_err(open_err)?, path.to_owned(), opts)?;
+            let description = format!("file:{} ({})", path.display(), block.engine_name());
+            let store = Self::from_block(block, unit_bytes, capacity_bytes, description)?;
+            *store
+                .pending_truncate
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = is_regular && !created;
+            Ok(store)
+        };
+        let result = set_up();
+        if result.is_err() && created {
+            // Ours, empty and locked by us until `raw` closes: nothing to keep.
+            let _ = std::fs::remove_file(path);
+        }
+        result
+    }
+
+    /// Allocates the whole capacity now (`,reserve`: `fallocate` mode 0), so
+    /// that a filesystem without room is [`StoreOpenError::Reserve`] at
+    /// start, naming its free space, rather than a full filesystem when the
+    /// store fills. Nothing to do on a block device.
+    pub fn reserve_capacity(&mut self) -> Result<(), StoreOpenError> {
+        if self.block.is_block_device() {
+            return Ok(());
+        }
+        let need_bytes = self.capacity_slots * self.unit_bytes as u64;
+        self.block
+            .reserve(need_bytes)
+            .map_err(|e| StoreOpenError::Reserve {
+                path: self.block.path().to_owned(),
+                need_bytes,
+                free_bytes: self.block.fs_free_bytes().ok(),
+                source: e.into(),
+            })?;
+        self.reserved = true;
+        Ok(())
     }
 
     /// A store in an unnamed file that disappears with the store (mode
@@ -168,7 +308,39 @@ impl FileStore {
                 crcs: Vec::new(),
             }),
             description,
+            pending_truncate: Mutex::new(false),
+            reserved: false,
         })
+    }
+
+    /// Cuts away an overwritten file's old content before the first write
+    /// (and reserves the capacity again if it was reserved). Other writers
+    /// wait on the lock, so no write is submitted before this is done.
+    fn drop_old_content(&self) -> Result<(), BlockIoError> {
+        let mut pending = self
+            .pending_truncate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *pending {
+            // What goes in is private; changed only now, with the content,
+            // so that a VM that never wrote leaves the file as it was.
+            // SAFETY: fchmod on a descriptor the block file owns; it touches
+            // no memory.
+            if unsafe { libc::fchmod(self.block.as_raw_fd(), 0o600) } != 0 {
+                return Err(BlockIoError::Control {
+                    what: "fchmod(0600)",
+                    path: self.block.path().to_owned(),
+                    source: io::Error::last_os_error(),
+                });
+            }
+            self.block.set_len(0)?;
+            if self.reserved {
+                self.block
+                    .reserve(self.capacity_slots * self.unit_bytes as u64)?;
+            }
+            *pending = false;
+        }
+        Ok(())
     }
 
     /// The underlying block file (for its engine name or path).
@@ -213,8 +385,15 @@ impl FileStore {
     }
 
     /// Maps a block error of `slot` to the store's error, keeping the file
-    /// and offset in the message.
-    fn store_error(&self, gpa: u64, slot: SlotId, err: BlockIoError) -> StoreError {
+    /// and offset in the message. `used_slots` is passed in because writers
+    /// call this with the slot table locked.
+    fn store_error(
+        &self,
+        gpa: u64,
+        slot: SlotId,
+        used_slots: u64,
+        err: BlockIoError,
+    ) -> StoreError {
         match err {
             BlockIoError::ShortRead {
                 got_bytes,
@@ -226,13 +405,20 @@ impl FileStore {
                 got_bytes,
                 want_bytes,
             },
-            BlockIoError::Io { ref source, .. }
+            BlockIoError::Io { source, .. } | BlockIoError::Control { source, .. }
                 if matches!(
                     source.raw_os_error(),
                     Some(libc::ENOSPC) | Some(libc::EDQUOT)
                 ) =>
             {
-                self.full(gpa)
+                StoreError::FilesystemFull {
+                    gpa,
+                    path: self.block.path().to_owned(),
+                    free_bytes: self.block.fs_free_bytes().ok(),
+                    used_slots,
+                    capacity_slots: self.capacity_slots,
+                    source,
+                }
             }
             other => {
                 let kind = match &other {
@@ -303,7 +489,26 @@ impl Store for FileStore {
                 buf: bounce.as_deref().unwrap_or(requests[i].data),
             })
             .collect();
-        let outcomes = self.block.submit(&mut ops);
+        let outcomes = match self.drop_old_content() {
+            Ok(()) => self.block.submit(&mut ops),
+            Err(e) => {
+                // Each request fails with the same cause, ENOSPC included.
+                let e = io::Error::from(e);
+                let same = || match e.raw_os_error() {
+                    Some(code) => io::Error::from_raw_os_error(code),
+                    None => io::Error::new(e.kind(), e.to_string()),
+                };
+                ops.iter()
+                    .map(|_| {
+                        Err(BlockIoError::Control {
+                            what: "truncating the overwritten store file",
+                            path: self.block.path().to_owned(),
+                            source: same(),
+                        })
+                    })
+                    .collect()
+            }
+        };
         drop(ops);
         {
             let mut slots = self.slots();
@@ -319,7 +524,8 @@ impl Store for FileStore {
                     }
                     Err(e) => {
                         slots.table.free(slot);
-                        Err(self.store_error(requests[i].gpa, slot, e))
+                        let used = slots.table.used_slots();
+                        Err(self.store_error(requests[i].gpa, slot, used, e))
                     }
                 });
             }
@@ -345,12 +551,12 @@ impl Store for FileStore {
         if self.is_aligned(buf) {
             self.block
                 .read_at(offset, buf)
-                .map_err(|e| self.store_error(gpa, slot, e))?;
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
         } else {
             let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
             self.block
                 .read_at(offset, &mut bounce)
-                .map_err(|e| self.store_error(gpa, slot, e))?;
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
             buf.copy_from_slice(&bounce);
         }
         let found = crc32fast::hash(buf);
@@ -614,5 +820,176 @@ mod tests {
         let d = store.describe();
         assert!(d.starts_with("file:/var/tmp (unlinked temporary;"), "{d}");
         assert!(d.contains("/nonexistent-dir: No such file"), "{d}");
+    }
+
+    fn existing(name: &str, len: usize) -> (PathBuf, Vec<u8>) {
+        let path = test_dir().join(format!(".filestore-{name}-{}", std::process::id()));
+        let content: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+        std::fs::write(&path, &content).unwrap();
+        (path, content)
+    }
+
+    #[test]
+    fn an_existing_file_is_refused_and_kept_byte_for_byte() {
+        use std::os::unix::fs::PermissionsExt;
+        let (path, content) = existing("exists", 3 * MIB2 + 5);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = FileStore::create(&path, MIB2, 8 * MIB2 as u64).unwrap_err();
+        let kept = std::fs::read(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        std::fs::remove_file(&path).unwrap();
+        let text = err.to_string();
+        assert!(matches!(err, StoreOpenError::Exists { .. }), "{text}");
+        assert!(text.contains(",overwrite"), "{text}");
+        assert!(text.contains(&path.display().to_string()), "{text}");
+        assert!(kept == content, "the existing file must be kept");
+        assert_eq!(mode, 0o644, "nor its mode changed");
+        let err = FileStore::create(&test_dir(), MIB2, 8 * MIB2 as u64).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreOpenError::NotStorable {
+                    what: "directory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn overwrite_uses_an_existing_file_and_truncates_it_only_when_writing() {
+        let (path, content) = existing("overwrite", 3 * MIB2);
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        let store = FileStore::create_with(
+            &path,
+            MIB2,
+            4 * MIB2 as u64,
+            FileOptions { overwrite: true },
+            &BlockOptions::default(),
+        )
+        .unwrap();
+        assert!(
+            std::fs::read(&path).unwrap() == content,
+            "nothing is destroyed before the store writes"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = || std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(), 0o644, "nor its mode changed");
+        let a = unit_image(8, MIB2);
+        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), MIB2 as u64);
+        assert_eq!(mode(), 0o600, "a store's content is private");
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        store.read(slot, 0, &mut buf).unwrap();
+        assert!(buf[..] == a[..]);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_locked_file_is_refused_and_unchanged() {
+        let (path, content) = existing("locked", MIB2);
+        let other = std::fs::File::open(&path).unwrap();
+        lockfile::lock(&other, &path, LockMode::Shared, "--disk").unwrap();
+        let err = FileStore::create_with(
+            &path,
+            MIB2,
+            4 * MIB2 as u64,
+            FileOptions { overwrite: true },
+            &BlockOptions::default(),
+        )
+        .unwrap_err();
+        let kept = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let text = err.to_string();
+        assert!(matches!(err, StoreOpenError::Lock(_)), "{text}");
+        assert!(text.contains("in use"), "{text}");
+        assert!(text.contains("the swap store"), "{text}");
+        assert!(kept == content);
+        // Two stores on one new path: the second is refused as existing.
+        let (store, path) = created("twice", KIB4, 4);
+        let err = FileStore::create_with(
+            &path,
+            KIB4,
+            4 * KIB4 as u64,
+            FileOptions { overwrite: true },
+            &BlockOptions::default(),
+        )
+        .unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        drop(store);
+        assert!(matches!(err, StoreOpenError::Lock(_)), "{err}");
+    }
+
+    /// Runs `f` in a fresh 16 MiB tmpfs; prints SKIP and returns None where
+    /// mounting is not allowed.
+    fn with_small_tmpfs<R: Send>(test: &str, f: impl FnOnce(&Path) -> R + Send) -> Option<R> {
+        let r = crate::blockio::tests::with_mount(c"tmpfs", Some(c"size=16m"), f);
+        if r.is_none() {
+            eprintln!("SKIP {test}: cannot mount a tmpfs here (needs root and unshare)");
+        }
+        r
+    }
+
+    #[test]
+    fn a_full_filesystem_is_named_as_such_not_as_a_full_store() {
+        let outcome = with_small_tmpfs("a_full_filesystem_is_named_as_such", |dir| {
+            let store =
+                FileStore::temporary(dir, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
+            let a = unit_image(9, MIB2);
+            for k in 0..64u64 {
+                let res = store.write_batch(&[WriteRequest {
+                    gpa: k << 21,
+                    data: &a,
+                }]);
+                if let Err(e) = &res[0] {
+                    return Ok((
+                        k,
+                        e.to_string(),
+                        matches!(e, StoreError::FilesystemFull { .. }),
+                    ));
+                }
+            }
+            Err("64 units fitted in a 16 MiB tmpfs".to_string())
+        });
+        let Some(outcome) = outcome else { return };
+        let (written, text, is_fs_full) = outcome.unwrap();
+        assert!(is_fs_full, "{text}");
+        assert!(written < 16, "{written} units written");
+        assert!(text.contains("no space left on the filesystem"), "{text}");
+        assert!(text.contains("bytes free"), "{text}");
+        assert!(text.contains(&format!("{written} of 64 slots")), "{text}");
+        assert!(!text.contains("store is full"), "{text}");
+        assert!(
+            text.contains("TMPDIR") && text.contains(",reserve"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn reserve_on_a_too_small_filesystem_is_refused_at_open() {
+        let outcome = with_small_tmpfs("reserve_on_a_too_small_filesystem", |dir| {
+            let path = dir.join("store");
+            let mut big =
+                FileStore::create(&path, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
+            let err = big.reserve_capacity().err().map(|e| e.to_string());
+            drop(big);
+            let _ = std::fs::remove_file(&path);
+            let mut small =
+                FileStore::temporary(dir, MIB2, 4 * MIB2 as u64).map_err(|e| e.to_string())?;
+            small.reserve_capacity().map_err(|e| e.to_string())?;
+            Ok::<_, String>((err, small.block.len_bytes().unwrap()))
+        });
+        let Some(outcome) = outcome else { return };
+        let (err, small_len) = outcome.unwrap();
+        let text = err.expect("reserving 128 MiB on a 16 MiB tmpfs must fail");
+        assert!(text.contains("cannot reserve 134217728 bytes"), "{text}");
+        assert!(text.contains("bytes free"), "{text}");
+        assert!(!text.contains("unknown number"), "{text}");
+        assert_eq!(small_len, 4 * MIB2 as u64);
     }
 }

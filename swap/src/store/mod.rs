@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+mod capacity;
 pub mod codec;
 pub mod faulty;
 pub mod file;
@@ -13,9 +14,10 @@ pub mod spec;
 #[cfg(test)]
 mod test_support;
 
+pub use capacity::{required_capacity_bytes, CapacityNeed};
 pub use codec::Codec;
 pub use faulty::{Faults, FaultyStore};
-pub use file::FileStore;
+pub use file::{FileOptions, FileStore};
 pub use mem::MemStore;
 pub use open_error::StoreOpenError;
 pub use spec::{StoreSpec, StoreSpecError};
@@ -72,7 +74,8 @@ pub enum StoreError {
         /// Checksum of what was read.
         found: u32,
     },
-    /// No free slot (or no space left on the device) for the unit.
+    /// No free slot for the unit: the store's own capacity is used up (a
+    /// full filesystem is [`StoreError::FilesystemFull`]).
     #[error("swap store is full writing chunk at guest address {gpa:#x}: capacity {capacity_bytes} bytes ({capacity_slots} slots); give a larger store (e.g. --swap-store file:PATH,size=SIZE) or raise --mem-limit")]
     Full {
         /// Guest address of the unit.
@@ -81,6 +84,24 @@ pub enum StoreError {
         capacity_bytes: u64,
         /// Store capacity in slots.
         capacity_slots: u64,
+    },
+    /// The filesystem holding a file store ran out of space (`ENOSPC`, or
+    /// `EDQUOT`) before the store's own capacity did.
+    #[error("no space left on the filesystem holding the swap store {} ({source}) writing chunk at guest address {gpa:#x}: that filesystem has {} bytes free, while the store itself is not full ({used_slots} of {capacity_slots} slots in use). Free space on that filesystem, put the store on another one (--swap-store file:PATH, or TMPDIR for the default store), or add ,reserve to the store to claim its space at start", path.display(), free_bytes.map_or_else(|| "an unknown number of".to_string(), |b| b.to_string()))]
+    FilesystemFull {
+        /// Guest address of the unit.
+        gpa: u64,
+        /// The store's file (the directory, for a temporary store).
+        path: std::path::PathBuf,
+        /// Free bytes on that filesystem after the failure (`statvfs`).
+        free_bytes: Option<u64>,
+        /// Slots in use when the write failed.
+        used_slots: u64,
+        /// Store capacity in slots.
+        capacity_slots: u64,
+        /// The OS error (`ENOSPC` or `EDQUOT`).
+        #[source]
+        source: std::io::Error,
     },
     /// A slot that is not allocated was read or freed (an engine bug).
     #[error("swap store slot {slot} is not allocated (chunk at guest address {gpa:#x})")]

@@ -1,7 +1,10 @@
 //! Why a store could not be created, and the unit-size rule every store
 //! checks at creation.
 
+use std::path::PathBuf;
+
 use crate::blockio::BlockIoError;
+use crate::lockfile::LockError;
 
 /// Why creating a store failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +27,51 @@ pub enum StoreOpenError {
         capacity_bytes: u64,
         /// Unit size.
         unit_bytes: usize,
+    },
+    /// `file:PATH` names something that exists, and `,overwrite` was not
+    /// given: the store would destroy its content.
+    #[error("--swap-store file:{} names an existing {what}; the store would destroy its content, so it was left untouched: give a path that does not exist (the store creates it), or add ,overwrite (--swap-store file:{},overwrite) if that content may be lost", path.display(), path.display())]
+    Exists {
+        /// The path.
+        path: PathBuf,
+        /// What is there, e.g. `regular file of 67108864 bytes`.
+        what: String,
+    },
+    /// `file:PATH` names something no store can live in.
+    #[error("--swap-store file:{} is a {what}, not a regular file or block device; give a new file's path", path.display())]
+    NotStorable {
+        /// The path.
+        path: PathBuf,
+        /// What it is, e.g. `directory`.
+        what: &'static str,
+    },
+    /// The store's file is locked by another user.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// `,reserve` could not allocate the capacity.
+    #[error("cannot reserve {need_bytes} bytes for the swap store in {} (,reserve): {source}; the filesystem has {} bytes free. Free space there, use another directory (--swap-store file:PATH elsewhere, or TMPDIR for the default store), give a smaller size= if the memory limit allows, or drop ,reserve (the store then grows as it fills)", path.display(), free_bytes.map_or_else(|| "an unknown number of".to_string(), |b| b.to_string()))]
+    Reserve {
+        /// The store's file (the directory, for a temporary store).
+        path: PathBuf,
+        /// The capacity asked for.
+        need_bytes: u64,
+        /// Free bytes on that filesystem (`statvfs`), if known.
+        free_bytes: Option<u64>,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store holds fewer units than the run can need.
+    #[error("swap store {what} holds {capacity_bytes} bytes but this run can need {need_bytes} ({why}); give size={need_bytes} or more, or raise --mem-limit")]
+    TooSmallForRun {
+        /// What is too small (the `size=` given, or the device).
+        what: String,
+        /// Its capacity.
+        capacity_bytes: u64,
+        /// What the run can need ([`super::required_capacity_bytes`]).
+        need_bytes: u64,
+        /// Where the need comes from.
+        why: String,
     },
     /// No candidate directory could hold the temporary store file.
     #[error("no directory could hold the temporary swap store file ({tried}); set TMPDIR to a directory on a disk filesystem, or give --swap-store file:PATH")]

@@ -2,11 +2,21 @@
 //!
 //! Forms:
 //!
-//! - `default`: an unlinked temporary file store in `$TMPDIR` (else
-//!   `/var/tmp`), falling back as [`FileStore::temporary`] describes.
-//! - `file:PATH[,size=SIZE]`: a file (created or truncated) or block device.
-//!   SIZE caps the store; it defaults to the guest's RAM size. PATH cannot
-//!   contain a comma.
+//! - `default[,reserve]`: an unlinked temporary file store in `$TMPDIR`
+//!   (else `/var/tmp`), falling back as [`FileStore::temporary`] describes.
+//!   It grows as units are written, up to the guest's RAM size.
+//! - `file:PATH[,size=SIZE][,overwrite][,reserve]`: a new file (created,
+//!   mode 0600; never an existing one) or, with `overwrite`, an existing
+//!   file or block device whose content the store may destroy. SIZE caps the
+//!   store; it defaults to the guest's RAM size, and a SIZE below what the
+//!   memory limit can need is refused at start
+//!   ([`super::required_capacity_bytes`]). PATH cannot contain a comma.
+//! - `reserve` (with `default` and `file:`): allocate the whole capacity
+//!   with `fallocate` at start, so that a filesystem without room says so
+//!   before the guest runs instead of when the store fills.
+//!
+//! Every file store is locked (`flock`, exclusive) before anything is
+//! written to it; see [`crate::lockfile`].
 //! - `mem:lz4[,size=SIZE]`, `mem:zstd[,size=SIZE]`: compressed memory. SIZE
 //!   is the budget of compressed bytes; without it, only the slot count
 //!   (guest RAM / unit) limits the store.
@@ -25,11 +35,12 @@ use std::sync::Arc;
 
 use super::codec::Codec;
 use super::faulty::{Faults, FaultyStore};
-use super::file::FileStore;
+use super::file::{FileOptions, FileStore};
 use super::mem::MemStore;
-use super::{SharedStore, StoreOpenError};
+use super::{CapacityNeed, SharedStore, StoreOpenError};
+use crate::blockio::BlockOptions;
 
-const VALID_FORMS: &str = "default, file:PATH[,size=SIZE], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
+const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
 
 /// A parsed `--swap-store` value; see the module docs for the forms.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -37,12 +48,21 @@ pub enum StoreSpec {
     /// The embedded temporary file store.
     #[default]
     Default,
+    /// `default,reserve`: the temporary file store with its whole capacity
+    /// allocated at start. (A variant of its own so that `Default` stays a
+    /// plain value for the CLI's `unwrap_or(StoreSpec::Default)`.)
+    DefaultReserved,
     /// A file or block device.
     File {
         /// Where.
         path: PathBuf,
         /// Cap on the store's size; `None`: the guest RAM size.
         size_bytes: Option<u64>,
+        /// The path may exist (a file or block device) and its content be
+        /// destroyed; without it only a new file is created.
+        overwrite: bool,
+        /// Allocate the whole capacity at start (`fallocate`).
+        reserve: bool,
     },
     /// Compressed memory.
     Mem {
@@ -82,21 +102,36 @@ impl StoreSpec {
         default_capacity_bytes: u64,
     ) -> Result<SharedStore, StoreOpenError> {
         Ok(match self {
-            StoreSpec::Default => {
+            StoreSpec::Default | StoreSpec::DefaultReserved => {
                 let dir = std::env::var_os("TMPDIR")
                     .filter(|d| !d.is_empty())
                     .map_or_else(|| PathBuf::from("/var/tmp"), PathBuf::from);
-                Arc::new(FileStore::temporary(
-                    &dir,
-                    unit_bytes,
-                    default_capacity_bytes,
-                )?)
+                let mut store = FileStore::temporary(&dir, unit_bytes, default_capacity_bytes)?;
+                if *self == StoreSpec::DefaultReserved {
+                    store.reserve_capacity()?;
+                }
+                Arc::new(store)
             }
-            StoreSpec::File { path, size_bytes } => Arc::new(FileStore::create(
+            StoreSpec::File {
                 path,
-                unit_bytes,
-                size_bytes.unwrap_or(default_capacity_bytes),
-            )?),
+                size_bytes,
+                overwrite,
+                reserve,
+            } => {
+                let mut store = FileStore::create_with(
+                    path,
+                    unit_bytes,
+                    size_bytes.unwrap_or(default_capacity_bytes),
+                    FileOptions {
+                        overwrite: *overwrite,
+                    },
+                    &BlockOptions::default(),
+                )?;
+                if *reserve {
+                    store.reserve_capacity()?;
+                }
+                Arc::new(store)
+            }
             StoreSpec::Mem { codec, size_bytes } => {
                 let slots = (default_capacity_bytes / unit_bytes.max(1) as u64).max(1);
                 Arc::new(MemStore::new(*codec, unit_bytes, slots, *size_bytes)?)
@@ -106,6 +141,23 @@ impl StoreSpec {
                 *faults,
             )),
         })
+    }
+}
+
+impl StoreSpec {
+    /// Refuses, before anything is opened, a store whose size the user gave
+    /// (`size=`) below `need` (see [`super::required_capacity_bytes`]).
+    /// Memory stores are not checked: their `size=` counts compressed
+    /// bytes, so it says nothing about how many units fit.
+    pub fn check_size(&self, need: &CapacityNeed) -> Result<(), StoreOpenError> {
+        match self {
+            StoreSpec::File {
+                size_bytes: Some(size_bytes),
+                ..
+            } => need.check(&format!("size={size_bytes}"), *size_bytes),
+            StoreSpec::Faulty { inner, .. } => inner.check_size(need),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -121,17 +173,25 @@ impl FromStr for StoreSpec {
         let (kind, rest) = s.split_once(':').unwrap_or((s, ""));
         match kind {
             "default" if !s.contains(':') => Ok(StoreSpec::Default),
-            "default" => Err(fail("default takes no options".into())),
+            "default,reserve" if !s.contains(':') => Ok(StoreSpec::DefaultReserved),
+            "default" => Err(fail("default takes no options but ,reserve".into())),
+            k if k.starts_with("default,") => Err(fail(format!(
+                "unknown option {:?} of default, the only one is reserve",
+                &k["default,".len()..]
+            ))),
             "file" => {
                 let mut parts = rest.split(',');
                 let path = parts.next().unwrap_or("");
                 if path.is_empty() {
                     return Err(fail("file: needs a path".into()));
                 }
-                let size_bytes = parse_size_options(parts).map_err(fail)?;
+                let (size_bytes, flags) =
+                    parse_options(parts, &["overwrite", "reserve"]).map_err(fail)?;
                 Ok(StoreSpec::File {
                     path: PathBuf::from(path),
                     size_bytes,
+                    overwrite: flags.contains(&"overwrite"),
+                    reserve: flags.contains(&"reserve"),
                 })
             }
             "mem" => {
@@ -141,7 +201,7 @@ impl FromStr for StoreSpec {
                     "zstd" => Codec::Zstd,
                     other => return Err(fail(format!("unknown codec {other:?}, use lz4 or zstd"))),
                 };
-                let size_bytes = parse_size_options(parts).map_err(fail)?;
+                let (size_bytes, _) = parse_options(parts, &[]).map_err(fail)?;
                 Ok(StoreSpec::Mem { codec, size_bytes })
             }
             "faulty" => parse_faulty(rest).map_err(|reason| {
@@ -154,20 +214,32 @@ impl FromStr for StoreSpec {
     }
 }
 
-/// The `size=SIZE` option list of `file:` and `mem:`.
-fn parse_size_options<'a>(parts: impl Iterator<Item = &'a str>) -> Result<Option<u64>, String> {
+/// The option list of `file:` and `mem:`: `size=SIZE` and the bare
+/// `flags` this kind takes. Returns the size and the flags given.
+fn parse_options<'a>(
+    parts: impl Iterator<Item = &'a str>,
+    flags: &[&'static str],
+) -> Result<(Option<u64>, Vec<&'static str>), String> {
     let mut size = None;
+    let mut given = Vec::new();
     for part in parts {
+        if let Some(flag) = flags.iter().find(|f| **f == part) {
+            given.push(*flag);
+            continue;
+        }
         match part.split_once('=') {
             Some(("size", value)) => size = Some(parse_size(value)?),
             _ => {
+                let mut known = vec!["size=SIZE"];
+                known.extend_from_slice(flags);
                 return Err(format!(
-                    "unknown option {part:?}, the only option is size=SIZE"
-                ))
+                    "unknown option {part:?}, the options are {}",
+                    known.join(", ")
+                ));
             }
         }
     }
-    Ok(size)
+    Ok((size, given))
 }
 
 fn parse_faulty(rest: &str) -> Result<StoreSpec, String> {
@@ -233,9 +305,22 @@ impl fmt::Display for StoreSpec {
         };
         match self {
             StoreSpec::Default => f.write_str("default"),
-            StoreSpec::File { path, size_bytes } => {
+            StoreSpec::DefaultReserved => f.write_str("default,reserve"),
+            StoreSpec::File {
+                path,
+                size_bytes,
+                overwrite,
+                reserve,
+            } => {
                 write!(f, "file:{}", path.display())?;
-                size(f, size_bytes)
+                size(f, size_bytes)?;
+                if *overwrite {
+                    f.write_str(",overwrite")?;
+                }
+                if *reserve {
+                    f.write_str(",reserve")?;
+                }
+                Ok(())
             }
             StoreSpec::Mem { codec, size_bytes } => {
                 write!(f, "mem:{codec}")?;
@@ -277,16 +362,39 @@ mod tests {
             parse("file:/var/tmp/swap.img"),
             StoreSpec::File {
                 path: "/var/tmp/swap.img".into(),
-                size_bytes: None
+                size_bytes: None,
+                overwrite: false,
+                reserve: false,
             }
         );
         assert_eq!(
             parse("file:/dev/vdb,size=8G"),
             StoreSpec::File {
                 path: "/dev/vdb".into(),
-                size_bytes: Some(8 << 30)
+                size_bytes: Some(8 << 30),
+                overwrite: false,
+                reserve: false,
             }
         );
+        assert_eq!(
+            parse("file:/dev/vdb,overwrite,size=8G"),
+            StoreSpec::File {
+                path: "/dev/vdb".into(),
+                size_bytes: Some(8 << 30),
+                overwrite: true,
+                reserve: false,
+            }
+        );
+        assert_eq!(
+            parse("file:/x,reserve"),
+            StoreSpec::File {
+                path: "/x".into(),
+                size_bytes: None,
+                overwrite: false,
+                reserve: true,
+            }
+        );
+        assert_eq!(parse("default,reserve"), StoreSpec::DefaultReserved);
         assert_eq!(
             parse("mem:lz4"),
             StoreSpec::Mem {
@@ -336,6 +444,10 @@ mod tests {
         for s in [
             "default",
             "file:/var/tmp/x,size=1073741824",
+            "file:/var/tmp/x,size=1073741824,overwrite,reserve",
+            "file:/dev/sdz,overwrite",
+            "file:/var/tmp/x,reserve",
+            "default,reserve",
             "mem:lz4",
             "mem:zstd,size=4096",
             "faulty:read-error-after=3,full-after=9,inner=file:/var/tmp/y",
@@ -362,6 +474,9 @@ mod tests {
             ("", "unknown store kind"),
             ("disk:/x", "unknown store kind"),
             ("default:x", "takes no options"),
+            ("default,overwrite", "only one is reserve"),
+            ("mem:lz4,reserve", "unknown option"),
+            ("file:/x,overwrite=yes", "unknown option"),
             ("file:", "needs a path"),
             ("file:/x,size=", "bad size"),
             ("file:/x,sz=1G", "unknown option"),
@@ -374,7 +489,7 @@ mod tests {
             let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
             assert!(err.contains(why), "{bad:?}: {err}");
             assert!(
-                err.contains("file:PATH[,size=SIZE], mem:lz4"),
+                err.contains("file:PATH[,size=SIZE][,overwrite][,reserve], mem:lz4"),
                 "{bad:?}: {err}"
             );
         }
@@ -406,6 +521,39 @@ mod tests {
         };
         let _ = std::fs::remove_file(&path);
         assert!(matches!(err, StoreOpenError::TooSmall { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_size_below_the_runs_need_is_refused_before_opening() {
+        let need = CapacityNeed {
+            guest_ram_bytes: 1 << 30,
+            mem_limit_bytes: Some(256 << 20),
+            unit_bytes: 2 << 20,
+            in_flight_units: 32,
+        };
+        let path = "/nonexistent-dir/never-created";
+        let err = parse(&format!("file:{path},size=512M"))
+            .check_size(&need)
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, StoreOpenError::TooSmallForRun { .. }),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("size={}", (768 + 64) << 20)),
+            "{text}"
+        );
+        parse(&format!("file:{path},size=832M"))
+            .check_size(&need)
+            .unwrap();
+        // Without size= the store is the guest's size; memory stores count
+        // compressed bytes and are not checked.
+        parse(&format!("file:{path}")).check_size(&need).unwrap();
+        parse("mem:lz4,size=1M").check_size(&need).unwrap();
+        assert!(parse(&format!("faulty:inner=file:{path},size=2M"))
+            .check_size(&need)
+            .is_err());
     }
 
     #[test]
