@@ -141,7 +141,7 @@ fn options_that_do_not_apply_or_are_out_of_range_are_refused() {
         ),
         (
             &["--mem-limit", "128M"],
-            "--mem-limit 128 MiB is more than --mem 64 MiB",
+            "invalid --mem-limit: 128 MiB is more than the guest's 64 MiB of RAM",
         ),
         (
             &["--balloon-target", "4M"],

@@ -316,16 +316,8 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     }
     let swap_unit = args.swap_unit.unwrap_or_default();
     if let Some(limit_bytes) = args.mem_limit {
-        swap_setup::check_mem_limit(limit_bytes, swap_unit.bytes(), args.vcpus)
+        swap_setup::check_mem_limit(limit_bytes, swap_unit.bytes(), args.vcpus, args.mem)
             .context("invalid --mem-limit")?;
-        if limit_bytes > args.mem {
-            bail!(
-                "--mem-limit {} is more than --mem {}: the limit caps resident guest RAM, so give at most {} (or drop --mem-limit and give --swap-store to run the engine without a cap)",
-                format_size(limit_bytes),
-                format_size(args.mem),
-                format_size(args.mem)
-            );
-        }
     }
     let balloon_target_pages = match args.balloon_target {
         Some(bytes) => {

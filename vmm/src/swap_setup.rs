@@ -35,6 +35,14 @@ pub enum MemLimitError {
         /// The unit.
         unit_bytes: u64,
     },
+    /// More than the guest has.
+    #[error("{} is more than the guest's {} of RAM: the limit caps resident guest RAM, so give at most {} (or `none` / no --mem-limit for no cap)", format_size(*limit_bytes), format_size(*mem_bytes), format_size(*mem_bytes))]
+    AboveRam {
+        /// The limit asked for.
+        limit_bytes: u64,
+        /// Guest RAM.
+        mem_bytes: u64,
+    },
     /// Too small for the guest to make progress.
     #[error("{} is below the {} {vcpus} vCPU(s) need to make progress (8 MiB per vCPU + 8 MiB): one guest instruction can touch several chunks (code, data, stack, page tables), and a limit below that evicts one of them to restore another, for ever", format_size(*limit_bytes), format_size(*min_bytes))]
     TooSmall {
@@ -56,8 +64,20 @@ pub fn min_mem_limit_bytes(vcpus: u32) -> u64 {
 }
 
 /// Checks a memory limit (`--mem-limit`, or the control socket's
-/// `mem-limit`) for a VM of `vcpus` vCPUs swapping in `unit_bytes` units.
-pub fn check_mem_limit(limit_bytes: u64, unit_bytes: u64, vcpus: u32) -> Result<(), MemLimitError> {
+/// `mem-limit`) for a VM of `vcpus` vCPUs and `mem_bytes` of RAM swapping
+/// in `unit_bytes` units.
+pub fn check_mem_limit(
+    limit_bytes: u64,
+    unit_bytes: u64,
+    vcpus: u32,
+    mem_bytes: u64,
+) -> Result<(), MemLimitError> {
+    if limit_bytes > mem_bytes {
+        return Err(MemLimitError::AboveRam {
+            limit_bytes,
+            mem_bytes,
+        });
+    }
     if limit_bytes.checked_rem(unit_bytes) != Some(0) {
         return Err(MemLimitError::NotWholeUnits {
             limit_bytes,
@@ -159,18 +179,25 @@ mod tests {
 
     #[test]
     fn limits_must_be_whole_units_and_leave_room_to_progress() {
+        const GIB: u64 = 1 << 30;
         let mib = 1 << 20;
-        assert_eq!(check_mem_limit(16 * mib, 2 * mib, 1), Ok(()));
-        assert_eq!(check_mem_limit(40 * mib, 2 * mib, 4), Ok(()));
+        assert_eq!(check_mem_limit(16 * mib, 2 * mib, 1, GIB), Ok(()));
+        assert_eq!(check_mem_limit(40 * mib, 2 * mib, 4, GIB), Ok(()));
         assert!(matches!(
-            check_mem_limit(14 * mib, 2 * mib, 1),
+            check_mem_limit(14 * mib, 2 * mib, 1, GIB),
             Err(MemLimitError::TooSmall { min_bytes, .. }) if min_bytes == 16 * mib
         ));
         assert!(matches!(
-            check_mem_limit(39 * mib, 2 * mib, 4),
+            check_mem_limit(39 * mib, 2 * mib, 4, GIB),
             Err(MemLimitError::NotWholeUnits { .. })
         ));
         // The 4 KiB baseline takes any whole number of pages.
-        assert_eq!(check_mem_limit(16 * mib + 4096, 4096, 1), Ok(()));
+        assert_eq!(check_mem_limit(16 * mib + 4096, 4096, 1, GIB), Ok(()));
+        // Not more than the guest has (`ctl mem-limit 1T` on a 1 GiB VM).
+        assert!(matches!(
+            check_mem_limit(1 << 40, 2 * mib, 1, GIB),
+            Err(MemLimitError::AboveRam { .. })
+        ));
+        assert_eq!(check_mem_limit(GIB, 2 * mib, 1, GIB), Ok(()));
     }
 }
