@@ -262,6 +262,22 @@ impl UffdError {
         }
     }
 
+    /// The same error with `done_bytes` replaced (progress summed over the
+    /// calls of a whole-range operation).
+    fn with_done_bytes(self, total: u64) -> UffdError {
+        match self {
+            UffdError::Ioctl {
+                op, range, source, ..
+            } => UffdError::Ioctl {
+                op,
+                range,
+                done_bytes: total,
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// True when the destination was already populated (another path
     /// resolved the fault).
     pub fn is_eexist(&self) -> bool {
@@ -404,6 +420,30 @@ impl AsRawFd for Uffd {
     }
 }
 
+/// Runs `op(done)` until the range of `len` bytes is done: `op` reports
+/// partial progress in its error (`done_bytes`), `EAGAIN` is retried, and
+/// any other error is returned with the progress added up over all calls.
+fn whole_range(
+    len: u64,
+    mut op: impl FnMut(u64) -> Result<(), UffdError>,
+) -> Result<(), UffdError> {
+    let mut done = 0;
+    loop {
+        match op(done) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.errno() == Some(libc::EAGAIN) && done + e.done_bytes() < len => {
+                done += e.done_bytes();
+                std::thread::yield_now();
+            }
+            Err(e) if e.errno() == Some(libc::EAGAIN) => return Ok(()),
+            Err(e) => {
+                let total = done + e.done_bytes();
+                return Err(e.with_done_bytes(total));
+            }
+        }
+    }
+}
+
 fn os_err(ret: libc::c_int) -> Result<(), std::io::Error> {
     if ret < 0 {
         Err(std::io::Error::last_os_error())
@@ -495,7 +535,17 @@ impl Uffd {
 
     /// Registers `[start, start+len)` with `modes` (see [`mode`]); returns
     /// the mask of range ioctls available on it (see [`ioctl_bit`]).
-    pub fn register(&self, start: u64, len: u64, modes: u64) -> Result<u64, UffdError> {
+    ///
+    /// # Safety
+    ///
+    /// From here on every access to a missing page of the range blocks
+    /// until this userfaultfd resolves it, and reads zeros once it is
+    /// closed. The caller must own the range (no Rust reference into it may
+    /// assume its pages stay populated: they are moved away and back
+    /// behind the compiler's back), serve its faults for as long as anything
+    /// may touch it, and never touch a missing page of it from the thread
+    /// that serves them.
+    pub unsafe fn register(&self, start: u64, len: u64, modes: u64) -> Result<u64, UffdError> {
         let mut reg = UffdioRegister {
             range: UffdioRange { start, len },
             mode: modes,
@@ -601,7 +651,15 @@ impl Uffd {
     /// without copying (a 2 MiB aligned THP moves as one PMD). `dst` must be
     /// registered with this userfaultfd. On failure the error reports the
     /// bytes already moved.
-    pub fn move_pages(
+    ///
+    /// # Safety
+    ///
+    /// The pages leave `src` (it reads as missing after) and appear at
+    /// `dst`: the caller must own both ranges and hold no Rust reference
+    /// into either across the call (the memory is reached through raw
+    /// pointers only), and must be the owner of the units they hold in the
+    /// engine's state table, so that no other thread expects them in place.
+    pub unsafe fn move_pages(
         &self,
         dst: u64,
         src: u64,
@@ -624,8 +682,8 @@ impl Uffd {
         };
         // SAFETY: valid fd; `arg` is a live `struct uffdio_move`. The kernel
         // checks both ranges belong to this process's anonymous mappings;
-        // callers hold no Rust references into either range across the
-        // call (the memory is only accessed through raw pointers).
+        // the caller holds no Rust references into either range across the
+        // call (this function's contract).
         let ret =
             unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(self, nr::uffdio_move(), &mut arg) };
         os_err(ret).map_err(|source| {
@@ -635,6 +693,42 @@ impl Uffd {
                 arg.moved.max(0) as u64,
                 source,
             )
+        })
+    }
+
+    /// [`Uffd::move_pages`] of a whole range: continues after partial
+    /// progress and `EAGAIN` (the kernel's word for "the mappings changed
+    /// under me, try again"); any other error is returned with the bytes
+    /// moved so far, counted from `dst`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Uffd::move_pages`].
+    pub unsafe fn move_all(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        options: MoveOptions,
+    ) -> Result<(), UffdError> {
+        whole_range(len, |done| {
+            // SAFETY: the caller's contract covers the whole range, so
+            // every part of it.
+            unsafe { self.move_pages(dst + done, src + done, len - done, options) }
+        })
+    }
+
+    /// [`Uffd::copy`] of a whole range, continuing as [`Uffd::move_all`]
+    /// does.
+    pub fn copy_all(
+        &self,
+        dst: u64,
+        src: u64,
+        len: u64,
+        options: CopyOptions,
+    ) -> Result<(), UffdError> {
+        whole_range(len, |done| {
+            self.copy(dst + done, src + done, len - done, options)
         })
     }
 

@@ -45,9 +45,9 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     let guest = AnonMapping::new(4 * MB2).unwrap();
     let g = *guest.range();
     g.advise_hugepage(0, 4 * MB2).unwrap();
-    let ioctls = uffd
-        .register(g.base(), g.len(), mode::MISSING | mode::WP)
-        .unwrap();
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    let ioctls = unsafe { uffd.register(g.base(), g.len(), mode::MISSING | mode::WP) }.unwrap();
     assert!(ioctls & (1 << ioctl_bit::MOVE) != 0, "ioctls {ioctls:#x}");
     let addr = g.base() + MB2 + 12345;
     let toucher = std::thread::spawn(move || {
@@ -63,12 +63,16 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
         other => panic!("unexpected {other:?}"),
     }
     let buf = thp_buffer(0xab);
-    uffd.move_pages(
-        g.base() + MB2,
-        buf.range().base(),
-        MB2,
-        MoveOptions::default(),
-    )
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe {
+        uffd.move_pages(
+            g.base() + MB2,
+            buf.range().base(),
+            MB2,
+            MoveOptions::default(),
+        )
+    }
     .unwrap();
     assert_eq!(toucher.join().unwrap(), 0xab);
     let (huge, rss) = huge_and_rss_bytes(g.base(), g.len());
@@ -77,38 +81,49 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
 
     // Moving into the same place again: EEXIST (someone resolved it).
     let buf2 = thp_buffer(1);
-    let err = uffd
-        .move_pages(
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    let err = unsafe {
+        uffd.move_pages(
             g.base() + MB2,
             buf2.range().base(),
             MB2,
             MoveOptions::default(),
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert!(err.is_eexist(), "{err}");
     assert!(err.to_string().contains("UFFDIO_MOVE dst="), "{err}");
 
     // Moving out into an unregistered range fails with EINVAL; into a
     // registered parking area it works and keeps the PMD.
     let unreg = AnonMapping::new(MB2).unwrap();
-    let err = uffd
-        .move_pages(
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    let err = unsafe {
+        uffd.move_pages(
             unreg.range().base(),
             g.base() + MB2,
             MB2,
             MoveOptions::default(),
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(err.errno(), Some(libc::EINVAL), "{err}");
     let park = AnonMapping::new(MB2).unwrap();
-    uffd.register(park.range().base(), MB2, mode::MISSING)
-        .unwrap();
-    uffd.move_pages(
-        park.range().base(),
-        g.base() + MB2,
-        MB2,
-        MoveOptions::default(),
-    )
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe { uffd.register(park.range().base(), MB2, mode::MISSING) }.unwrap();
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe {
+        uffd.move_pages(
+            park.range().base(),
+            g.base() + MB2,
+            MB2,
+            MoveOptions::default(),
+        )
+    }
     .unwrap();
     let (huge, _) = huge_and_rss_bytes(park.range().base(), MB2);
     assert_eq!(huge, MB2, "parked chunk stays huge");
@@ -125,11 +140,13 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
     let guest = AnonMapping::new(MB2).unwrap();
     let g = *guest.range();
     g.advise_hugepage(0, MB2).unwrap();
-    uffd.register(g.base(), MB2, mode::MISSING | mode::WP)
-        .unwrap();
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
     let buf = thp_buffer(7);
-    uffd.move_pages(g.base(), buf.range().base(), MB2, MoveOptions::default())
-        .unwrap();
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe { uffd.move_pages(g.base(), buf.range().base(), MB2, MoveOptions::default()) }.unwrap();
     uffd.write_protect(g.base(), MB2).unwrap();
     let addr = g.base() + 4096 * 3;
     let writer = std::thread::spawn(move || {
@@ -173,8 +190,9 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     let guest = AnonMapping::new(MB2).unwrap();
     let g = *guest.range();
     g.advise_nohugepage(0, MB2).unwrap();
-    uffd.register(g.base(), MB2, mode::MISSING | mode::WP)
-        .unwrap();
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
     let src = AnonMapping::new(MB2).unwrap();
     src.range().touch(0, MB2);
     // SAFETY: test-owned populated buffer.
@@ -204,41 +222,57 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     assert_eq!(unsafe { g.slice(0, 1) }[0], 5);
     // Move a copied page and a zero page out to a registered parking area.
     let park = AnonMapping::new(MB2).unwrap();
-    uffd.register(park.range().base(), MB2, mode::MISSING)
-        .unwrap();
-    uffd.move_pages(
-        park.range().base(),
-        g.base(),
-        PAGE_BYTES,
-        MoveOptions::default(),
-    )
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe { uffd.register(park.range().base(), MB2, mode::MISSING) }.unwrap();
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe {
+        uffd.move_pages(
+            park.range().base(),
+            g.base(),
+            PAGE_BYTES,
+            MoveOptions::default(),
+        )
+    }
     .unwrap();
-    let zero_move = uffd.move_pages(
-        park.range().base() + PAGE_BYTES,
-        g.base() + PAGE_BYTES,
-        PAGE_BYTES,
-        MoveOptions::default(),
-    );
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    let zero_move = unsafe {
+        uffd.move_pages(
+            park.range().base() + PAGE_BYTES,
+            g.base() + PAGE_BYTES,
+            PAGE_BYTES,
+            MoveOptions::default(),
+        )
+    };
     println!("MOVE of a zero-page pte: {zero_move:?}");
     // Holes in the source: ENOENT unless allowed.
-    let err = uffd
-        .move_pages(
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    let err = unsafe {
+        uffd.move_pages(
             park.range().base() + 2 * PAGE_BYTES,
             g.base() + 2 * PAGE_BYTES,
             PAGE_BYTES,
             MoveOptions::default(),
         )
-        .unwrap_err();
+    }
+    .unwrap_err();
     assert_eq!(err.errno(), Some(libc::ENOENT), "{err}");
-    uffd.move_pages(
-        park.range().base() + 2 * PAGE_BYTES,
-        g.base() + 2 * PAGE_BYTES,
-        PAGE_BYTES,
-        MoveOptions {
-            allow_src_holes: true,
-            dont_wake: false,
-        },
-    )
+    // SAFETY: the test owns these mappings, reaches them through raw
+    // addresses only, and serves the faults it causes itself.
+    unsafe {
+        uffd.move_pages(
+            park.range().base() + 2 * PAGE_BYTES,
+            g.base() + 2 * PAGE_BYTES,
+            PAGE_BYTES,
+            MoveOptions {
+                allow_src_holes: true,
+                dont_wake: false,
+            },
+        )
+    }
     .unwrap();
     let mut present = Vec::new();
     park.range()

@@ -33,7 +33,7 @@ use super::hash::scan;
 use super::mapping::{punch_hole, PAGE_BYTES};
 use super::recycle::release_parked;
 use super::stats::{add, bump};
-use super::{fault, Backing, Shared, SwapError};
+use super::{Backing, Shared, SwapError};
 use crate::chunk::{Settled, Tag, UnitState};
 use crate::store::WriteRequest;
 use crate::uffd::MoveOptions;
@@ -152,7 +152,9 @@ impl<'a> Evictor<'a> {
                 };
                 let mut tries = 0;
                 loop {
-                    match fault::move_all(s, dst, src, len, options) {
+                    // SAFETY: this evictor owns the unit (Evicting) and the
+                    // parking slot; both are reached through raw addresses.
+                    match unsafe { s.uffd.move_all(dst, src, len, options) } {
                         Ok(()) => break,
                         Err(e)
                             if e.errno() == Some(libc::EBUSY)
@@ -166,17 +168,12 @@ impl<'a> Evictor<'a> {
                             // Put back what moved, if anything, and give up.
                             let moved = e.done_bytes();
                             if moved > 0 {
-                                fault::move_all(
-                                    s,
-                                    src,
-                                    dst,
-                                    moved,
-                                    MoveOptions {
-                                        allow_src_holes: true,
-                                        dont_wake: false,
-                                    },
-                                )
-                                .map_err(|e| {
+                                let back = MoveOptions {
+                                    allow_src_holes: true,
+                                    dont_wake: false,
+                                };
+                                // SAFETY: as for the move above, reversed.
+                                unsafe { s.uffd.move_all(src, dst, moved, back) }.map_err(|e| {
                                     SwapError::uffd(
                                         format!(
                                             "putting back the partly moved chunk at {}",

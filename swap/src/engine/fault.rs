@@ -189,51 +189,6 @@ fn count_install(s: &Shared, huge: bool) {
     });
 }
 
-/// UFFDIO_MOVE of a whole range, continuing after partial progress.
-pub(crate) fn move_all(
-    s: &Shared,
-    dst: u64,
-    src: u64,
-    len: u64,
-    options: MoveOptions,
-) -> Result<(), UffdError> {
-    let mut done = 0;
-    loop {
-        match s
-            .uffd
-            .move_pages(dst + done, src + done, len - done, options)
-        {
-            Ok(()) => return Ok(()),
-            Err(e) if e.errno() == Some(libc::EAGAIN) => {
-                done += e.done_bytes();
-                std::thread::yield_now();
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// UFFDIO_COPY of a whole range, continuing after partial progress.
-fn copy_all(
-    s: &Shared,
-    dst: u64,
-    src: u64,
-    len: u64,
-    options: CopyOptions,
-) -> Result<(), UffdError> {
-    let mut done = 0;
-    loop {
-        match s.uffd.copy(dst + done, src + done, len - done, options) {
-            Ok(()) => return Ok(()),
-            Err(e) if e.errno() == Some(libc::EAGAIN) => {
-                done += e.done_bytes();
-                std::thread::yield_now();
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 /// Installs a filled THP buffer (fresh or recycled) on the unit, leaving the
 /// faulting threads asleep (see [`wake_unit`]). An EEXIST means the unit was populated by someone else: the
 /// caller's data would be lost, which the state machine rules out, so it is
@@ -255,7 +210,13 @@ fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<boo
     let started = std::time::Instant::now();
     let mut done = 0;
     let result = loop {
-        match move_all(s, dst + done, buf.addr + done, s.unit_bytes - done, options) {
+        // SAFETY: this thread owns the unit (Loading) and the buffer; the
+        // unit's range is missing and nothing holds a reference into it
+        // or into the buffer (raw addresses only).
+        match unsafe {
+            s.uffd
+                .move_all(dst + done, buf.addr + done, s.unit_bytes - done, options)
+        } {
             Err(e)
                 if e.errno() == Some(libc::EBUSY)
                     && started.elapsed() < std::time::Duration::from_secs(1) =>
@@ -288,17 +249,17 @@ fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, 
         Backing::Thp => install_thp_buffer(s, unit, recycle::take_zeroed(s))?,
         Backing::Hugetlb { .. } => {
             let zero = s.zero_source.as_ref().map_or(0, |z| z.range().base());
-            copy_all(
-                s,
-                dst,
-                zero,
-                s.unit_bytes,
-                CopyOptions {
-                    write_protect: false,
-                    dont_wake: true,
-                },
-            )
-            .map_err(|e| format!("cannot zero-fill the chunk at {}: {e}", s.unit_name(unit)))?;
+            s.uffd
+                .copy_all(
+                    dst,
+                    zero,
+                    s.unit_bytes,
+                    CopyOptions {
+                        write_protect: false,
+                        dont_wake: true,
+                    },
+                )
+                .map_err(|e| format!("cannot zero-fill the chunk at {}: {e}", s.unit_name(unit)))?;
             true
         }
         Backing::Small => {
@@ -363,8 +324,7 @@ fn restore_from_store(
             huge
         }
         Backing::Hugetlb { .. } | Backing::Small => {
-            let result = copy_all(
-                s,
+            let result = s.uffd.copy_all(
                 dst,
                 buf.addr,
                 s.unit_bytes,
@@ -406,7 +366,9 @@ fn move_back(s: &Shared, dst: u64, src: u64) -> Result<bool, UffdError> {
         allow_src_holes: false,
         dont_wake: true,
     };
-    match move_all(s, dst, src, s.unit_bytes, options) {
+    // SAFETY: this thread owns the unit (Loading) and so its parking slot;
+    // both are reached through raw addresses only.
+    match unsafe { s.uffd.move_all(dst, src, s.unit_bytes, options) } {
         Ok(()) => Ok(true),
         Err(e) if e.errno() == Some(libc::EBUSY) && e.done_bytes() == 0 => Ok(false),
         Err(e) => Err(e),
@@ -443,8 +405,23 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
         Backing::Small => {
             let moved = !writing && move_back(s, dst, src).map_err(fail)?;
             if !moved {
-                copy_all(
-                    s,
+                s.uffd
+                    .copy_all(
+                        dst,
+                        src,
+                        s.unit_bytes,
+                        CopyOptions {
+                            write_protect: false,
+                            dont_wake: true,
+                        },
+                    )
+                    .map_err(fail)?;
+            }
+            false
+        }
+        Backing::Hugetlb { .. } => {
+            s.uffd
+                .copy_all(
                     dst,
                     src,
                     s.unit_bytes,
@@ -454,21 +431,6 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Str
                     },
                 )
                 .map_err(fail)?;
-            }
-            false
-        }
-        Backing::Hugetlb { .. } => {
-            copy_all(
-                s,
-                dst,
-                src,
-                s.unit_bytes,
-                CopyOptions {
-                    write_protect: false,
-                    dont_wake: true,
-                },
-            )
-            .map_err(fail)?;
             true
         }
     };

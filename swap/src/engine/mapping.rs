@@ -152,9 +152,14 @@ impl RawRange {
     pub fn copy_from(&self, dst_offset: u64, src: &RawRange, src_offset: u64, len: u64) {
         self.check(dst_offset, len);
         src.check(src_offset, len);
+        let (dst_start, src_start) = (self.base + dst_offset, src.base + src_offset);
+        assert!(
+            dst_start + len <= src_start || src_start + len <= dst_start,
+            "copy_from: [{dst_start:#x}, +{len:#x}) overlaps the source [{src_start:#x}, +{len:#x})"
+        );
         // SAFETY: both ranges are mapped and populated, owned by the caller
-        // for the duration, and belong to distinct units so they do not
-        // overlap.
+        // for the duration (raw pointers, no references), and do not
+        // overlap (checked above).
         unsafe {
             std::ptr::copy_nonoverlapping(src.ptr(src_offset), self.ptr(dst_offset), len as usize)
         };
@@ -362,6 +367,15 @@ impl PagemapScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[should_panic(expected = "overlaps the source")]
+    fn copy_from_refuses_overlapping_ranges() {
+        let mapping = AnonMapping::new(2 * PAGE_BYTES).unwrap();
+        let range = *mapping.range();
+        range.touch(0, 2 * PAGE_BYTES);
+        range.copy_from(0, &range, 100, PAGE_BYTES);
+    }
 
     #[test]
     fn pagemap_scan_tells_huge_pages_from_small_and_empty_ones() {

@@ -241,7 +241,11 @@ impl SwapEngine {
             Backing::Hugetlb { .. } => {}
         }
         let modes = mode::MISSING | if wp_registered { mode::WP } else { 0 };
-        uffd.register(guest.base(), guest.len(), modes)
+        // SAFETY: the VMM hands this mapping to the engine for its lifetime
+        // and reaches it only as guest memory (raw pointers, KVM, devices
+        // through vm-memory); the fault threads started below serve its
+        // faults until shutdown, and they never touch guest RAM themselves.
+        unsafe { uffd.register(guest.base(), guest.len(), modes) }
             .map_err(|e| SwapError::uffd("registering guest RAM", e))?;
 
         let batch_units = config.batch_units_or_default();
@@ -259,7 +263,10 @@ impl SwapEngine {
             .map_err(|e| SwapError::os("mapping the parking area", e))?;
         let parking_registered = !matches!(backing, Backing::Hugetlb { .. });
         if parking_registered {
-            uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING)
+            // SAFETY: the parking area is the engine's own mapping, reached
+            // through raw addresses only; its holes are filled before any
+            // thread reads them (see `staging`).
+            unsafe { uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING) }
                 .map_err(|e| SwapError::uffd("registering the parking area", e))?;
         }
         let pool_mode = if backing == Backing::Thp {

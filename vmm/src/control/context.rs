@@ -139,7 +139,8 @@ impl ControlContext {
             return error_reply(NO_ENGINE);
         };
         if let Some(bytes) = limit_bytes {
-            if let Err(e) = check_mem_limit(bytes, engine.unit_bytes(), self.vcpus, self.mem_bytes) {
+            if let Err(e) = check_mem_limit(bytes, engine.unit_bytes(), self.vcpus, self.mem_bytes)
+            {
                 return error_reply(format!("mem-limit: {e}"));
             }
         }
