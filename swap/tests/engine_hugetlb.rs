@@ -128,7 +128,7 @@ fn hugetlb_chunks_round_trip_through_the_store() {
         region,
         store.clone(),
         config(SwapUnit::Huge2M),
-        Box::new(move |m| log.lock().unwrap().push(m)),
+        Box::new(move |e: &swap::engine::SwapError| log.lock().unwrap().push(e.to_string())),
     )
     .unwrap();
 

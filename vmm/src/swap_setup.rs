@@ -149,7 +149,8 @@ pub fn start(
     .with_context(|| format!("cannot use --swap-store {}", options.store))?;
     // The engine calls this from its own threads; the run loop ends the VM.
     let events = Mutex::new(events);
-    let on_fatal = Box::new(move |message: String| {
+    let on_fatal = Box::new(move |error: &swap::engine::SwapError| {
+        let message = error.to_string();
         let _ = events
             .lock()
             .unwrap_or_else(|e| e.into_inner())

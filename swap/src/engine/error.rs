@@ -30,6 +30,30 @@ pub enum SwapError {
         #[source]
         source: std::io::Error,
     },
+    /// A userfaultfd operation on one unit failed; `what` names the
+    /// operation and the unit's guest address.
+    #[error("cannot {what}: {source}")]
+    UnitUffd {
+        /// E.g. "zero-fill the chunk at gpa 0x...".
+        what: String,
+        /// The failed operation.
+        #[source]
+        source: UffdError,
+    },
+    /// The store failed for one unit; `what` names the operation and the
+    /// unit's guest address. The unit stays in memory or its faults stay
+    /// blocked: it is never zero-filled.
+    #[error("cannot {what}: {source}")]
+    UnitStore {
+        /// E.g. "restore the swapped-out chunk at gpa 0x...".
+        what: String,
+        /// The store's complaint.
+        #[source]
+        source: StoreError,
+    },
+    /// The store broke its contract (e.g. no result for a write).
+    #[error("{0}")]
+    StoreContract(String),
     /// The engine is shutting down.
     #[error("swap engine is shutting down")]
     ShuttingDown,
@@ -39,6 +63,22 @@ impl SwapError {
     /// Wraps a userfaultfd error with context.
     pub(crate) fn uffd(what: impl Into<String>, source: UffdError) -> SwapError {
         SwapError::Uffd {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// A failed userfaultfd operation on one unit.
+    pub(crate) fn unit_uffd(what: impl Into<String>, source: UffdError) -> SwapError {
+        SwapError::UnitUffd {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// A failed store operation on one unit.
+    pub(crate) fn unit_store(what: impl Into<String>, source: StoreError) -> SwapError {
+        SwapError::UnitStore {
             what: what.into(),
             source,
         }

@@ -130,7 +130,7 @@ impl<'a> Evictor<'a> {
             Err(e) => {
                 // The unit may be half moved: leave it Evicting (faults on it
                 // block) and let the VMM exit.
-                s.fatal(e.to_string());
+                s.fatal(&e);
                 return Err(e);
             }
         }
@@ -327,19 +327,20 @@ impl<'a> Evictor<'a> {
             match results.next() {
                 Some(Ok(slot)) => self.complete(unit, p, Some(slot)),
                 Some(Err(e)) => {
-                    s.fatal(format!(
-                        "cannot swap out the chunk at {}: {e}",
-                        s.unit_name(unit)
-                    ));
+                    let error = SwapError::unit_store(
+                        format!("swap out the chunk at {}", s.unit_name(unit)),
+                        e,
+                    );
+                    s.fatal(&error);
                     self.complete(unit, p, None);
-                    first_error.get_or_insert(SwapError::Store(e));
+                    first_error.get_or_insert(error);
                 }
                 None => {
-                    s.fatal(format!(
+                    s.fatal(&SwapError::StoreContract(format!(
                         "store {} returned no result for the chunk at {}",
                         s.store.describe(),
                         s.unit_name(unit)
-                    ));
+                    )));
                     self.complete(unit, p, None);
                 }
             }

@@ -25,7 +25,7 @@ use std::time::Instant;
 use super::mapping::PAGE_BYTES;
 use super::recycle::{self, RestoreBuffer};
 use super::stats::{add, bump, FaultSource};
-use super::{evict, Backing, Shared};
+use super::{limit, Backing, Shared, SwapError};
 use crate::chunk::{Restored, Tag, UnitState};
 use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, UffdEvent};
 
@@ -47,13 +47,19 @@ pub(crate) fn run(s: &Shared) {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
-                s.fatal(format!("swap fault service stopped: {e}"));
+                s.fatal(&SwapError::uffd(
+                    "reading fault messages (the fault service stopped)",
+                    e,
+                ));
                 return;
             }
         }
         events.clear();
         if let Err(e) = s.uffd.read_events(&mut events, 8) {
-            s.fatal(format!("swap fault service stopped: {e}"));
+            s.fatal(&SwapError::uffd(
+                "reading fault messages (the fault service stopped)",
+                e,
+            ));
             return;
         }
         let read_at = Instant::now();
@@ -84,7 +90,7 @@ pub(crate) fn run(s: &Shared) {
                     }
                 }
                 Ok(Outcome::Blocked) => {}
-                Err(e) => s.fatal(e),
+                Err(e) => s.fatal(&e),
             }
         }
     }
@@ -97,7 +103,7 @@ fn page_of(address: u64) -> u64 {
 /// Resolves one fault. Errors are fatal messages for the VMM.
 /// `write`: the faulting access was a write (a unit restored for a write
 /// is dirty at once, so it is not installed write-protected).
-fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outcome, String> {
+fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outcome, SwapError> {
     let guest = &s.guest;
     if address < guest.base() || address >= guest.base() + guest.len() {
         let parking = s.parking.raw();
@@ -121,7 +127,7 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                 }
             }
             Tag::Absent | Tag::Stored => {
-                claim_memory(s);
+                limit::claim_memory(s);
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     s.limiter.release();
                     continue;
@@ -148,30 +154,6 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
     }
 }
 
-/// Reserves one unit of memory, evicting first when at the limit.
-fn claim_memory(s: &Shared) {
-    if s.limiter.try_reserve() {
-        return;
-    }
-    bump(&s.counters.evict_waits);
-    loop {
-        let released = evict::evict_for_room(s, 1);
-        if s.limiter.try_reserve() {
-            return;
-        }
-        if (released == 0 && evict::nothing_in_flight(s)) || s.stopping() {
-            // Nothing can be evicted (all pinned, or the limit is below
-            // what is in use by in-flight restores): go over rather than
-            // deadlock the guest.
-            s.limiter.force_reserve();
-            return;
-        }
-        if released == 0 {
-            std::thread::yield_now();
-        }
-    }
-}
-
 /// How a unit restored without a store copy was installed.
 fn restored(huge: bool) -> Restored {
     Restored {
@@ -193,7 +175,7 @@ fn count_install(s: &Shared, huge: bool) {
 /// faulting threads asleep (see [`wake_unit`]). An EEXIST means the unit was populated by someone else: the
 /// caller's data would be lost, which the state machine rules out, so it is
 /// reported as an error.
-fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<bool, String> {
+fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<bool, SwapError> {
     let dst = s.unit_addr(unit);
     let huge = buf.huge;
     let options = MoveOptions {
@@ -235,15 +217,15 @@ fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<boo
         }
         Err(e) => {
             recycle::put_populated(s, buf);
-            Err(format!(
-                "cannot install the chunk at {}: {e}",
-                s.unit_name(unit)
+            Err(SwapError::unit_uffd(
+                format!("install the chunk at {}", s.unit_name(unit)),
+                e,
             ))
         }
     }
 }
 
-fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, String> {
+fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, SwapError> {
     let dst = s.unit_addr(unit);
     let huge = match s.backing {
         Backing::Thp => install_thp_buffer(s, unit, recycle::take_zeroed(s))?,
@@ -259,13 +241,15 @@ fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, 
                         dont_wake: true,
                     },
                 )
-                .map_err(|e| format!("cannot zero-fill the chunk at {}: {e}", s.unit_name(unit)))?;
+                .map_err(|e| {
+                    SwapError::unit_uffd(format!("zero-fill the chunk at {}", s.unit_name(unit)), e)
+                })?;
             true
         }
         Backing::Small => {
-            s.uffd
-                .zeropage(dst, s.unit_bytes, true)
-                .map_err(|e| format!("cannot zero-fill the page at {}: {e}", s.unit_name(unit)))?;
+            s.uffd.zeropage(dst, s.unit_bytes, true).map_err(|e| {
+                SwapError::unit_uffd(format!("zero-fill the page at {}", s.unit_name(unit)), e)
+            })?;
             false
         }
     };
@@ -285,7 +269,7 @@ fn restore_from_store(
     loading: UnitState,
     slot: u32,
     write: bool,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, SwapError> {
     let buf = recycle::take_for_overwrite(s);
     let (range, offset) = buf.place(s);
     // SAFETY: the buffer is ours until given back, is populated (a pool
@@ -296,9 +280,9 @@ fn restore_from_store(
         recycle::put_populated(s, buf);
         // Never zero-fill: the unit stays Loading, its faulting threads stay
         // blocked, and the VMM exits.
-        s.fatal(format!(
-            "cannot restore the swapped-out chunk at {}: {e}",
-            s.unit_name(unit)
+        s.fatal(&SwapError::unit_store(
+            format!("restore the swapped-out chunk at {}", s.unit_name(unit)),
+            e,
         ));
         return Ok(Outcome::Blocked);
     }
@@ -315,9 +299,9 @@ fn restore_from_store(
             let huge = install_thp_buffer(s, unit, buf)?;
             if clean {
                 s.uffd.write_protect(dst, s.unit_bytes).map_err(|e| {
-                    format!(
-                        "cannot write-protect the chunk at {}: {e}",
-                        s.unit_name(unit)
+                    SwapError::unit_uffd(
+                        format!("write-protect the chunk at {}", s.unit_name(unit)),
+                        e,
                     )
                 })?;
             }
@@ -334,8 +318,9 @@ fn restore_from_store(
                 },
             );
             recycle::put_populated(s, buf);
-            result
-                .map_err(|e| format!("cannot install the chunk at {}: {e}", s.unit_name(unit)))?;
+            result.map_err(|e| {
+                SwapError::unit_uffd(format!("install the chunk at {}", s.unit_name(unit)), e)
+            })?;
             matches!(s.backing, Backing::Hugetlb { .. })
         }
     };
@@ -380,15 +365,15 @@ fn move_back(s: &Shared, dst: u64, src: u64) -> Result<bool, UffdError> {
 /// the writer still owns the parking slot, so the content is copied into a
 /// fresh buffer instead of moved; the writer releases the slot once this
 /// unit is no longer `Loading`.
-fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, String> {
+fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, SwapError> {
     let p = loading.index();
     let writing = loading.writing();
     let dst = s.unit_addr(unit);
     let src = s.parking.addr(p);
     let fail = |e: UffdError| {
-        format!(
-            "cannot hand back the staged chunk at {}: {e}",
-            s.unit_name(unit)
+        SwapError::unit_uffd(
+            format!("hand back the staged chunk at {}", s.unit_name(unit)),
+            e,
         )
     };
     let huge = match s.backing {
@@ -454,7 +439,7 @@ fn resident_fault(
     resident: UnitState,
     kind: FaultKind,
     address: u64,
-) -> Result<Outcome, String> {
+) -> Result<Outcome, SwapError> {
     let dst = s.unit_addr(unit);
     let mut first_write = false;
     let source = (kind == FaultKind::WriteProtect).then_some(FaultSource::WriteProtect);
@@ -494,9 +479,12 @@ fn resident_fault(
     s.table
         .end_resident_fault(unit.into(), loading, resident, first_write);
     result.map_err(|e| {
-        format!(
-            "cannot resolve a fault on the resident chunk at {}: {e}",
-            s.unit_name(unit)
+        SwapError::unit_uffd(
+            format!(
+                "resolve a fault on the resident chunk at {}",
+                s.unit_name(unit)
+            ),
+            e,
         )
     })?;
     wake_unit(s, unit, source)
@@ -505,11 +493,11 @@ fn resident_fault(
 /// Wakes every thread blocked on the unit. Installs run with DONTWAKE and
 /// the wake comes after the new state is published, so a woken thread
 /// (and anyone it talks to) sees the state its fault produced.
-fn wake_unit(s: &Shared, unit: usize, source: Option<FaultSource>) -> Result<Outcome, String> {
+fn wake_unit(s: &Shared, unit: usize, source: Option<FaultSource>) -> Result<Outcome, SwapError> {
     s.uffd.wake(s.unit_addr(unit), s.unit_bytes).map_err(|e| {
-        format!(
-            "cannot wake the threads faulting on {}: {e}",
-            s.unit_name(unit)
+        SwapError::unit_uffd(
+            format!("wake the threads faulting on {}", s.unit_name(unit)),
+            e,
         )
     })?;
     Ok(Outcome::Woken(source))

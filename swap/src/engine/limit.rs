@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
+use super::stats::bump;
+
 const NO_LIMIT: u64 = u64::MAX;
 
 /// Counts units in `Resident`, `Staged`, `Loading` and `Evicting`.
@@ -128,6 +130,30 @@ impl Limiter {
 
 /// Body of the background evictor thread: whenever memory held exceeds the
 /// limit minus headroom, evict the policy's victims in batches.
+/// Reserves one unit of memory, evicting first when at the limit.
+pub(crate) fn claim_memory(s: &super::Shared) {
+    if s.limiter.try_reserve() {
+        return;
+    }
+    bump(&s.counters.evict_waits);
+    loop {
+        let released = super::evict::evict_for_room(s, 1);
+        if s.limiter.try_reserve() {
+            return;
+        }
+        if (released == 0 && super::evict::nothing_in_flight(s)) || s.stopping() {
+            // Nothing can be evicted (all pinned, or the limit is below
+            // what is in use by in-flight restores): go over rather than
+            // deadlock the guest.
+            s.limiter.force_reserve();
+            return;
+        }
+        if released == 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
 pub(crate) fn run_background_evictor(s: &super::Shared) {
     while !s.stopping() {
         s.limiter.wait_for_work(Duration::from_millis(50));

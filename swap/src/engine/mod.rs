@@ -64,8 +64,9 @@ pub(crate) enum Backing {
     Small,
 }
 
-/// Callback for unrecoverable errors (the VMM exits).
-pub type FatalHandler = Box<dyn Fn(String) + Send + Sync>;
+/// Callback for unrecoverable errors (the VMM exits); the error names the
+/// unit's guest address where one is concerned.
+pub type FatalHandler = Box<dyn Fn(&SwapError) + Send + Sync>;
 
 /// State shared by the engine's threads.
 pub(crate) struct Shared {
@@ -129,9 +130,9 @@ impl Shared {
     }
 
     /// Reports an unrecoverable error to the VMM.
-    pub fn fatal(&self, message: String) {
+    pub fn fatal(&self, error: &SwapError) {
         self.failed.store(true, Ordering::Release);
-        (self.on_fatal)(message);
+        (self.on_fatal)(error);
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use swap::engine::mapping::AnonMapping;
-use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapUnit};
+use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapError, SwapUnit};
 use swap::store::{SharedStore, SlotId, Store, StoreError, WriteRequest};
 
 /// Guest addresses in tests start here, so messages show a recognisable gpa.
@@ -165,9 +165,9 @@ pub fn start_guest(len: u64, store: SharedStore, config: EngineConfig) -> Guest 
         region,
         store,
         config,
-        Box::new(move |m| {
-            eprintln!("on_fatal: {m}");
-            log.lock().unwrap().push(m);
+        Box::new(move |e: &SwapError| {
+            eprintln!("on_fatal: {e}");
+            log.lock().unwrap().push(e.to_string());
         }),
     )
     .unwrap();

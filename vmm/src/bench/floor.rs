@@ -141,7 +141,10 @@ impl Registered {
             r.advise_nohugepage(0, r.len())
                 .context("madvise(MADV_NOHUGEPAGE)")?;
         }
-        uffd.register(r.base(), r.len(), mode::MISSING)
+        // SAFETY: the mapping is this measurement's own, reached through raw
+        // addresses only; nothing touches a missing page of it (the floor
+        // only installs chunks, it never faults on them).
+        unsafe { uffd.register(r.base(), r.len(), mode::MISSING) }
             .context("cannot register the destination with the userfaultfd")?;
         Ok(Registered { uffd, map })
     }
@@ -222,17 +225,17 @@ fn thp_restores(
         }
         let t = Instant::now();
         let dst_addr = d.base() + (i as u64 % (d.len() / CHUNK_BYTES)) * CHUNK_BYTES;
-        dst.uffd
-            .move_pages(
-                dst_addr,
-                b.base(),
-                CHUNK_BYTES,
-                MoveOptions {
-                    allow_src_holes: false,
-                    dont_wake: true,
-                },
-            )
-            .context("floor: UFFDIO_MOVE failed")?;
+        let options = MoveOptions {
+            allow_src_holes: false,
+            dont_wake: true,
+        };
+        // SAFETY: the buffer and the destination are this measurement's own
+        // mappings, reached through raw addresses only.
+        unsafe {
+            dst.uffd
+                .move_pages(dst_addr, b.base(), CHUNK_BYTES, options)
+        }
+        .context("floor: UFFDIO_MOVE failed")?;
         dst.uffd
             .wake(dst_addr, CHUNK_BYTES)
             .context("floor: UFFDIO_WAKE failed")?;
