@@ -26,6 +26,7 @@ pub mod mapping;
 pub mod policy;
 mod recycle;
 pub mod staging;
+mod start;
 pub mod stats;
 
 use std::os::fd::RawFd;
@@ -41,10 +42,10 @@ pub use stats::{FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, Swa
 
 use crate::chunk::{ChunkTable, UnitState};
 use crate::store::SharedStore;
-use crate::uffd::{mode, Uffd};
+use crate::uffd::Uffd;
 use buffers::{BufferPool, PoolMode};
 use limit::Limiter;
-use mapping::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
+use mapping::{AnonMapping, PagemapScanner, RawRange};
 use policy::{Clock, EvictionPolicy};
 use staging::Parking;
 use stats::Counters;
@@ -172,173 +173,54 @@ impl SwapEngine {
         config: EngineConfig,
         on_fatal: FatalHandler,
     ) -> Result<SwapEngine, SwapError> {
-        let unit_bytes = config.unit.bytes();
-        let backing = match (region.kind, config.unit) {
-            (MemoryKind::Anonymous, SwapUnit::Huge2M) => Backing::Thp,
-            (MemoryKind::Anonymous, SwapUnit::Small4K) => Backing::Small,
-            (MemoryKind::Hugetlb { memfd }, SwapUnit::Huge2M) => Backing::Hugetlb { memfd },
-            (MemoryKind::Hugetlb { .. }, SwapUnit::Small4K) => {
-                return Err(SwapError::Config(
-                    "hugetlb guest memory has 2 MiB pages; use --swap-unit 2m or anonymous (THP) memory for 4k units".into(),
-                ))
-            }
-        };
-        if region.host_base & (unit_bytes - 1) != 0
-            || region.len_bytes & (unit_bytes - 1) != 0
-            || region.len_bytes == 0
-        {
-            return Err(SwapError::Config(format!(
-                "region {:#x}+{:#x} is not aligned to the {} unit; align guest RAM and its size to {unit_bytes} bytes",
-                region.host_base, region.len_bytes, config.unit
-            )));
-        }
-        if store.unit_bytes() as u64 != unit_bytes {
-            return Err(SwapError::Config(format!(
-                "store {} has {}-byte slots but the swap unit is {unit_bytes} bytes; create the store with the same unit",
-                store.describe(),
-                store.unit_bytes()
-            )));
-        }
-        let units = (region.len_bytes / unit_bytes) as usize;
-        if units > u32::MAX as usize {
-            return Err(SwapError::Config(
-                "more than 2^32 units; use 2m units".into(),
-            ));
-        }
-
-        let uffd = Uffd::open(0).map_err(|e| SwapError::uffd("opening the userfaultfd", e))?;
-        let wp_ok = match backing {
-            Backing::Hugetlb { .. } => {
-                uffd.features() & crate::uffd::feature::WP_HUGETLBFS_SHMEM != 0
-            }
-            _ => uffd.features() & crate::uffd::feature::PAGEFAULT_FLAG_WP != 0,
-        };
-        let is_hugetlb = matches!(backing, Backing::Hugetlb { .. });
-        if is_hugetlb && !wp_ok {
-            return Err(SwapError::Config(
-                "this kernel's userfaultfd cannot write-protect hugetlbfs (UFFD_FEATURE_WP_HUGETLBFS_SHMEM); hugetlb guest memory cannot be evicted safely, use THP memory".into(),
-            ));
-        }
-        let track_clean = config.track_clean && wp_ok;
-        // Hugetlb eviction write-protects the unit while copying it out.
-        let wp_registered = track_clean || is_hugetlb;
-        if !matches!(backing, Backing::Hugetlb { .. }) && !uffd.has_move() {
-            return Err(SwapError::Config(
-                "this kernel's userfaultfd lacks UFFDIO_MOVE (Linux >= 6.8 needed)".into(),
-            ));
-        }
-
-        // SAFETY: the VMM hands us this mapping for the engine's lifetime
-        // and accesses it only as guest memory (raw pointers, KVM).
-        let guest = unsafe { RawRange::new(region.host_base, region.len_bytes) };
-        match backing {
-            Backing::Thp => guest
-                .advise_hugepage(0, guest.len())
-                .map_err(|e| SwapError::os("madvise(MADV_HUGEPAGE) on guest RAM", e))?,
-            // The 4 KiB baseline must not be rescued by khugepaged.
-            Backing::Small => guest
-                .advise_nohugepage(0, guest.len())
-                .map_err(|e| SwapError::os("madvise(MADV_NOHUGEPAGE) on guest RAM", e))?,
-            Backing::Hugetlb { .. } => {}
-        }
-        let modes = mode::MISSING | if wp_registered { mode::WP } else { 0 };
-        // SAFETY: the VMM hands this mapping to the engine for its lifetime
-        // and reaches it only as guest memory (raw pointers, KVM, devices
-        // through vm-memory); the fault threads started below serve its
-        // faults until shutdown, and they never touch guest RAM themselves.
-        unsafe { uffd.register(guest.base(), guest.len(), modes) }
-            .map_err(|e| SwapError::uffd("registering guest RAM", e))?;
-
-        let batch_units = config.batch_units_or_default();
-        let parking_units = config.parking_units_or_default();
-        let fault_threads = config.fault_threads.max(1);
-        let buffer_count = config.buffer_count.unwrap_or(2 * fault_threads + 4).max(1);
-        // Recycled pages stay in their parking slots (see `recycle`): one
-        // extra slot per buffer, so they never take slots from evictors.
-        let recycle_slots = if backing == Backing::Thp {
-            buffer_count
-        } else {
-            0
-        };
-        let parking = Parking::new(parking_units + recycle_slots, unit_bytes)
-            .map_err(|e| SwapError::os("mapping the parking area", e))?;
-        let parking_registered = !matches!(backing, Backing::Hugetlb { .. });
-        if parking_registered {
-            // SAFETY: the parking area is the engine's own mapping, reached
-            // through raw addresses only; its holes are filled before any
-            // thread reads them (see `staging`).
-            unsafe { uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING) }
-                .map_err(|e| SwapError::uffd("registering the parking area", e))?;
-        }
-        let pool_mode = if backing == Backing::Thp {
-            PoolMode::Thp
-        } else {
-            PoolMode::Reusable
-        };
-        let buffers = BufferPool::new(buffer_count, unit_bytes, pool_mode)
-            .map_err(|e| SwapError::os("mapping restore buffers", e))?;
-        let pagemap = if backing == Backing::Thp {
-            match PagemapScanner::open() {
-                Ok(scanner) => Some(scanner),
-                Err(e) => {
-                    eprintln!(
-                        "swap engine: PAGEMAP_SCAN on /proc/self/pagemap failed ({e}); evicted huge pages are not reused as restore buffers"
-                    );
-                    None
-                }
-            }
-        } else {
-            None
-        };
-        let zero_source = match backing {
-            Backing::Hugetlb { .. } => {
-                let zero = AnonMapping::new(HUGE_PAGE_BYTES)
-                    .map_err(|e| SwapError::os("mapping the zero buffer", e))?;
-                zero.range().touch(0, HUGE_PAGE_BYTES);
-                Some(zero)
-            }
-            _ => None,
-        };
-
-        let table = ChunkTable::new(units, unit_bytes, backing == Backing::Thp && track_clean);
-        for &(offset, len) in &config.pinned_offsets {
-            let first = offset / unit_bytes;
-            let end = (offset + len).div_ceil(unit_bytes).min(units as u64);
-            for unit in first..end {
-                // Nothing else runs yet: the word cannot change under us.
-                let _ = table.pin((unit as usize).into());
-            }
-        }
-        let limit_units = config.mem_limit_bytes.map(|b| (b / unit_bytes).max(1));
+        let backing = start::backing_for(region.kind, config.unit)?;
+        let units = start::check_region(&region, &store, config.unit)?;
+        let (uffd, features) = start::open_userfaultfd(backing, config.track_clean)?;
+        let guest = start::register_guest(&uffd, &region, backing, features.wp_registered)?;
+        let staging = start::staging_area(&uffd, backing, &config)?;
+        let table = start::unit_table(units, &config, backing, features.track_clean);
         let shared = Arc::new(Shared {
             uffd,
             region,
             guest,
             backing,
-            unit_bytes,
+            unit_bytes: config.unit.bytes(),
             table,
             store,
-            parking,
-            parking_registered,
-            buffers,
-            pagemap,
-            zero_source,
+            parking: staging.parking,
+            parking_registered: staging.parking_registered,
+            buffers: staging.buffers,
+            pagemap: start::pagemap_scanner(backing),
+            zero_source: start::zero_source(backing)?,
             counters: Counters::default(),
-            limiter: Limiter::new(limit_units),
+            limiter: Limiter::new(
+                config
+                    .mem_limit_bytes
+                    .map(|b| (b / config.unit.bytes()).max(1)),
+            ),
             policy: Box::new(Clock::default()),
             on_fatal,
             shutdown: AtomicBool::new(false),
             failed: AtomicBool::new(false),
-            track_clean,
-            batch_units,
-            fault_threads,
+            track_clean: features.track_clean,
+            batch_units: config.batch_units_or_default(),
+            fault_threads: config.fault_threads.max(1),
         });
+        SwapEngine::start_threads(shared, &config, staging.pool_mode)
+    }
 
+    /// The fault-service threads, the background evictor and the buffer
+    /// refill thread.
+    fn start_threads(
+        shared: Arc<Shared>,
+        config: &EngineConfig,
+        pool_mode: PoolMode,
+    ) -> Result<SwapEngine, SwapError> {
         let mut engine = SwapEngine {
             shared: shared.clone(),
             threads: Vec::new(),
         };
-        for i in 0..fault_threads {
+        for i in 0..shared.fault_threads {
             let s = shared.clone();
             let nice = config.fault_thread_nice;
             engine.spawn(format!("swap-fault-{i}"), move || {

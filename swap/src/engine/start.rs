@@ -1,0 +1,230 @@
+//! The phases of [`super::SwapEngine::start`], in the order it takes them:
+//! what memory this is, whether the region fits the unit and the store,
+//! what the kernel's userfaultfd offers, registering guest RAM, the
+//! staging area (parking slots and restore buffers), and the unit table.
+
+use super::buffers::{BufferPool, PoolMode};
+use super::mapping::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
+use super::staging::Parking;
+use super::{Backing, EngineConfig, ManagedRegion, MemoryKind, SwapError, SwapUnit};
+use crate::chunk::ChunkTable;
+use crate::store::SharedStore;
+use crate::uffd::{feature, mode, Uffd};
+
+/// How guest RAM of `kind` is swapped in `unit`s.
+pub(super) fn backing_for(kind: MemoryKind, unit: SwapUnit) -> Result<Backing, SwapError> {
+    match (kind, unit) {
+        (MemoryKind::Anonymous, SwapUnit::Huge2M) => Ok(Backing::Thp),
+        (MemoryKind::Anonymous, SwapUnit::Small4K) => Ok(Backing::Small),
+        (MemoryKind::Hugetlb { memfd }, SwapUnit::Huge2M) => Ok(Backing::Hugetlb { memfd }),
+        (MemoryKind::Hugetlb { .. }, SwapUnit::Small4K) => Err(SwapError::Config(
+            "hugetlb guest memory has 2 MiB pages; use --swap-unit 2m or anonymous (THP) memory for 4k units".into(),
+        )),
+    }
+}
+
+/// Checks that the region is whole units and the store has slots of the
+/// unit; returns the number of units.
+pub(super) fn check_region(
+    region: &ManagedRegion,
+    store: &SharedStore,
+    unit: SwapUnit,
+) -> Result<usize, SwapError> {
+    let unit_bytes = unit.bytes();
+    if region.host_base & (unit_bytes - 1) != 0
+        || region.len_bytes & (unit_bytes - 1) != 0
+        || region.len_bytes == 0
+    {
+        return Err(SwapError::Config(format!(
+            "region {:#x}+{:#x} is not aligned to the {} unit; align guest RAM and its size to {unit_bytes} bytes",
+            region.host_base, region.len_bytes, unit
+        )));
+    }
+    if store.unit_bytes() as u64 != unit_bytes {
+        return Err(SwapError::Config(format!(
+            "store {} has {}-byte slots but the swap unit is {unit_bytes} bytes; create the store with the same unit",
+            store.describe(),
+            store.unit_bytes()
+        )));
+    }
+    let units = (region.len_bytes / unit_bytes) as usize;
+    if units > u32::MAX as usize {
+        return Err(SwapError::Config(
+            "more than 2^32 units; use 2m units".into(),
+        ));
+    }
+    Ok(units)
+}
+
+/// What the engine does with write-protection, from the kernel's features.
+pub(super) struct WpFeatures {
+    /// Clean units are tracked (write-protected after a restore from the
+    /// store, dropped without a write when still clean).
+    pub track_clean: bool,
+    /// Guest RAM is registered in WP mode too.
+    pub wp_registered: bool,
+}
+
+/// Opens the userfaultfd and checks the features `backing` needs.
+pub(super) fn open_userfaultfd(
+    backing: Backing,
+    track_clean_wanted: bool,
+) -> Result<(Uffd, WpFeatures), SwapError> {
+    let uffd = Uffd::open(0).map_err(|e| SwapError::uffd("opening the userfaultfd", e))?;
+    let is_hugetlb = matches!(backing, Backing::Hugetlb { .. });
+    let wp_ok = if is_hugetlb {
+        uffd.features() & feature::WP_HUGETLBFS_SHMEM != 0
+    } else {
+        uffd.features() & feature::PAGEFAULT_FLAG_WP != 0
+    };
+    if is_hugetlb && !wp_ok {
+        return Err(SwapError::Config(
+            "this kernel's userfaultfd cannot write-protect hugetlbfs (UFFD_FEATURE_WP_HUGETLBFS_SHMEM); hugetlb guest memory cannot be evicted safely, use THP memory".into(),
+        ));
+    }
+    if !is_hugetlb && !uffd.has_move() {
+        return Err(SwapError::Config(
+            "this kernel's userfaultfd lacks UFFDIO_MOVE (Linux >= 6.8 needed)".into(),
+        ));
+    }
+    let track_clean = track_clean_wanted && wp_ok;
+    let features = WpFeatures {
+        track_clean,
+        // Hugetlb eviction write-protects the unit while copying it out.
+        wp_registered: track_clean || is_hugetlb,
+    };
+    Ok((uffd, features))
+}
+
+/// Advises guest RAM for its backing and registers it with `uffd`.
+pub(super) fn register_guest(
+    uffd: &Uffd,
+    region: &ManagedRegion,
+    backing: Backing,
+    wp_registered: bool,
+) -> Result<RawRange, SwapError> {
+    // SAFETY: the VMM hands us this mapping for the engine's lifetime
+    // and accesses it only as guest memory (raw pointers, KVM).
+    let guest = unsafe { RawRange::new(region.host_base, region.len_bytes) };
+    match backing {
+        Backing::Thp => guest
+            .advise_hugepage(0, guest.len())
+            .map_err(|e| SwapError::os("madvise(MADV_HUGEPAGE) on guest RAM", e))?,
+        // The 4 KiB baseline must not be rescued by khugepaged.
+        Backing::Small => guest
+            .advise_nohugepage(0, guest.len())
+            .map_err(|e| SwapError::os("madvise(MADV_NOHUGEPAGE) on guest RAM", e))?,
+        Backing::Hugetlb { .. } => {}
+    }
+    let modes = mode::MISSING | if wp_registered { mode::WP } else { 0 };
+    // SAFETY: the VMM hands this mapping to the engine for its lifetime
+    // and reaches it only as guest memory (raw pointers, KVM, devices
+    // through vm-memory); the fault threads started after this serve its
+    // faults until shutdown, and they never touch guest RAM themselves.
+    unsafe { uffd.register(guest.base(), guest.len(), modes) }
+        .map_err(|e| SwapError::uffd("registering guest RAM", e))?;
+    Ok(guest)
+}
+
+/// Where evicted units wait for their write and restores are filled.
+pub(super) struct StagingArea {
+    pub parking: Parking,
+    pub parking_registered: bool,
+    pub buffers: BufferPool,
+    pub pool_mode: PoolMode,
+}
+
+/// Maps (and, except for hugetlb, registers) the parking area and the
+/// restore buffers.
+pub(super) fn staging_area(
+    uffd: &Uffd,
+    backing: Backing,
+    config: &EngineConfig,
+) -> Result<StagingArea, SwapError> {
+    let unit_bytes = config.unit.bytes();
+    let fault_threads = config.fault_threads.max(1);
+    let buffer_count = config.buffer_count.unwrap_or(2 * fault_threads + 4).max(1);
+    // Recycled pages stay in their parking slots (see `recycle`): one
+    // extra slot per buffer, so they never take slots from evictors.
+    let recycle_slots = if backing == Backing::Thp {
+        buffer_count
+    } else {
+        0
+    };
+    let parking = Parking::new(
+        config.parking_units_or_default() + recycle_slots,
+        unit_bytes,
+    )
+    .map_err(|e| SwapError::os("mapping the parking area", e))?;
+    let parking_registered = !matches!(backing, Backing::Hugetlb { .. });
+    if parking_registered {
+        // SAFETY: the parking area is the engine's own mapping, reached
+        // through raw addresses only; its holes are filled before any
+        // thread reads them (see `staging`).
+        unsafe { uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING) }
+            .map_err(|e| SwapError::uffd("registering the parking area", e))?;
+    }
+    let pool_mode = if backing == Backing::Thp {
+        PoolMode::Thp
+    } else {
+        PoolMode::Reusable
+    };
+    let buffers = BufferPool::new(buffer_count, unit_bytes, pool_mode)
+        .map_err(|e| SwapError::os("mapping restore buffers", e))?;
+    Ok(StagingArea {
+        parking,
+        parking_registered,
+        buffers,
+        pool_mode,
+    })
+}
+
+/// The scanner that tells huge restore buffers from split ones (THP only;
+/// without it evicted pages are not reused as buffers).
+pub(super) fn pagemap_scanner(backing: Backing) -> Option<PagemapScanner> {
+    if backing != Backing::Thp {
+        return None;
+    }
+    match PagemapScanner::open() {
+        Ok(scanner) => Some(scanner),
+        Err(e) => {
+            eprintln!(
+                "swap engine: PAGEMAP_SCAN on /proc/self/pagemap failed ({e}); evicted huge pages are not reused as restore buffers"
+            );
+            None
+        }
+    }
+}
+
+/// A populated zero chunk to copy from (hugetlb has no zero-page install).
+pub(super) fn zero_source(backing: Backing) -> Result<Option<AnonMapping>, SwapError> {
+    match backing {
+        Backing::Hugetlb { .. } => {
+            let zero = AnonMapping::new(HUGE_PAGE_BYTES)
+                .map_err(|e| SwapError::os("mapping the zero buffer", e))?;
+            zero.range().touch(0, HUGE_PAGE_BYTES);
+            Ok(Some(zero))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The unit table, with the configured ranges pinned.
+pub(super) fn unit_table(
+    units: usize,
+    config: &EngineConfig,
+    backing: Backing,
+    track_clean: bool,
+) -> ChunkTable {
+    let unit_bytes = config.unit.bytes();
+    let table = ChunkTable::new(units, unit_bytes, backing == Backing::Thp && track_clean);
+    for &(offset, len) in &config.pinned_offsets {
+        let first = offset / unit_bytes;
+        let end = (offset + len).div_ceil(unit_bytes).min(units as u64);
+        for unit in first..end {
+            // Nothing else runs yet: the word cannot change under us.
+            let _ = table.pin((unit as usize).into());
+        }
+    }
+    table
+}
