@@ -23,7 +23,7 @@
 use std::time::Instant;
 
 use super::mapping::PAGE_BYTES;
-use super::recycle::{self, RestoreBuffer};
+use super::recycle::RestoreBuffer;
 use super::stats::{add, bump, FaultSource};
 use super::{limit, Backing, Shared, SwapError};
 use crate::chunk::{Restored, Tag, UnitState};
@@ -212,11 +212,11 @@ fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<boo
     };
     match result {
         Ok(()) => {
-            recycle::put_moved(s, buf);
+            buf.give_back_moved(s);
             Ok(huge)
         }
         Err(e) => {
-            recycle::put_populated(s, buf);
+            buf.give_back_populated(s);
             Err(SwapError::unit_uffd(
                 format!("install the chunk at {}", s.unit_name(unit)),
                 e,
@@ -228,7 +228,7 @@ fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<boo
 fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, SwapError> {
     let dst = s.unit_addr(unit);
     let huge = match s.backing {
-        Backing::Thp => install_thp_buffer(s, unit, recycle::take_zeroed(s))?,
+        Backing::Thp => install_thp_buffer(s, unit, RestoreBuffer::zeroed(s))?,
         Backing::Hugetlb { .. } => {
             let zero = s.zero_source.as_ref().map_or(0, |z| z.range().base());
             s.uffd
@@ -270,14 +270,14 @@ fn restore_from_store(
     slot: u32,
     write: bool,
 ) -> Result<Outcome, SwapError> {
-    let buf = recycle::take_for_overwrite(s);
+    let buf = RestoreBuffer::for_overwrite(s);
     let (range, offset) = buf.place(s);
     // SAFETY: the buffer is ours until given back, is populated (a pool
     // buffer, or a recycled page checked whole), so writing it never faults
     // into the userfaultfd, and nothing else accesses it.
     let data = unsafe { range.slice_mut(offset, s.unit_bytes) };
     if let Err(e) = s.store.read(slot, s.unit_gpa(unit), data) {
-        recycle::put_populated(s, buf);
+        buf.give_back_populated(s);
         // Never zero-fill: the unit stays Loading, its faulting threads stay
         // blocked, and the VMM exits.
         s.fatal(&SwapError::unit_store(
@@ -317,7 +317,7 @@ fn restore_from_store(
                     dont_wake: true,
                 },
             );
-            recycle::put_populated(s, buf);
+            buf.give_back_populated(s);
             result.map_err(|e| {
                 SwapError::unit_uffd(format!("install the chunk at {}", s.unit_name(unit)), e)
             })?;
@@ -382,7 +382,7 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Swa
             if moved {
                 loading.huge()
             } else {
-                let buf = recycle::take_for_overwrite(s);
+                let buf = RestoreBuffer::for_overwrite(s);
                 buf.copy_from_parked(s, p);
                 install_thp_buffer(s, unit, buf)?
             }

@@ -152,18 +152,40 @@ fn clear(s: &Shared, slot: u32) {
     .fill(0);
 }
 
-/// A buffer whose content the caller overwrites entirely (store read,
-/// staging copy), cheapest first: a cleared recycled page, a ready fresh
-/// one, a recycled page not cleared yet, a fresh one filled inline.
-pub(crate) fn take_for_overwrite(s: &Shared) -> RestoreBuffer {
-    take(s, false)
-}
+impl RestoreBuffer {
+    /// A buffer whose content the caller overwrites entirely (store read,
+    /// staging copy), cheapest first: a cleared recycled page, a ready
+    /// fresh one, a recycled page not cleared yet, a fresh one filled
+    /// inline.
+    pub(crate) fn for_overwrite(s: &Shared) -> RestoreBuffer {
+        take(s, false)
+    }
 
-/// A zeroed buffer (THP units), in the same order as
-/// [`take_for_overwrite`], a recycled page not cleared yet being cleared
-/// here.
-pub(crate) fn take_zeroed(s: &Shared) -> RestoreBuffer {
-    take(s, true)
+    /// A zeroed buffer (THP units), in the same order as
+    /// [`RestoreBuffer::for_overwrite`], a recycled page not cleared yet
+    /// being cleared here.
+    pub(crate) fn zeroed(s: &Shared) -> RestoreBuffer {
+        take(s, true)
+    }
+
+    /// Gives the buffer back after its pages were moved into the guest.
+    pub(crate) fn give_back_moved(self, s: &Shared) {
+        match self.origin {
+            Origin::Pool(buf) => s.buffers.put_moved(buf),
+            // The move emptied the slot: a valid move destination again.
+            Origin::Parked(slot) => s.parking.release_empty(slot),
+        }
+    }
+
+    /// Gives the buffer back while it still holds its pages (a copy
+    /// source, or the restore failed).
+    pub(crate) fn give_back_populated(self, s: &Shared) {
+        match self.origin {
+            Origin::Pool(buf) => s.buffers.put_used(buf),
+            // May have been moved in part: empty it before reuse.
+            Origin::Parked(slot) => s.parking.release(slot),
+        }
+    }
 }
 
 fn take(s: &Shared, zeroed: bool) -> RestoreBuffer {
@@ -182,25 +204,6 @@ fn take(s: &Shared, zeroed: bool) -> RestoreBuffer {
         }
     }
     from_pool(s, s.buffers.take())
-}
-
-/// Gives back a buffer whose pages were moved into the guest.
-pub(crate) fn put_moved(s: &Shared, buf: RestoreBuffer) {
-    match buf.origin {
-        Origin::Pool(buf) => s.buffers.put_moved(buf),
-        // The move emptied the slot: a valid move destination again.
-        Origin::Parked(slot) => s.parking.release_empty(slot),
-    }
-}
-
-/// Gives back a buffer that still holds its pages (a copy source, or the
-/// restore failed).
-pub(crate) fn put_populated(s: &Shared, buf: RestoreBuffer) {
-    match buf.origin {
-        Origin::Pool(buf) => s.buffers.put_used(buf),
-        // May have been moved in part: empty it before reuse.
-        Origin::Parked(slot) => s.parking.release(slot),
-    }
 }
 
 /// Parking slot `p` holds content nobody needs any more (written, or
