@@ -376,6 +376,14 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Swa
             e,
         )
     };
+    // A copy of the parked content, leaving it in place.
+    let copy_in = || {
+        let options = CopyOptions {
+            write_protect: false,
+            dont_wake: true,
+        };
+        s.uffd.copy_all(dst, src, s.unit_bytes, options)
+    };
     let huge = match s.backing {
         Backing::Thp => {
             let moved = !writing && move_back(s, dst, src).map_err(fail)?;
@@ -390,32 +398,12 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Swa
         Backing::Small => {
             let moved = !writing && move_back(s, dst, src).map_err(fail)?;
             if !moved {
-                s.uffd
-                    .copy_all(
-                        dst,
-                        src,
-                        s.unit_bytes,
-                        CopyOptions {
-                            write_protect: false,
-                            dont_wake: true,
-                        },
-                    )
-                    .map_err(fail)?;
+                copy_in().map_err(fail)?;
             }
             false
         }
         Backing::Hugetlb { .. } => {
-            s.uffd
-                .copy_all(
-                    dst,
-                    src,
-                    s.unit_bytes,
-                    CopyOptions {
-                        write_protect: false,
-                        dont_wake: true,
-                    },
-                )
-                .map_err(fail)?;
+            copy_in().map_err(fail)?;
             true
         }
     };
