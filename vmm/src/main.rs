@@ -1,7 +1,6 @@
 //! `hugevmm`: a minimal KVM VMM whose guest RAM lives in 2 MiB mappings.
 
 mod balloon_handle;
-mod bench;
 mod cli;
 mod console;
 mod control;
