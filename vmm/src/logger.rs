@@ -23,21 +23,25 @@ impl Log for StderrLogger {
         }
         // One write per line under stderr's lock, so lines from several
         // threads do not interleave. A failed write has nowhere to go.
-        let mut err = std::io::stderr().lock();
-        let _ = match record.level() {
-            Level::Error | Level::Warn => writeln!(err, "hugevmm: {}", record.args()),
-            level => writeln!(
-                err,
-                "hugevmm: {}: {}: {}",
-                level.as_str().to_lowercase(),
-                record.target(),
-                record.args()
-            ),
-        };
+        let line = line(record.level(), record.target(), record.args());
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 
     fn flush(&self) {
         let _ = std::io::stderr().flush();
+    }
+}
+
+/// The line printed for a record: warnings and errors as the VMM's own
+/// messages are (`hugevmm: ...`, which tests and users grep for), the
+/// rest with their level and module.
+fn line(level: Level, target: &str, args: &std::fmt::Arguments) -> String {
+    match level {
+        Level::Error | Level::Warn => format!("hugevmm: {args}\n"),
+        level => format!(
+            "hugevmm: {}: {target}: {args}\n",
+            level.as_str().to_lowercase()
+        ),
     }
 }
 
@@ -50,5 +54,34 @@ pub fn init() {
     // Fails only if a logger is already installed, which keeps that one.
     if log::set_logger(&LOGGER).is_ok() {
         log::set_max_level(level);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warnings_read_like_the_vmms_own_messages() {
+        assert_eq!(
+            line(
+                Level::Warn,
+                "devices::virtio::block",
+                &format_args!("virtio-blk x: y")
+            ),
+            "hugevmm: virtio-blk x: y\n"
+        );
+        assert_eq!(
+            line(
+                Level::Error,
+                "guestmem::ram",
+                &format_args!("cannot delete")
+            ),
+            "hugevmm: cannot delete\n"
+        );
+        assert_eq!(
+            line(Level::Info, "swap", &format_args!("started")),
+            "hugevmm: info: swap: started\n"
+        );
     }
 }
