@@ -279,8 +279,8 @@ impl Drop for GuestRam {
                 // Drop cannot return the error; unmapping now would leave KVM
                 // pointing at whatever gets mapped here next, so keeping the
                 // memory is the only safe choice.
-                eprintln!(
-                    "hugevmm: cannot delete KVM memslots {:?} of guest RAM ({error}); \
+                log::error!(
+                    "cannot delete KVM memslots {:?} of guest RAM ({error}); \
                      keeping {} of guest RAM mapped until the process exits",
                     slots.slots(),
                     crate::format_size(self.mapping.len_bytes()),

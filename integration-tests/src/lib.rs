@@ -1,6 +1,8 @@
 //! Helpers for tests that launch real VMs through the `hugevmm` binary.
 #![deny(missing_docs)]
 
+pub mod cpio;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};

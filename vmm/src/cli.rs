@@ -44,7 +44,7 @@ enum Command {
     /// List the built-in payloads.
     Payloads,
     /// Run a benchmark suite (see README, "Results").
-    Bench(crate::bench::BenchArgs),
+    Bench(bench::BenchArgs),
 }
 
 #[derive(clap::Args)]
@@ -535,7 +535,7 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => Ok(run_command(*args)),
-        Command::Bench(args) => crate::bench::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Ctl(args) => crate::control::client::run(args),
         Command::Payloads => {
             for p in payloads::all() {

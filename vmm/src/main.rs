@@ -1,7 +1,6 @@
 //! `hugevmm`: a minimal KVM VMM whose guest RAM lives in 2 MiB mappings.
 
 mod balloon_handle;
-mod bench;
 mod cli;
 mod console;
 mod control;
@@ -10,8 +9,8 @@ mod exit;
 mod host_check;
 mod image_kind;
 mod input_file;
-#[allow(dead_code, unused_imports)] // smoke-boot helpers are used by tests only
 mod linux;
+mod logger;
 mod machine_devices;
 mod outputs;
 mod payload;
@@ -23,5 +22,6 @@ mod vcpu_stop;
 mod vm;
 
 fn main() {
+    logger::init();
     std::process::exit(cli::main());
 }

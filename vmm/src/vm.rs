@@ -3,6 +3,7 @@
 
 use crate::balloon_handle::BalloonSnapshot;
 use crate::console::ConsoleSink;
+use crate::control::server::ControlServer;
 use crate::control::{ControlContext, ControlSocket};
 use crate::cpu::{self, EntryState};
 use crate::exit::ExitKind;
@@ -17,11 +18,12 @@ use crate::vcpu::{self, GuestKind, UnknownAccessLog, VcpuContext, VcpuEvent};
 use anyhow::{bail, Context, Result};
 use guestmem::{format_size, Backing, GuestRam, KvmStats, Layout, StageTwoPages};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
-use kvm_ioctls::Kvm;
+use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use std::path::PathBuf;
 use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use swap::engine::{EvictReport, SwapStats};
+use swap::engine::{EvictReport, SwapEngine, SwapStats};
 
 /// Exit status when the VM failed (guest exception, KVM error).
 pub const EXIT_VM_FAILURE: i32 = 125;
@@ -174,8 +176,77 @@ pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
     }
 }
 
-/// Runs the payload to completion.
+/// Runs the payload to completion: checks the configuration and the host,
+/// builds the machine, loads the guest, creates and starts the vCPUs,
+/// waits for the end of the run, and ends it in the order that keeps guest
+/// memory served while anything may still touch it ([`finish`]).
 pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
+    let (layout, ranges, image, kind) = check_config(&config)?;
+
+    if let Some(swap) = &config.swap {
+        for warning in crate::host_check::check_swap_host(config.backing, &swap.store)? {
+            eprintln!("hugevmm: warning: {warning}");
+        }
+    }
+
+    // Bound before anything is allocated, so that a path in use fails fast;
+    // removed again on every way out of this function.
+    let control_socket = config
+        .api_socket
+        .as_deref()
+        .map(ControlSocket::bind)
+        .transpose()?;
+
+    let (kvm, ram, vm, stats, events_tx, events_rx, engine, machine) =
+        build_machine(&mut config, &layout, kind)?;
+    let entry = load_guest(&config, &ram, &ranges, &image, &machine)?;
+    let (vcpus, tsc_khz) = create_vcpus(&kvm, &vm, &config, &entry, &image)?;
+    // Started last, after everything that can fail, and dropped when this
+    // function returns (any way it returns): it restores the terminal. The
+    // console still shows output without it, so a failure is only a warning.
+    let _console_input = match (&machine.serial, kind) {
+        (Some(serial), GuestKind::Linux) => console_input::start(serial.clone(), events_tx.clone())
+            .unwrap_or_else(|e| {
+                eprintln!("hugevmm: no console input: {e}");
+                None
+            }),
+        _ => None,
+    };
+    let started = Instant::now();
+    let control = serve_control(
+        control_socket,
+        &config,
+        &machine,
+        &engine,
+        &vm,
+        started,
+        &events_tx,
+    )?;
+    let (stop, vcpu_threads) = spawn_vcpus(vcpus, kind, &machine, &ram, &console, &events_tx)?;
+    drop(events_tx);
+
+    let end = wait_for_the_end(&config, &events_rx, started, &engine, &stats);
+    finish(
+        &config,
+        started,
+        end,
+        &stats,
+        tsc_khz,
+        engine,
+        machine,
+        _console_input,
+        control,
+        stop,
+        vcpu_threads,
+    )
+}
+
+/// Checks the options against each other and the payload image against
+/// guest RAM, before anything is allocated; returns the layout, the RAM
+/// ranges, the parsed payload image (none for Linux) and the kind of guest.
+fn check_config(
+    config: &RunConfig,
+) -> Result<(Layout, Vec<GpaRange>, Option<elf::PayloadImage>, GuestKind)> {
     if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
         bail!(
             "--vcpus {} is out of range: give 1 to {MAX_VCPUS}",
@@ -203,21 +274,26 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         Guest::Payload { .. } => GuestKind::Payload,
         Guest::Linux(_) => GuestKind::Linux,
     };
+    Ok((layout, ranges, image, kind))
+}
 
-    if let Some(swap) = &config.swap {
-        for warning in crate::host_check::check_swap_host(config.backing, &swap.store)? {
-            eprintln!("hugevmm: warning: {warning}");
-        }
-    }
+/// What [`build_machine`] returns, in the order `run` declares (and, in
+/// reverse, drops) it.
+type BuiltMachine = (
+    Kvm,
+    Arc<GuestRam>,
+    VmFd,
+    KvmStats,
+    mpsc::Sender<VcpuEvent>,
+    mpsc::Receiver<VcpuEvent>,
+    Option<Arc<SwapEngine>>,
+    MachineDevices,
+);
 
-    // Bound before anything is allocated, so that a path in use fails fast;
-    // removed again on every way out of this function.
-    let control_socket = config
-        .api_socket
-        .as_deref()
-        .map(ControlSocket::bind)
-        .transpose()?;
-
+/// Opens KVM, allocates guest RAM, creates the VM and its memslots, the
+/// run's event channel (the stop signals forwarded into it), the swap
+/// engine when asked for, and the devices.
+fn build_machine(config: &mut RunConfig, layout: &Layout, kind: GuestKind) -> Result<BuiltMachine> {
     let kvm = open_kvm()?;
     let ram = Arc::new(
         GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?,
@@ -258,10 +334,21 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     if let Some(engine) = &engine {
         machine.free_memory.attach_engine(engine.clone());
     }
+    Ok((kvm, ram, vm, stats, events_tx, events_rx, engine, machine))
+}
 
-    let entry = match (&config.guest, &image) {
+/// Loads the payload (none returned: its vCPUs are set up from the image)
+/// or the Linux kernel (its boot CPU's entry state returned).
+fn load_guest(
+    config: &RunConfig,
+    ram: &Arc<GuestRam>,
+    ranges: &[GpaRange],
+    image: &Option<elf::PayloadImage>,
+    machine: &MachineDevices,
+) -> Result<Option<linux::BootSetup>> {
+    let entry = match (&config.guest, image) {
         (Guest::Payload { payload, args }, Some(image)) => {
-            load_payload(&ram, &ranges, payload, args, image, config.vcpus, &machine)?;
+            load_payload(ram, ranges, payload, args, image, config.vcpus, machine)?;
             None
         }
         (Guest::Linux(boot), _) => {
@@ -283,23 +370,33 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
                     .collect(),
                 virtio_in_dsdt: boot.virtio_announce.in_acpi(),
             };
-            Some(linux::load(&ram, &boot, &described).context("cannot load the kernel")?)
+            Some(linux::load(ram, &boot, &described).context("cannot load the kernel")?)
         }
         _ => unreachable!("payload images are parsed above"),
     };
+    Ok(entry)
+}
 
+/// Creates the vCPUs and sets up their entry state; returns them and the
+/// TSC frequency of the first.
+fn create_vcpus(
+    kvm: &Kvm,
+    vm: &VmFd,
+    config: &RunConfig,
+    entry: &Option<linux::BootSetup>,
+    image: &Option<elf::PayloadImage>,
+) -> Result<(Vec<VcpuFd>, Option<u32>)> {
     let cpuid = kvm
         .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
         .context("KVM_GET_SUPPORTED_CPUID failed")?;
-    let unknown = Arc::new(UnknownAccessLog::default());
     let mut vcpus = Vec::new();
     let mut tsc_khz = None;
     for index in 0..config.vcpus {
         let fd = vm
             .create_vcpu(u64::from(index))
             .with_context(|| format!("cannot create vCPU {index}"))?;
-        match (&entry, &image) {
-            (Some(setup), _) => linux::configure_vcpu(&kvm, &fd, index, setup)
+        match (entry, image) {
+            (Some(setup), _) => linux::configure_vcpu(kvm, &fd, index, setup)
                 .with_context(|| format!("cannot set up vCPU {index}"))?,
             (None, Some(image)) => {
                 let state = EntryState {
@@ -318,18 +415,19 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         }
         vcpus.push(fd);
     }
-    // Started last, after everything that can fail, and dropped when this
-    // function returns (any way it returns): it restores the terminal. The
-    // console still shows output without it, so a failure is only a warning.
-    let _console_input = match (&machine.serial, kind) {
-        (Some(serial), GuestKind::Linux) => console_input::start(serial.clone(), events_tx.clone())
-            .unwrap_or_else(|e| {
-                eprintln!("hugevmm: no console input: {e}");
-                None
-            }),
-        _ => None,
-    };
-    let started = Instant::now();
+    Ok((vcpus, tsc_khz))
+}
+
+/// Starts the control socket's threads, if `--api-socket` was given.
+fn serve_control(
+    control_socket: Option<ControlSocket>,
+    config: &RunConfig,
+    machine: &MachineDevices,
+    engine: &Option<Arc<SwapEngine>>,
+    vm: &VmFd,
+    started: Instant,
+    events_tx: &mpsc::Sender<VcpuEvent>,
+) -> Result<Option<ControlServer>> {
     let control = match control_socket {
         Some(socket) => Some(socket.serve(ControlContext {
             payload: config.guest.name(),
@@ -340,12 +438,26 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
             balloon: machine.balloon.clone(),
             engine: engine.clone(),
             // Its own descriptor: the run loop keeps reading `stats`.
-            kvm_stats: KvmStats::open(&vm).ok(),
+            kvm_stats: KvmStats::open(vm).ok(),
             events: events_tx.clone(),
             pageout_lock: Default::default(),
         })?),
         None => None,
     };
+    Ok(control)
+}
+
+/// Installs the kick signal handler and starts one thread per vCPU;
+/// returns the flag that asks them to stop and their handles.
+fn spawn_vcpus(
+    vcpus: Vec<VcpuFd>,
+    kind: GuestKind,
+    machine: &MachineDevices,
+    ram: &Arc<GuestRam>,
+    console: &ConsoleSink,
+    events_tx: &mpsc::Sender<VcpuEvent>,
+) -> Result<(crate::vcpu_stop::StopFlag, Vec<JoinHandle<()>>)> {
+    let unknown = Arc::new(UnknownAccessLog::default());
     crate::vcpu_stop::install_kick_handler()
         .context("cannot install the vCPU kick signal handler")?;
     let stop = crate::vcpu_stop::StopFlag::default();
@@ -369,8 +481,27 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
                 .context("cannot spawn a vCPU thread")?,
         );
     }
-    drop(events_tx);
+    Ok((stop, vcpu_threads))
+}
 
+/// How the run loop ended.
+struct TheEnd {
+    statuses: Vec<Option<u32>>,
+    failure: Option<String>,
+    exit_status: Option<i32>,
+    exit_kind: ExitKind,
+    timeline: Vec<Sample>,
+}
+
+/// The run loop: waits for every vCPU's `Finished`, or the first event
+/// that ends the run, or `--timeout`; samples the timeline meanwhile.
+fn wait_for_the_end(
+    config: &RunConfig,
+    events_rx: &mpsc::Receiver<VcpuEvent>,
+    started: Instant,
+    engine: &Option<Arc<SwapEngine>>,
+    stats: &KvmStats,
+) -> TheEnd {
     let mut statuses = vec![None; config.vcpus as usize];
     let mut failure = None;
     let mut exit_status = None;
@@ -453,6 +584,42 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
             }
         }
     }
+    TheEnd {
+        statuses,
+        failure,
+        exit_status,
+        exit_kind,
+        timeline,
+    }
+}
+
+/// The end of a run (docs/ARCHITECTURE.md, "The end of a run"): reads the
+/// statistics, stops the vCPUs while the engine still serves their faults,
+/// shuts the control socket, pages out, snapshots the balloon, drops the
+/// devices, and only then the engine. The resources are parameters in the
+/// order `run` declared them, so that on an early return they are dropped
+/// in the same order as before (parameters drop in reverse order).
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    config: &RunConfig,
+    started: Instant,
+    end: TheEnd,
+    stats: &KvmStats,
+    tsc_khz: Option<u32>,
+    engine: Option<Arc<SwapEngine>>,
+    machine: MachineDevices,
+    _console_input: Option<console_input::ConsoleInput>,
+    control: Option<ControlServer>,
+    stop: crate::vcpu_stop::StopFlag,
+    mut vcpu_threads: Vec<JoinHandle<()>>,
+) -> Result<RunOutcome> {
+    let TheEnd {
+        statuses,
+        failure,
+        exit_status,
+        exit_kind,
+        timeline,
+    } = end;
     let elapsed = started.elapsed();
     // Read while the vCPUs are as the guest left them.
     let swap_stats = engine.as_ref().map(|e| e.stats());

@@ -453,8 +453,8 @@ impl Requests<'_> {
     fn io_error(&mut self, err: DiskError) -> Outcome {
         *self.io_errors += 1;
         if *self.io_errors <= REPORTED_IO_ERRORS {
-            eprintln!(
-                "hugevmm: virtio-blk {}: {err}{}",
+            log::warn!(
+                "virtio-blk {}: {err}{}",
                 self.disk.path().display(),
                 if *self.io_errors == REPORTED_IO_ERRORS {
                     " (further I/O errors are counted, not printed)"

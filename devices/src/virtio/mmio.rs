@@ -155,8 +155,8 @@ impl<D: VirtioDevice> MmioTransport<D> {
     /// The device broke: tell the driver through DEVICE_NEEDS_RESET and a
     /// configuration-change interrupt, and stop running the device.
     fn fail(&mut self, err: &VirtioError) {
-        eprintln!(
-            "hugevmm: virtio device type {} needs a reset: {err}",
+        log::warn!(
+            "virtio device type {} needs a reset: {err}",
             self.device.device_type()
         );
         self.status |= VIRTIO_CONFIG_S_NEEDS_RESET;

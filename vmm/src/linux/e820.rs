@@ -25,6 +25,7 @@ impl E820Kind {
     }
 
     /// The word the kernel prints for this type.
+    #[cfg(test)]
     pub fn kernel_name(self) -> &'static str {
         match self {
             E820Kind::Ram => "usable",
@@ -48,6 +49,7 @@ impl E820Entry {
     /// The line the kernel prints for this entry (without the printk time
     /// prefix), e.g.
     /// `BIOS-e820: [mem 0x0000000000000000-0x000000000009fbff] usable`.
+    #[cfg(test)]
     pub fn kernel_log_line(&self) -> String {
         format!(
             "BIOS-e820: [mem {:#018x}-{:#018x}] {}",

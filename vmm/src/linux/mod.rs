@@ -9,7 +9,7 @@
 //! Order of use: [`prepare_vm`] (before creating vCPUs), [`load`] (after the
 //! memslots exist), then [`configure_vcpu`] for each vCPU.
 //!
-//! Low memory: see `low_mem.rs`; the e820 map: [`e820_map`]; how the
+//! Low memory: see `low_mem.rs`; the e820 map: `e820.rs`; how the
 //! kernel finds the vCPUs, the interrupt routing and the devices: the ACPI
 //! tables ([`acpi`]), and for kernels without ACPI the MP table
 //! (`mptable.rs`) and the command line's `virtio_mmio.device=` words.
@@ -32,7 +32,10 @@ mod mptable;
 mod msrs;
 mod placement;
 mod setup_header;
+// A minimal boot loop of its own, for the tests' stock-kernel boots.
+#[cfg(test)]
 pub mod smoke;
+#[cfg(test)]
 mod smoke_uart;
 mod vm_setup;
 mod zero_page;
@@ -45,10 +48,9 @@ use kvm_ioctls::{Kvm, VcpuFd};
 
 pub use cpu::VcpuSetupError;
 pub use decompress::PayloadFormat;
-pub use e820::{e820_map, E820Entry, E820Kind};
 pub use load::load;
 pub use mptable::MpTableError;
-pub use vm_setup::{prepare_vm, VmSetupError};
+pub use vm_setup::prepare_vm;
 
 /// What to boot.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -73,7 +73,9 @@ const ALL_LAPICS: u8 = 0xff;
 /// Sizes fixed by the specification.
 pub const FLOATING_POINTER_BYTES: usize = 16;
 const HEADER_BYTES: usize = 44;
+#[cfg(test)]
 const PROCESSOR_ENTRY_BYTES: usize = 20;
+#[cfg(test)]
 const SMALL_ENTRY_BYTES: usize = 8;
 
 /// Offsets of the checksummed fields.

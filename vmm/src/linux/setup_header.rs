@@ -38,6 +38,7 @@ pub mod field {
     /// `kernel_alignment`.
     pub const KERNEL_ALIGNMENT: usize = 0x230;
     /// `relocatable_kernel`.
+    #[cfg(test)]
     pub const RELOCATABLE_KERNEL: usize = 0x234;
     /// `xloadflags`.
     pub const XLOADFLAGS: usize = 0x236;
@@ -48,6 +49,7 @@ pub mod field {
     /// `payload_length`.
     pub const PAYLOAD_LENGTH: usize = 0x24c;
     /// `pref_address`: where a non-relocated kernel wants to be loaded.
+    #[cfg(test)]
     pub const PREF_ADDRESS: usize = 0x258;
     /// `init_size`: memory the kernel needs from its load address on.
     pub const INIT_SIZE: usize = 0x260;
@@ -79,6 +81,7 @@ const SYNTHESIZED_END: usize = 0x26c;
 /// Before protocol 2.06 the command line was limited to 255 bytes.
 const LEGACY_CMDLINE_SIZE: u32 = 255;
 /// Before protocol 2.10 a kernel was loaded at 1 MiB.
+#[cfg(test)]
 const LEGACY_PREF_ADDRESS: u64 = 0x10_0000;
 
 /// Why a setup header is unusable.
@@ -232,6 +235,7 @@ impl SetupHeader {
         le::u32_at(&self.raw, offset - HEADER_OFFSET)
     }
 
+    #[cfg(test)]
     fn u64_field(&self, offset: usize) -> Option<u64> {
         le::u64_at(&self.raw, offset - HEADER_OFFSET)
     }
@@ -281,16 +285,19 @@ impl SetupHeader {
     }
 
     /// `kernel_alignment`.
+    #[cfg(test)]
     pub fn kernel_alignment_bytes(&self) -> u32 {
         self.u32_field(field::KERNEL_ALIGNMENT).unwrap_or(0)
     }
 
     /// Whether the kernel may be loaded at another address than preferred.
+    #[cfg(test)]
     pub fn relocatable(&self) -> bool {
         self.u8_field(field::RELOCATABLE_KERNEL).unwrap_or(0) != 0
     }
 
     /// Preferred load address (1 MiB before 2.10).
+    #[cfg(test)]
     pub fn pref_address(&self) -> u64 {
         if self.version() < VERSION_INIT_SIZE {
             return LEGACY_PREF_ADDRESS;

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::hist::median;
 use super::host_pageout::{self, KernelPageout, Probe, SwapFile};
+use super::limits::Limits;
 use super::plots::{self, Bar};
 use super::report::{fmt_f, Headline, Table};
 use super::runner::{num, RunResult, RunSpec, MIB};
@@ -60,9 +61,78 @@ fn pageout_ms(r: &RunResult) -> f64 {
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let limits = ctx.limits()?;
     let reps = if ctx.mode == Mode::Quick { 1 } else { 3 };
+    let (host, host_note) = set_up_host(ctx);
+    let zswap = host_pageout::zswap_enabled();
+    if host.is_some() && zswap {
+        ctx.progress.note("NOTE: zswap is enabled: the kernel compresses into RAM instead of writing the swap file");
+    }
+    let steps = reps
+        * (STORES.len()
+            + if host.is_some() {
+                KERNEL_VARIANTS.len()
+            } else {
+                0
+            });
+    ctx.progress.plan(steps);
 
-    // The host comparison needs root (swapon) and gcc; set it up first so
-    // its runs can interleave with hugevmm's.
+    let (vm, kernel) = run_all(ctx, reps, &host)?;
+    // Swap off and remove the file now, not at the end of the bench.
+    drop(host);
+
+    if vm.is_empty() && kernel.is_empty() {
+        return Ok(());
+    }
+    // Summaries.
+    let mut t = Table::new(
+        &format!("pageout: evict {PAGEOUT_MIB} MiB of written memory (median of {reps})"),
+        &[
+            "who",
+            "store / variant",
+            "ms",
+            "MiB/s",
+            "of store ceiling",
+            "check",
+        ],
+    );
+    let mut bars = Vec::new();
+    let (vm_json, vm_file_ms) = summarize_vm(ctx, &limits, &vm, &mut t, &mut bars);
+    let (kernel_json, kernel_headline) = summarize_kernel(ctx, &limits, &kernel, &mut t, &mut bars);
+    t.note("hugevmm: `pageout.elapsed_ms` = evict every resident chunk and wait for the store writes; resident before includes the VMM's pinned chunk and the payload image");
+    t.note("kernel: ms = from the madvise call until /proc/meminfo Writeback is back to its level before it (the writes are done); `call` = the madvise call alone, the seed's figure, which returns once the writes are only submitted");
+    if zswap {
+        t.note("zswap is enabled on this host: the kernel's pageout compressed into RAM");
+    }
+    let ratio_json = compare(ctx, &mut t, vm_file_ms, kernel_headline);
+    ctx.report.tables.push(t);
+    if !bars.is_empty() {
+        plots::hbars(
+            &ctx.out_dir.join("pageout.svg"),
+            &format!("pageout of {PAGEOUT_MIB} MiB: time until written (ms, median)"),
+            "ms",
+            &bars,
+            &["hugevmm --pageout", "kernel MADV_PAGEOUT"],
+            false,
+        )?;
+        ctx.report.plots.push("pageout.svg".into());
+    }
+    ctx.report.set(
+        "pageout",
+        json!({
+            "bytes": PAGEOUT_MIB << 20,
+            "hugevmm": vm_json,
+            "kernel": kernel_json,
+            "kernel_setup": host_note,
+            "zswap_enabled": zswap,
+            "ratio": ratio_json,
+        }),
+    );
+    Ok(())
+}
+
+/// The host comparison needs root (swapon) and gcc; set it up first so
+/// its runs can interleave with hugevmm's. Returns the probe and swap
+/// file, if they could be set up, and a note naming the swap file.
+fn set_up_host(ctx: &mut Ctx) -> (Option<(Probe, SwapFile)>, String) {
     let mut host: Option<(Probe, SwapFile)> = None;
     let mut host_note = String::new();
     if !ctx.is_root {
@@ -85,19 +155,17 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             Err(e) => ctx.skip("pageout host comparison", &format!("{e:#}")),
         }
     }
-    let zswap = host_pageout::zswap_enabled();
-    if host.is_some() && zswap {
-        ctx.progress.note("NOTE: zswap is enabled: the kernel compresses into RAM instead of writing the swap file");
-    }
-    let steps = reps
-        * (STORES.len()
-            + if host.is_some() {
-                KERNEL_VARIANTS.len()
-            } else {
-                0
-            });
-    ctx.progress.plan(steps);
+    (host, host_note)
+}
 
+/// hugevmm pageouts per store (`(store index, run)`) and kernel pageouts
+/// per variant (`(variant index, rep, figures)`), interleaved per rep.
+#[allow(clippy::type_complexity)]
+fn run_all(
+    ctx: &mut Ctx,
+    reps: usize,
+    host: &Option<(Probe, SwapFile)>,
+) -> Result<(Vec<(usize, RunResult)>, Vec<(usize, usize, KernelPageout)>)> {
     let mut vm: Vec<(usize, RunResult)> = Vec::new();
     let mut kernel: Vec<(usize, usize, KernelPageout)> = Vec::new();
     for rep in 1..=reps {
@@ -118,7 +186,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 vm.push((si, r));
             }
         }
-        if let Some((probe, _)) = &host {
+        if let Some((probe, _)) = host {
             for (vi, (name, fill, pages)) in KERNEL_VARIANTS.iter().enumerate() {
                 interrupt::check()?;
                 ctx.progress.start(&format!(
@@ -146,27 +214,20 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             }
         }
     }
-    // Swap off and remove the file now, not at the end of the bench.
-    drop(host);
+    Ok((vm, kernel))
+}
 
-    if vm.is_empty() && kernel.is_empty() {
-        return Ok(());
-    }
-    // Summaries.
-    let mut t = Table::new(
-        &format!("pageout: evict {PAGEOUT_MIB} MiB of written memory (median of {reps})"),
-        &[
-            "who",
-            "store / variant",
-            "ms",
-            "MiB/s",
-            "of store ceiling",
-            "check",
-        ],
-    );
+/// One table row, CSV lines, a bar and a JSON entry per store; returns
+/// the JSON entries and the file store's median.
+fn summarize_vm(
+    ctx: &mut Ctx,
+    limits: &Limits,
+    vm: &[(usize, RunResult)],
+    t: &mut Table,
+    bars: &mut Vec<Bar>,
+) -> (Vec<Value>, Option<f64>) {
     let mut vm_json = Vec::new();
     let mut vm_file_ms = None;
-    let mut bars = Vec::new();
     for (si, store) in STORES.iter().enumerate() {
         let runs: Vec<&RunResult> = vm
             .iter()
@@ -244,6 +305,19 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "command": spec(store, 1).command_line(),
         }));
     }
+    (vm_json, vm_file_ms)
+}
+
+/// One table row, CSV lines, a bar and a JSON entry per kernel variant;
+/// returns the JSON entries and the headline variant's `(madvise ms,
+/// written ms, really paged out)`.
+fn summarize_kernel(
+    ctx: &mut Ctx,
+    limits: &Limits,
+    kernel: &[(usize, usize, KernelPageout)],
+    t: &mut Table,
+    bars: &mut Vec<Bar>,
+) -> (Vec<Value>, Option<(f64, f64, bool)>) {
     let mut kernel_json = Vec::new();
     let mut kernel_headline: Option<(f64, f64, bool)> = None;
     for (vi, (name, fill, pages)) in KERNEL_VARIANTS.iter().enumerate() {
@@ -336,11 +410,17 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             })).collect::<Vec<_>>(),
         }));
     }
-    t.note("hugevmm: `pageout.elapsed_ms` = evict every resident chunk and wait for the store writes; resident before includes the VMM's pinned chunk and the payload image");
-    t.note("kernel: ms = from the madvise call until /proc/meminfo Writeback is back to its level before it (the writes are done); `call` = the madvise call alone, the seed's figure, which returns once the writes are only submitted");
-    if zswap {
-        t.note("zswap is enabled on this host: the kernel's pageout compressed into RAM");
-    }
+    (kernel_json, kernel_headline)
+}
+
+/// hugevmm's file store against the kernel's headline variant: a table
+/// note, the headline and a CSV line; returns the ratio's JSON.
+fn compare(
+    ctx: &mut Ctx,
+    t: &mut Table,
+    vm_file_ms: Option<f64>,
+    kernel_headline: Option<(f64, f64, bool)>,
+) -> Value {
     let mut ratio_json = json!(null);
     if let (Some(vm_ms), Some((madvise, written, really))) = (vm_file_ms, kernel_headline) {
         let ratio = vm_ms / written.max(1e-9);
@@ -372,28 +452,5 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "x",
         );
     }
-    ctx.report.tables.push(t);
-    if !bars.is_empty() {
-        plots::hbars(
-            &ctx.out_dir.join("pageout.svg"),
-            &format!("pageout of {PAGEOUT_MIB} MiB: time until written (ms, median)"),
-            "ms",
-            &bars,
-            &["hugevmm --pageout", "kernel MADV_PAGEOUT"],
-            false,
-        )?;
-        ctx.report.plots.push("pageout.svg".into());
-    }
-    ctx.report.set(
-        "pageout",
-        json!({
-            "bytes": PAGEOUT_MIB << 20,
-            "hugevmm": vm_json,
-            "kernel": kernel_json,
-            "kernel_setup": host_note,
-            "zswap_enabled": zswap,
-            "ratio": ratio_json,
-        }),
-    );
-    Ok(())
+    ratio_json
 }

@@ -13,8 +13,9 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 
-use super::floor;
+use super::floor::{self, Floors};
 use super::hist::Hist;
+use super::limits::Limits;
 use super::plots::{self, LatencySeries};
 use super::report::{Headline, Table};
 use super::runner::{RunResult, RunSpec, CHUNK_BYTES, GIB};
@@ -147,9 +148,37 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let limits = ctx.limits()?;
     let defs = runs(ctx.mode);
     ctx.progress.plan(defs.len() + 1);
+    let floors = measure_floor(ctx)?;
+    if let Some(why) = &floors.uffd_problem {
+        ctx.skip("fault floor: THP move and page copy", why);
+    }
+    let results = run_all(ctx, &defs)?;
+    let rows = rows(&results, &floors);
+    let (t, rows_json, loaded_floor_us) = table(ctx, &limits, &floors, &rows);
+    ctx.report.tables.push(t);
+    plot(ctx, &floors, &rows)?;
+    ctx.report.set(
+        "fault_latency",
+        json!({
+            "floor": floors.json(),
+            "floor_with_disk_writing_us": loaded_floor_us,
+            "sources": rows_json,
+            "runs": results.iter().map(|(d, r)| json!({
+                "key": d.key, "label": d.label, "command": r.spec.command_line(),
+                "faults": r.stats["swap"]["faults"],
+                "fault_latency_us": r.stats["swap"]["fault_latency_us"],
+                "raw_stats": format!("runs/{}.json", r.spec.name),
+            })).collect::<Vec<Value>>(),
+        }),
+    );
+    Ok(())
+}
+
+/// The floor, in this process, as one progress step.
+fn measure_floor(ctx: &mut Ctx) -> Result<Floors> {
     ctx.progress
         .start("floor: store read + THP fill + UFFDIO_MOVE, in this process");
-    let floors = match floor::measure(ctx) {
+    match floor::measure(ctx) {
         Ok(f) => {
             ctx.progress.done(&format!(
                 "2 MiB from file {:.0} us (read {:.0} + fill {:.0} + move {:.0}), from lz4 {:.0} us, zero {:.0} us, staging {:.0} us, 4 KiB from file {:.0} us{}",
@@ -167,19 +196,19 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     None => "",
                 }
             ));
-            f
+            Ok(f)
         }
         Err(e) => {
             ctx.progress.failed(&format!("{e:#}"));
-            return Err(e.context("measuring the fault-service floor"));
+            Err(e.context("measuring the fault-service floor"))
         }
-    };
-    if let Some(why) = &floors.uffd_problem {
-        ctx.skip("fault floor: THP move and page copy", why);
     }
+}
 
+/// The VM runs, one progress step each.
+fn run_all<'d>(ctx: &mut Ctx, defs: &'d [RunDef]) -> Result<Vec<(&'d RunDef, RunResult)>> {
     let mut results: Vec<(&RunDef, RunResult)> = Vec::new();
-    for d in &defs {
+    for d in defs {
         let figure = |r: &RunResult| {
             let h = r.source_hist(if r.spec.unit == "4k" || r.swap("faults/store") > 0.0 {
                 "store"
@@ -202,9 +231,14 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         }
     }
 
+    Ok(results)
+}
+
+/// One row per fault source and run kind, with its floor.
+fn rows(results: &[(&RunDef, RunResult)], floors: &Floors) -> Vec<Row> {
     let get = |key: &str| results.iter().find(|(d, _)| d.key == key).map(|(_, r)| r);
     let mut rows: Vec<Row> = Vec::new();
-    let f = &floors;
+    let f = floors;
     if let Some(r) = get("file") {
         rows.push(Row {
             name: "2m store, file (1 vCPU)".into(),
@@ -226,7 +260,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     // exact).
     let merged = |source: &str| {
         let mut h = Hist::default();
-        for (d, r) in &results {
+        for (d, r) in results {
             if d.unit == "2m" {
                 h.merge(&r.source_hist(source));
             }
@@ -285,6 +319,13 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         });
     }
 
+    rows
+}
+
+/// The table of the rows (and their CSV lines and JSON), its notes and
+/// the headline; returns the table, the rows' JSON and the floor with the
+/// disk also writing, us.
+fn table(ctx: &mut Ctx, limits: &Limits, f: &Floors, rows: &[Row]) -> (Table, Vec<Value>, f64) {
     let mut t = Table::new(
         "fault-latency: service time per source (ms)",
         &[
@@ -301,7 +342,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         ],
     );
     let mut rows_json = Vec::new();
-    for row in &rows {
+    for row in rows {
         let h = &row.hist;
         let p99 = h.quantile_us(0.99);
         let ratio = row
@@ -402,11 +443,13 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             });
         }
     }
-    ctx.report.tables.push(t);
+    (t, rows_json, loaded_floor_us)
+}
 
-    // Two plots, so that each stays readable: restores from a store (both
-    // units, both stores, with and without load) against their floors, and
-    // the 2 MiB sources side by side.
+/// Two plots, so that each stays readable: restores from a store (both
+/// units, both stores, with and without load) against their floors, and
+/// the 2 MiB sources side by side.
+fn plot(ctx: &mut Ctx, f: &Floors, rows: &[Row]) -> Result<()> {
     let pick = |names: &[&str]| -> Vec<LatencySeries> {
         rows.iter()
             .filter(|r| r.hist.count() > 0 && names.iter().any(|n| r.name.starts_with(n)))
@@ -448,19 +491,5 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         )?;
         ctx.report.plots.push("fault_latency_sources.svg".into());
     }
-    ctx.report.set(
-        "fault_latency",
-        json!({
-            "floor": floors.json(),
-            "floor_with_disk_writing_us": loaded_floor_us,
-            "sources": rows_json,
-            "runs": results.iter().map(|(d, r)| json!({
-                "key": d.key, "label": d.label, "command": r.spec.command_line(),
-                "faults": r.stats["swap"]["faults"],
-                "fault_latency_us": r.stats["swap"]["fault_latency_us"],
-                "raw_stats": format!("runs/{}.json", r.spec.name),
-            })).collect::<Vec<Value>>(),
-        }),
-    );
     Ok(())
 }

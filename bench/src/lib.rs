@@ -15,7 +15,12 @@
 //!
 //! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
 //! figures come from its `--stats-json`, exactly what a user would get, and
-//! a crashing run cannot take the bench down with it.
+//! a crashing run cannot take the bench down with it. This crate is the
+//! library behind the `hugevmm bench` subcommand: `vmm` parses
+//! [`BenchArgs`] and calls [`run`], which finds the `hugevmm` binary to
+//! run as `std::env::current_exe()` (the binary that called it).
+
+#![deny(missing_docs)]
 
 mod fault_latency;
 mod floor;

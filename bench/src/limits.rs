@@ -363,14 +363,64 @@ fn codec_speed(codec: Codec, chunk: &[u8], min_seconds: f64) -> Result<CodecResu
 
 /// Measures the ceilings with `mode`'s sizes, adding them to the report.
 pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
-    let (disk_bytes, memcpy_bytes, min_s) = match mode {
-        Mode::Quick => (256u64 << 20, 128u64 << 20, 0.3),
-        Mode::Full => (1u64 << 30, 512u64 << 20, 1.0),
+    let z = Sizes::of(mode);
+    ctx.progress.plan(2 + z.disk_reps);
+    let d = best_disk(ctx, &z)?;
+    interrupt::check()?;
+    let memcpy = measure_memcpy(ctx, &z);
+    interrupt::check()?;
+    let codecs = measure_codecs(ctx, z.min_s)?;
+    let limits = Limits {
+        disk_write_gibs: d.write_grow_gibs.max(d.write_overwrite_gibs),
+        disk_read_gibs: d.read_gibs,
+        disk_read_qd1_gibs: d.read_qd1_gibs,
+        disk_mixed_read_gibs: d.mixed_read_gibs,
+        disk_mixed_write_gibs: d.mixed_write_gibs,
+        memcpy_gibs: memcpy,
+        compress_gibs: codecs.compress_gibs,
+        decompress_gibs: codecs.decompress_gibs,
     };
-    // The disk of a virtual machine varies from second to second; a
-    // ceiling is the best it did, so full mode takes the best of three.
-    let disk_reps = if mode == Mode::Quick { 1 } else { 3 };
-    ctx.progress.plan(2 + disk_reps);
+
+    let qd1_median_ms = median(&d.read_qd1_ms).unwrap_or(0.0);
+    report_json(ctx, mode, &z, &d, &limits, qd1_median_ms, codecs.json);
+    let t = table(ctx, &z, &d, &limits, qd1_median_ms, &codecs.rows);
+    ctx.report.tables.push(t);
+    report_csv(ctx, &d, memcpy, &codecs.rows);
+    plot(ctx, &d, memcpy, &codecs.rows)?;
+    Ok(limits)
+}
+
+/// Sizes of the measurements in one mode.
+struct Sizes {
+    disk_bytes: u64,
+    memcpy_bytes: u64,
+    /// Shortest time a rate is measured over, s.
+    min_s: f64,
+    /// Disk rounds, the best of which is the ceiling.
+    disk_reps: usize,
+}
+
+impl Sizes {
+    fn of(mode: Mode) -> Sizes {
+        let (disk_bytes, memcpy_bytes, min_s) = match mode {
+            Mode::Quick => (256u64 << 20, 128u64 << 20, 0.3),
+            Mode::Full => (1u64 << 30, 512u64 << 20, 1.0),
+        };
+        // The disk of a virtual machine varies from second to second; a
+        // ceiling is the best it did, so full mode takes the best of three.
+        let disk_reps = if mode == Mode::Quick { 1 } else { 3 };
+        Sizes {
+            disk_bytes,
+            memcpy_bytes,
+            min_s,
+            disk_reps,
+        }
+    }
+}
+
+/// The disk rounds, one progress step each; the best of them.
+fn best_disk(ctx: &mut Ctx, z: &Sizes) -> Result<DiskResult> {
+    let (disk_bytes, disk_reps) = (z.disk_bytes, z.disk_reps);
     let mut d: Option<DiskResult> = None;
     for rep in 1..=disk_reps {
         ctx.progress.start(&format!(
@@ -411,15 +461,34 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         });
         interrupt::check()?;
     }
-    let d = d.expect("at least one disk round");
-    interrupt::check()?;
+    Ok(d.expect("at least one disk round"))
+}
+
+/// memcpy of 2 MiB blocks, one progress step.
+fn measure_memcpy(ctx: &mut Ctx, z: &Sizes) -> f64 {
+    let memcpy_bytes = z.memcpy_bytes;
     ctx.progress.start(&format!(
         "memcpy of 2 MiB blocks over {} MiB",
         memcpy_bytes >> 20
     ));
-    let memcpy = memcpy_gibs(memcpy_bytes, min_s);
+    let memcpy = memcpy_gibs(memcpy_bytes, z.min_s);
     ctx.progress.done(&format!("{memcpy:.2} GiB/s"));
-    interrupt::check()?;
+    memcpy
+}
+
+/// lz4 and zstd on the two kinds of chunk.
+struct Codecs {
+    /// Per codec, per content: the rates and ratio.
+    json: serde_json::Map<String, Value>,
+    rows: Vec<(Codec, &'static str, CodecResult)>,
+    /// On the seqwrite chunk, per codec (`codec_index`).
+    compress_gibs: [f64; 2],
+    decompress_gibs: [f64; 2],
+}
+
+/// The codecs on a guest-like chunk and on the seqwrite payload's chunk,
+/// one progress step.
+fn measure_codecs(ctx: &mut Ctx, min_s: f64) -> Result<Codecs> {
     ctx.progress
         .start("lz4/zstd on a guest-like chunk and on the seqwrite payload's chunk");
     let contents = [
@@ -450,18 +519,30 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         "lz4 {:.2}/{:.2} GiB/s, zstd {:.2}/{:.2} GiB/s (compress/decompress, seqwrite chunk)",
         compress_gibs[0], decompress_gibs[0], compress_gibs[1], decompress_gibs[1]
     ));
-    let limits = Limits {
-        disk_write_gibs: d.write_grow_gibs.max(d.write_overwrite_gibs),
-        disk_read_gibs: d.read_gibs,
-        disk_read_qd1_gibs: d.read_qd1_gibs,
-        disk_mixed_read_gibs: d.mixed_read_gibs,
-        disk_mixed_write_gibs: d.mixed_write_gibs,
-        memcpy_gibs: memcpy,
+    Ok(Codecs {
+        json: codec_json,
+        rows: codec_rows,
         compress_gibs,
         decompress_gibs,
-    };
+    })
+}
 
-    let qd1_median_ms = median(&d.read_qd1_ms).unwrap_or(0.0);
+/// The suite's key in `results.json`.
+fn report_json(
+    ctx: &mut Ctx,
+    mode: Mode,
+    z: &Sizes,
+    d: &DiskResult,
+    limits: &Limits,
+    qd1_median_ms: f64,
+    codec_json: serde_json::Map<String, Value>,
+) {
+    let (disk_bytes, memcpy_bytes, disk_reps, memcpy) = (
+        z.disk_bytes,
+        z.memcpy_bytes,
+        z.disk_reps,
+        limits.memcpy_gibs,
+    );
     ctx.report.set(
         "limits",
         json!({
@@ -484,6 +565,18 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
             "codecs": Value::Object(codec_json),
         }),
     );
+}
+
+/// The table of the ceilings.
+fn table(
+    ctx: &Ctx,
+    z: &Sizes,
+    d: &DiskResult,
+    limits: &Limits,
+    qd1_median_ms: f64,
+    codec_rows: &[(Codec, &'static str, CodecResult)],
+) -> Table {
+    let (memcpy_bytes, disk_reps, memcpy) = (z.memcpy_bytes, z.disk_reps, limits.memcpy_gibs);
     let mut t = Table::new(
         "limits: this machine's ceilings",
         &["what", "GiB/s", "note"],
@@ -521,7 +614,7 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         fmt_f(memcpy, 2),
         format!("{} MiB working set", memcpy_bytes >> 20),
     ]);
-    for (codec, content, r) in &codec_rows {
+    for (codec, content, r) in codec_rows {
         t.row(vec![
             format!("{codec} compress, {content} chunk"),
             fmt_f(r.compress_gibs, 2),
@@ -541,8 +634,17 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         limits.disk_read_gibs,
         limits.disk_write_gibs
     ));
-    ctx.report.tables.push(t);
-    for (codec, content, r) in &codec_rows {
+    t
+}
+
+/// One CSV line per measured value.
+fn report_csv(
+    ctx: &mut Ctx,
+    d: &DiskResult,
+    memcpy: f64,
+    codec_rows: &[(Codec, &'static str, CodecResult)],
+) {
+    for (codec, content, r) in codec_rows {
         for (metric, v) in [
             ("compress_gibs", r.compress_gibs),
             ("decompress_gibs", r.decompress_gibs),
@@ -571,6 +673,15 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         ctx.report
             .csv("limits", "machine", "", 0, metric, v, "GiB/s");
     }
+}
+
+/// `limits.svg`.
+fn plot(
+    ctx: &mut Ctx,
+    d: &DiskResult,
+    memcpy: f64,
+    codec_rows: &[(Codec, &'static str, CodecResult)],
+) -> Result<()> {
     let mut bars: Vec<plots::Bar> = [
         ("disk write (growing)", d.write_grow_gibs),
         ("disk write (overwriting)", d.write_overwrite_gibs),
@@ -619,7 +730,7 @@ pub fn measure(ctx: &mut Ctx, mode: Mode) -> Result<Limits> {
         false,
     )?;
     ctx.report.plots.push("limits.svg".into());
-    Ok(limits)
+    Ok(())
 }
 
 /// The `limits` suite.

@@ -456,6 +456,31 @@ fn ratio(groups: &[Group], case: &str, store: &str) -> Option<f64> {
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let limits = ctx.limits()?;
     let p = plan(ctx.mode);
+    let same_work = announce(ctx, &p);
+    let results = run_all(ctx, &p, &limits)?;
+    if results.is_empty() {
+        // Nothing ran (no KVM here, said at the start): no empty tables.
+        return Ok(());
+    }
+    let runs_table = runs_table(ctx, &p, &results, &same_work);
+    let figs: Vec<RunFigures> = results.iter().map(|(f, _)| f.clone()).collect();
+    let groups = groups(&figs);
+    let medians_table = medians_table(ctx, &groups, &limits);
+    let ratios = Ratios::of(&groups);
+    report_headlines(ctx, &p, &groups, &ratios);
+    ctx.report.tables.push(medians_table);
+    ctx.report.tables.push(runs_table);
+    plot(ctx, &p, &results, &groups)?;
+    ctx.report.set(
+        "swap_w_seq",
+        suite_json(&p, &same_work, &ratios, &groups, &results),
+    );
+    Ok(())
+}
+
+/// Plans the progress steps and says what work both units run; returns
+/// that sentence (also a note of the tables and a key of the JSON).
+fn announce(ctx: &mut Ctx, p: &Plan) -> String {
     let seq_runs = 2 * p.seq.runs + 2 + usize::from(p.warmup) + 2 * p.strict.runs;
     let rand_runs = 2 * p.rand.runs;
     ctx.progress.plan(seq_runs + rand_runs);
@@ -467,7 +492,13 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         p.rand.work_text()
     );
     ctx.progress.note(&same_work);
+    same_work
+}
 
+/// Every VM run of the suite, in order: the warm-up (full mode), seqwrite
+/// on the file store, seqwrite on the compressed memory store, seqwrite
+/// with one vCPU, randwrite; units interleaved within each.
+fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<Vec<(RunFigures, RunResult)>> {
     let mut results: Vec<(RunFigures, RunResult)> = Vec::new();
     let ms = p.timeline_ms;
     if p.warmup {
@@ -482,64 +513,56 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             key_figure,
         )?;
     }
-    for i in 1..=p.seq.runs {
-        for unit in ["2m", "4k"] {
-            let spec = p
-                .seq
-                .spec(format!("swsq-seq-{unit}-file-{i}"), unit, "default", ms);
-            if let Some(r) = ctx.run_vm(
-                &spec,
-                &format!("seqwrite {unit} file #{i}/{}", p.seq.runs),
-                key_figure,
-            )? {
-                results.push((RunFigures::of(&r, "seqwrite", i, &limits, &p.seq), r));
+    let file = Store {
+        spec: "default",
+        label: "file",
+        tag: "file",
+    };
+    let lz4 = Store {
+        spec: "mem:lz4",
+        label: "mem:lz4",
+        tag: "lz4",
+    };
+    let series = [
+        ("seqwrite", "seq", &p.seq, &file, p.seq.runs),
+        ("seqwrite", "seq", &p.seq, &lz4, 1),
+        ("seqwrite 1 vCPU", "seq1", &p.strict, &file, p.strict.runs),
+        ("randwrite", "rand", &p.rand, &file, p.rand.runs),
+    ];
+    for (case, tag, w, store, runs) in series {
+        for i in 1..=runs {
+            for unit in ["2m", "4k"] {
+                let spec = w.spec(
+                    format!("swsq-{tag}-{unit}-{}-{i}", store.tag),
+                    unit,
+                    store.spec,
+                    ms,
+                );
+                let label = format!("{case} {unit} {} #{i}/{runs}", store.label);
+                if let Some(r) = ctx.run_vm(&spec, &label, key_figure)? {
+                    results.push((RunFigures::of(&r, case, i, limits, w), r));
+                }
             }
         }
     }
-    for unit in ["2m", "4k"] {
-        let spec = p
-            .seq
-            .spec(format!("swsq-seq-{unit}-lz4-1"), unit, "mem:lz4", ms);
-        if let Some(r) = ctx.run_vm(&spec, &format!("seqwrite {unit} mem:lz4 #1/1"), key_figure)? {
-            results.push((RunFigures::of(&r, "seqwrite", 1, &limits, &p.seq), r));
-        }
-    }
-    for i in 1..=p.strict.runs {
-        for unit in ["2m", "4k"] {
-            let spec = p
-                .strict
-                .spec(format!("swsq-seq1-{unit}-file-{i}"), unit, "default", ms);
-            if let Some(r) = ctx.run_vm(
-                &spec,
-                &format!("seqwrite 1 vCPU {unit} file #{i}/{}", p.strict.runs),
-                key_figure,
-            )? {
-                results.push((
-                    RunFigures::of(&r, "seqwrite 1 vCPU", i, &limits, &p.strict),
-                    r,
-                ));
-            }
-        }
-    }
-    for i in 1..=p.rand.runs {
-        for unit in ["2m", "4k"] {
-            let spec = p
-                .rand
-                .spec(format!("swsq-rand-{unit}-file-{i}"), unit, "default", ms);
-            if let Some(r) = ctx.run_vm(
-                &spec,
-                &format!("randwrite {unit} file #{i}/{}", p.rand.runs),
-                key_figure,
-            )? {
-                results.push((RunFigures::of(&r, "randwrite", i, &limits, &p.rand), r));
-            }
-        }
-    }
+    Ok(results)
+}
 
-    if results.is_empty() {
-        // Nothing ran (no KVM here, said at the start): no empty tables.
-        return Ok(());
-    }
+/// A store as the runs name it: `--swap-store` value, label in progress
+/// lines, tag in run names.
+struct Store {
+    spec: &'static str,
+    label: &'static str,
+    tag: &'static str,
+}
+
+/// The table of every run (and its CSV lines).
+fn runs_table(
+    ctx: &mut Ctx,
+    p: &Plan,
+    results: &[(RunFigures, RunResult)],
+    same_work: &str,
+) -> Table {
     // Tables, JSON, CSV.
     let mut t = Table::new(
         "swap-w-seq: every run",
@@ -556,11 +579,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "2M coverage",
         ],
     );
-    for (f, _) in &results {
+    for (f, _) in results {
         t.row(f.cells());
         f.csv(ctx);
     }
-    t.note(&same_work);
+    t.note(same_work);
     t.note(&format!(
         "randwrite runs stop at {:.0} s: with 2 MiB units a random write to a chunk that is out costs a 2 MiB read and a 2 MiB write, and when the four vCPUs run at once they thrash; a stopped run's MiB/s (<) is the whole work over the bound, an upper bound",
         p.rand.time_bound_s.unwrap_or(0.0)
@@ -568,8 +591,12 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     t.note("of ceiling: the store reads and writes timed at the ceilings `limits` measured (disk, or one core's codec), over the run's wall time (run) or over the part after the first store I/O (swapping; the first pass fills memory up to the limit without I/O)");
     t.note("2M coverage: KVM 2 MiB stage-2 mappings per resident 2 MiB chunk at the end");
     t.note("swapped in: restores from the store over what a sequential writer needs when nothing survives from one pass to the next (every unit, every pass after the first); with 4 vCPUs on 2 cores the vCPUs take turns and part of each pass runs on memory still resident");
-    let figs: Vec<RunFigures> = results.iter().map(|(f, _)| f.clone()).collect();
-    let groups = groups(&figs);
+    t
+}
+
+/// The table of the medians per case, unit and store (and their CSV
+/// lines).
+fn medians_table(ctx: &mut Ctx, groups: &[Group], limits: &Limits) -> Table {
     let mut s = Table::new(
         "swap-w-seq: medians (2m vs 4k, same work)",
         &[
@@ -588,12 +615,12 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "2m/4k",
         ],
     );
-    for g in &groups {
+    for g in groups {
         let bound = groups
             .iter()
             .any(|x| x.case == g.case && x.store == g.store && x.timed_out > 0);
         let r = if g.unit == "2m" {
-            ratio(&groups, g.case, &g.store)
+            ratio(groups, g.case, &g.store)
                 .map(|r| format!("{}{r:.2}x", if bound { "~" } else { "" }))
                 .unwrap_or_default()
         } else {
@@ -654,10 +681,33 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         "ceilings from limits: disk write {:.2} GiB/s, read {:.2} GiB/s (one at a time {:.2}); lz4 on one core {:.2}/{:.2} GiB/s; memcpy {:.2} GiB/s",
         limits.disk_write_gibs, limits.disk_read_gibs, limits.disk_read_qd1_gibs, limits.compress_gibs[0], limits.decompress_gibs[0], limits.memcpy_gibs
     ));
-    let seq_ratio = ratio(&groups, "seqwrite", "file");
-    let rand_ratio = ratio(&groups, "randwrite", "file");
-    let lz4_ratio = ratio(&groups, "seqwrite", "mem:lz4");
-    let strict_ratio = ratio(&groups, "seqwrite 1 vCPU", "file");
+    s
+}
+
+/// The 2m/4k throughput ratios of the medians.
+struct Ratios {
+    seq: Option<f64>,
+    rand: Option<f64>,
+    lz4: Option<f64>,
+    strict: Option<f64>,
+}
+
+impl Ratios {
+    fn of(groups: &[Group]) -> Ratios {
+        Ratios {
+            seq: ratio(groups, "seqwrite", "file"),
+            rand: ratio(groups, "randwrite", "file"),
+            lz4: ratio(groups, "seqwrite", "mem:lz4"),
+            strict: ratio(groups, "seqwrite 1 vCPU", "file"),
+        }
+    }
+}
+
+/// The suite's headline figures: the 2m/4k ratios and the disk use while
+/// swapping (and the ratio's CSV line).
+fn report_headlines(ctx: &mut Ctx, p: &Plan, groups: &[Group], ratios: &Ratios) {
+    let seq_ratio = ratios.seq;
+    let strict_ratio = ratios.strict;
     ctx.report.ratio_2m_over_4k = seq_ratio;
     if let Some(r) = seq_ratio {
         ctx.report.headline.push(Headline {
@@ -730,10 +780,15 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         seq_ratio.unwrap_or(0.0),
         "x",
     );
-    ctx.report.tables.push(s);
-    ctx.report.tables.push(t);
+}
 
-    // Plots: throughput per unit and store; one timeline per unit.
+/// Plots: throughput per unit and store; one timeline per unit.
+fn plot(
+    ctx: &mut Ctx,
+    p: &Plan,
+    results: &[(RunFigures, RunResult)],
+    groups: &[Group],
+) -> Result<()> {
     let bars: Vec<Bar> = groups
         .iter()
         .map(|g| Bar {
@@ -777,28 +832,35 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         }
     }
 
-    ctx.report.set(
-        "swap_w_seq",
-        json!({
-            "same_work": same_work,
-            "seqwrite": {"payload_args": p.seq.args(), "mem": p.seq.mem, "mem_limit": p.seq.mem_limit, "vcpus": p.seq.vcpus, "runs_per_unit": p.seq.runs},
-            "randwrite": {"payload_args": p.rand.args(), "mem": p.rand.mem, "mem_limit": p.rand.mem_limit, "vcpus": p.rand.vcpus, "runs_per_unit": p.rand.runs},
-            "ratio_2m_over_4k": seq_ratio,
-            "ratio_2m_over_4k_randwrite": rand_ratio,
-            "ratio_2m_over_4k_lz4": lz4_ratio,
-            "ratio_2m_over_4k_one_vcpu": strict_ratio,
-            "seqwrite_one_vcpu": {"payload_args": p.strict.args(), "mem": p.strict.mem, "mem_limit": p.strict.mem_limit, "vcpus": 1, "runs_per_unit": p.strict.runs},
-            "medians": groups.iter().map(|g| json!({
-                "case": g.case, "unit": g.unit, "store": g.store, "runs": g.runs, "runs_stopped_at_time_bound": g.timed_out,
-                "throughput_mibs": g.throughput_mibs, "elapsed_s": g.elapsed_s, "userfaults": g.faults,
-                "swap_io_gibs": g.io_gibs, "store_busy_fraction": g.store_fraction,
-                "store_busy_fraction_while_swapping": g.swapping_fraction, "pages_2m_coverage": g.coverage,
-                "swapped_in_share_of_ideal": g.swapped_share,
-            })).collect::<Vec<_>>(),
-            "runs": results.iter().map(|(f, r)| f.json(r)).collect::<Vec<_>>(),
-        }),
-    );
     Ok(())
+}
+
+/// The suite's key in `results.json`.
+fn suite_json(
+    p: &Plan,
+    same_work: &str,
+    ratios: &Ratios,
+    groups: &[Group],
+    results: &[(RunFigures, RunResult)],
+) -> Value {
+    json!({
+        "same_work": same_work,
+        "seqwrite": {"payload_args": p.seq.args(), "mem": p.seq.mem, "mem_limit": p.seq.mem_limit, "vcpus": p.seq.vcpus, "runs_per_unit": p.seq.runs},
+        "randwrite": {"payload_args": p.rand.args(), "mem": p.rand.mem, "mem_limit": p.rand.mem_limit, "vcpus": p.rand.vcpus, "runs_per_unit": p.rand.runs},
+        "ratio_2m_over_4k": ratios.seq,
+        "ratio_2m_over_4k_randwrite": ratios.rand,
+        "ratio_2m_over_4k_lz4": ratios.lz4,
+        "ratio_2m_over_4k_one_vcpu": ratios.strict,
+        "seqwrite_one_vcpu": {"payload_args": p.strict.args(), "mem": p.strict.mem, "mem_limit": p.strict.mem_limit, "vcpus": 1, "runs_per_unit": p.strict.runs},
+        "medians": groups.iter().map(|g| json!({
+            "case": g.case, "unit": g.unit, "store": g.store, "runs": g.runs, "runs_stopped_at_time_bound": g.timed_out,
+            "throughput_mibs": g.throughput_mibs, "elapsed_s": g.elapsed_s, "userfaults": g.faults,
+            "swap_io_gibs": g.io_gibs, "store_busy_fraction": g.store_fraction,
+            "store_busy_fraction_while_swapping": g.swapping_fraction, "pages_2m_coverage": g.coverage,
+            "swapped_in_share_of_ideal": g.swapped_share,
+        })).collect::<Vec<_>>(),
+        "runs": results.iter().map(|(f, r)| f.json(r)).collect::<Vec<_>>(),
+    })
 }
 
 fn guest_mib(w: &Workload) -> u64 {
