@@ -418,8 +418,12 @@ fn device_payloads_without_their_device() {
 #[test]
 fn device_payload_arguments() {
     for (payload, args, known) in [
-        ("blkcheck", "sectors=x", "sectors= seed="),
-        ("blkcheck", "disk=1", "sectors= seed="),
+        (
+            "blkcheck",
+            "sectors=x",
+            "sectors= seed= stream= stream_mib=",
+        ),
+        ("blkcheck", "disk=1", "sectors= seed= stream= stream_mib="),
         (
             "balloon",
             "chunks=1M",

@@ -483,8 +483,8 @@ impl BlockFile {
             Engine::Auto => match setup_rings(opts) {
                 Ok(pool) => Backend::Uring(pool),
                 Err(e) => {
-                    eprintln!(
-                        "hugevmm: warning: io_uring unavailable ({e}); {} uses pread/pwrite, one request at a time per thread",
+                    log::warn!(
+                        "warning: io_uring unavailable ({e}); {} uses pread/pwrite, one request at a time per thread",
                         name.display()
                     );
                     Backend::Sync
@@ -933,7 +933,7 @@ struct InFlightGuard {
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
         if self.armed {
-            eprintln!("hugevmm: fatal: unwinding with block I/O in flight; aborting to keep the kernel from writing into freed memory");
+            log::error!("fatal: unwinding with block I/O in flight; aborting to keep the kernel from writing into freed memory");
             std::process::abort();
         }
     }
@@ -1034,7 +1034,7 @@ impl RingPool {
                     _ => {
                         failures += 1;
                         if failures > ENTER_RETRY_LIMIT {
-                            eprintln!("hugevmm: fatal: io_uring_enter keeps failing ({e}) with {in_flight} requests in flight on {}; aborting, as their buffers cannot be released safely", tracker.file.path.display());
+                            log::error!("fatal: io_uring_enter keeps failing ({e}) with {in_flight} requests in flight on {}; aborting, as their buffers cannot be released safely", tracker.file.path.display());
                             std::process::abort();
                         }
                         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -1466,7 +1466,11 @@ pub(crate) mod tests {
                 assert!(msg.contains("refuses O_DIRECT"), "{msg}");
                 assert!(msg.contains("/var/tmp"), "{msg}");
             }
-            None => eprintln!("skipped: cannot mount ramfs here"),
+            None => test_resources::skip(
+                "a ramfs directory refuses O_DIRECT",
+                test_resources::Resource::Mount,
+                "cannot mount a ramfs here (needs root)",
+            ),
         }
     }
 

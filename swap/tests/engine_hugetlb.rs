@@ -96,10 +96,8 @@ fn hugetlb_chunks_round_trip_through_the_store() {
     // SAFETY: fd was just created and is owned here.
     let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: ftruncate on our own memfd.
-    assert_eq!(
-        unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) },
-        0
-    );
+    let sized = unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) };
+    assert_eq!(sized, 0);
     // SAFETY: a fresh shared mapping of our memfd, unmapped at the end.
     let ptr = unsafe {
         libc::mmap(

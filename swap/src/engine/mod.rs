@@ -156,7 +156,7 @@ fn set_thread_nice(nice: i32) {
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
     };
     if result != 0 {
-        eprintln!(
+        log::warn!(
             "swap engine: cannot set the fault thread's nice value to {nice} ({}); it runs at the default priority",
             std::io::Error::last_os_error()
         );

@@ -188,7 +188,7 @@ pub(super) fn pagemap_scanner(backing: Backing) -> Option<PagemapScanner> {
     match PagemapScanner::open() {
         Ok(scanner) => Some(scanner),
         Err(e) => {
-            eprintln!(
+            log::warn!(
                 "swap engine: PAGEMAP_SCAN on /proc/self/pagemap failed ({e}); evicted huge pages are not reused as restore buffers"
             );
             None

@@ -813,7 +813,11 @@ mod tests {
                 assert!(d.contains("/var/tmp"), "{d}");
             }
             Some(Err(e)) => panic!("temporary store failed: {e}"),
-            None => eprintln!("skipped: cannot mount ramfs here"),
+            None => test_resources::skip(
+                "the temporary store falls back from a ramfs",
+                test_resources::Resource::Mount,
+                "cannot mount a ramfs here (needs root)",
+            ),
         }
         let store =
             FileStore::temporary(Path::new("/nonexistent-dir"), MIB2, 4 * MIB2 as u64).unwrap();
