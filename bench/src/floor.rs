@@ -300,7 +300,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
             f.uffd_problem = Some(format!("{e:#}"));
             // Still measure the store reads: half the floor is better than
             // none, and the table says what is missing.
-            let mut buf = swap::blockio::AlignedBuf::new(CHUNK_BYTES as usize, 4096);
+            let mut buf = blockio::AlignedBuf::new(CHUNK_BYTES as usize, 4096);
             let mut read = Vec::new();
             for &slot in &file_slots {
                 let t = Instant::now();
@@ -318,7 +318,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
             .context("floor: cannot open a 4 KiB file store")?,
     );
     let slots4k = write_slots(file4k.as_ref(), n4k, PAGE)?;
-    let mut page = swap::blockio::AlignedBuf::new(PAGE as usize, 4096);
+    let mut page = blockio::AlignedBuf::new(PAGE as usize, 4096);
     let mut read = Vec::new();
     for &slot in &slots4k {
         let t = Instant::now();

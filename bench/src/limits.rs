@@ -2,7 +2,7 @@
 //! the suites that are judged against them.
 //!
 //! - O_DIRECT sequential write and read of 2 MiB blocks through
-//!   `swap::blockio` (io_uring, 8 in flight like the engine's eviction
+//!   `blockio` (io_uring, 8 in flight like the engine's eviction
 //!   batches) on the store directory's filesystem, plus one-at-a-time reads
 //!   (what a single fault thread does);
 //! - memcpy of 2 MiB blocks from a buffer far larger than the caches;
@@ -10,9 +10,9 @@
 //!   guest-like chunk and on the chunk the benchmark's own payload writes.
 
 use anyhow::{Context, Result};
+use blockio::{AlignedBuf, BlockFile, BlockOp, BlockOptions};
 use serde_json::{json, Value};
 use std::time::Instant;
-use swap::blockio::{AlignedBuf, BlockFile, BlockOp, BlockOptions};
 use swap::store::Codec;
 
 use super::hist::median;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use swap::blockio::{AlignedBuf, BlockOptions, Engine};
+use blockio::{AlignedBuf, BlockOptions, Engine};
 use swap::store::{Codec, FileStore, MemStore, SharedStore, SlotId, WriteRequest};
 
 const CHUNK_BYTES: usize = 2 << 20;

@@ -1,9 +1,7 @@
 //! The 2 MiB swap engine: userfaultfd, fault service, eviction, stores.
 #![deny(missing_docs)]
 
-pub mod blockio;
 pub mod chunk;
 pub mod engine;
-pub mod lockfile;
 pub mod store;
 pub mod uffd;

@@ -1,5 +1,5 @@
 //! The disk behind virtio-blk: a raw image read and written between file
-//! offsets and guest RAM through `swap::blockio` (O_DIRECT + io_uring).
+//! offsets and guest RAM through `blockio` (O_DIRECT + io_uring).
 //!
 //! O_DIRECT wants file offsets, lengths and memory addresses aligned. A
 //! request whose guest buffers are misaligned in memory only goes through
@@ -16,8 +16,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use swap::blockio::{AlignedBuf, BlockFile, BlockIoError, BlockOptions, OpKind, RawBlockOp};
-use swap::lockfile::{self, LockError, LockMode};
+use blockio::lockfile::{self, LockError, LockMode};
+use blockio::{AlignedBuf, BlockFile, BlockIoError, BlockOptions, OpKind, RawBlockOp};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use guestmem::GuestMemoryView;

@@ -620,10 +620,10 @@ fn a_disk_locked_by_someone_else_is_refused() {
     let img = image("lock-other");
     std::fs::write(&img.0, vec![7u8; DISK_BYTES as usize]).unwrap();
     let other = std::fs::File::open(&img.0).unwrap();
-    swap::lockfile::lock(
+    blockio::lockfile::lock(
         &other,
         &img.0,
-        swap::lockfile::LockMode::Exclusive,
+        blockio::lockfile::LockMode::Exclusive,
         "the swap store",
     )
     .unwrap();
@@ -638,7 +638,7 @@ fn a_disk_and_a_swap_store_cannot_share_a_file() {
     let img = image("lock-store");
     std::fs::write(&img.0, vec![9u8; DISK_BYTES as usize]).unwrap();
     let overwrite = FileOptions { overwrite: true };
-    let opts = swap::blockio::BlockOptions::default();
+    let opts = blockio::BlockOptions::default();
     // Disk first: the store is refused by the lock.
     let disk = Disk::open(&img.0, false).unwrap();
     let err = FileStore::create_with(&img.0, 4096, 1 << 20, overwrite, &opts).unwrap_err();

@@ -192,10 +192,10 @@ impl Store for FaultyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blockio::AlignedBuf;
     use crate::store::codec::Codec;
     use crate::store::mem::MemStore;
     use crate::store::test_support::{check_round_trip, unit_image};
+    use blockio::AlignedBuf;
     use std::sync::Arc;
 
     const MIB2: usize = 2 << 20;
@@ -262,7 +262,7 @@ mod tests {
 
     #[test]
     fn corruption_works_on_a_file_store_too() {
-        let dir = crate::blockio::tests::test_dir();
+        let dir = blockio::test_support::test_dir();
         let inner =
             Arc::new(crate::store::FileStore::temporary(&dir, MIB2, 4 * MIB2 as u64).unwrap());
         let store = FaultyStore::new(

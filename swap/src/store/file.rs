@@ -1,5 +1,5 @@
 //! The file store: a raw image of unit-sized slots in a file or block
-//! device, read and written `O_DIRECT` through [`crate::blockio`].
+//! device, read and written `O_DIRECT` through [`blockio`].
 //!
 //! Slot `n` lives at byte `n * unit_bytes`. The image holds no metadata: the
 //! slot table and one crc32 per slot stay in memory, since the image only
@@ -32,8 +32,8 @@ use std::sync::{Mutex, MutexGuard};
 use super::open_error::check_unit_bytes;
 use super::slots::SlotTable;
 use super::{SlotId, Store, StoreError, StoreOpenError, WriteRequest};
-use crate::blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
-use crate::lockfile::{self, LockMode};
+use blockio::lockfile::{self, LockMode};
+use blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
 
 /// How [`FileStore::create_with`] treats a path that exists.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -598,17 +598,17 @@ impl Store for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blockio::{tests::with_ramfs, Engine};
     use crate::store::test_support::{
         check_concurrent, check_round_trip, check_slot_reuse, unit_image,
     };
+    use blockio::{test_support::with_ramfs, Engine};
     use std::os::unix::fs::FileExt;
 
     const MIB2: usize = 2 << 20;
     const KIB4: usize = 4096;
 
     fn test_dir() -> PathBuf {
-        crate::blockio::tests::test_dir()
+        blockio::test_support::test_dir()
     }
 
     fn temp(unit: usize, slots: u64, engine: Engine) -> FileStore {
@@ -932,7 +932,7 @@ mod tests {
     /// Runs `f` in a fresh 16 MiB tmpfs; prints SKIP and returns None where
     /// mounting is not allowed.
     fn with_small_tmpfs<R: Send>(test: &str, f: impl FnOnce(&Path) -> R + Send) -> Option<R> {
-        let r = crate::blockio::tests::with_mount(c"tmpfs", Some(c"size=16m"), f);
+        let r = blockio::test_support::with_mount(c"tmpfs", Some(c"size=16m"), f);
         if r.is_none() {
             eprintln!("SKIP {test}: cannot mount a tmpfs here (needs root and unshare)");
         }

@@ -302,10 +302,10 @@ impl Store for MemStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blockio::AlignedBuf;
     use crate::store::test_support::{
         check_concurrent, check_round_trip, check_slot_reuse, unit_image,
     };
+    use blockio::AlignedBuf;
 
     const MIB2: usize = 2 << 20;
     const KIB4: usize = 4096;

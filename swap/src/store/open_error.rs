@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use crate::blockio::BlockIoError;
-use crate::lockfile::LockError;
+use blockio::lockfile::LockError;
+use blockio::BlockIoError;
 
 /// Why creating a store failed.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +84,7 @@ pub enum StoreOpenError {
 /// Checks that `unit_bytes` can be a store unit: a whole number of pages, so
 /// that units stay aligned for `O_DIRECT` and for the guest's page tables.
 pub(crate) fn check_unit_bytes(unit_bytes: usize) -> Result<(), StoreOpenError> {
-    if unit_bytes == 0 || !crate::blockio::is_aligned(unit_bytes as u64, 4096) {
+    if unit_bytes == 0 || !blockio::is_aligned(unit_bytes as u64, 4096) {
         return Err(StoreOpenError::BadUnit { unit_bytes });
     }
     Ok(())

@@ -16,7 +16,7 @@
 //!   before the guest runs instead of when the store fills.
 //!
 //! Every file store is locked (`flock`, exclusive) before anything is
-//! written to it; see [`crate::lockfile`].
+//! written to it; see [`blockio::lockfile`].
 //! - `mem:lz4[,size=SIZE]`, `mem:zstd[,size=SIZE]`: compressed memory. SIZE
 //!   is the budget of compressed bytes; without it, only the slot count
 //!   (guest RAM / unit) limits the store.
@@ -38,7 +38,7 @@ use super::faulty::{Faults, FaultyStore};
 use super::file::{FileOptions, FileStore};
 use super::mem::MemStore;
 use super::{CapacityNeed, SharedStore, StoreOpenError};
-use crate::blockio::BlockOptions;
+use blockio::BlockOptions;
 
 const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
 
@@ -347,9 +347,9 @@ impl fmt::Display for StoreSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blockio::AlignedBuf;
     use crate::store::test_support::unit_image;
     use crate::store::{StoreError, WriteRequest};
+    use blockio::AlignedBuf;
 
     fn parse(s: &str) -> StoreSpec {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
@@ -509,7 +509,7 @@ mod tests {
             "{}",
             default.describe()
         );
-        let dir = crate::blockio::tests::test_dir();
+        let dir = blockio::test_support::test_dir();
         let path = dir.join(format!(".spec-open-{}", std::process::id()));
         let file = parse(&format!("file:{},size=8M", path.display()))
             .open(unit, guest)

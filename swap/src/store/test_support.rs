@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{SlotId, Store, WriteRequest};
-use crate::blockio::AlignedBuf;
+use blockio::AlignedBuf;
 
 /// A deterministic, guest-like unit: per 4 KiB page, about half zero, a
 /// quarter text-like, a quarter random; every page starts with the seed so

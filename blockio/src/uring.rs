@@ -1,0 +1,155 @@
+//! The io_uring engine: a pool of rings shared by the threads using one
+//! file.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use io_uring::{opcode, types, IoUring};
+
+use crate::batch::{Next, Tracker};
+use crate::{BlockOptions, OpKind};
+
+/// How many times a failing `io_uring_enter` is retried before giving up.
+/// Giving up means aborting: see [`RingPool::run`] for why.
+const ENTER_RETRY_LIMIT: u32 = 1000;
+
+/// Rings shared by the threads using one file.
+pub(crate) struct RingPool {
+    rings: Box<[Mutex<IoUring>]>,
+    next: AtomicUsize,
+}
+
+/// Aborts the process if dropped while armed: unwinding out of a batch while
+/// the kernel still owns its buffers would let it write into freed memory.
+struct InFlightGuard {
+    armed: bool,
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            log::error!("fatal: unwinding with block I/O in flight; aborting to keep the kernel from writing into freed memory");
+            std::process::abort();
+        }
+    }
+}
+
+impl RingPool {
+    pub(crate) fn new(opts: &BlockOptions) -> io::Result<Self> {
+        let rings = (0..opts.rings.max(1))
+            .map(|_| IoUring::new(opts.ring_entries.max(1)).map(Mutex::new))
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(Self {
+            rings: rings.into_boxed_slice(),
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// A free ring if there is one, else waits for one; round robin so that
+    /// waiters spread over the rings.
+    fn acquire(&self) -> MutexGuard<'_, IoUring> {
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let n = self.rings.len();
+        for k in 0..n {
+            match self.rings[(start + k) % n].try_lock() {
+                Ok(guard) => return guard,
+                // A ring is only left after its batch drained (see
+                // InFlightGuard), so a poisoned one is still consistent.
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+        }
+        self.rings[start % n]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Feeds the pending requests through one ring and waits for all of them.
+    ///
+    /// It never returns while the kernel holds a request: if
+    /// `io_uring_enter` keeps failing it aborts instead, since the buffers
+    /// belong to the caller and may be freed as soon as this returns.
+    ///
+    /// # Safety
+    ///
+    /// As for [`BlockFile::submit_raw`].
+    pub(crate) unsafe fn run(&self, fd: RawFd, tracker: &mut Tracker<'_>, pending: Vec<usize>) {
+        let mut ring = self.acquire();
+        let mut queue: VecDeque<usize> = pending.into();
+        let mut in_flight = 0usize;
+        let mut guard = InFlightGuard { armed: false };
+        let mut failures = 0u32;
+        // At most one SQ's worth in flight: the CQ (twice the SQ) then can
+        // never overflow, whatever the batch size.
+        let max_in_flight = ring.params().sq_entries() as usize;
+        loop {
+            {
+                let mut sq = ring.submission();
+                while let Some(&i) = queue.front() {
+                    if sq.is_full() || in_flight >= max_in_flight {
+                        break;
+                    }
+                    let (offset, addr, len) = tracker.piece(i);
+                    let len32 = len as u32; // piece() caps len at MAX_PIECE_BYTES
+                    let entry = match tracker.ops[i].kind {
+                        OpKind::Read => opcode::Read::new(types::Fd(fd), addr, len32)
+                            .offset(offset)
+                            .build(),
+                        OpKind::Write => {
+                            opcode::Write::new(types::Fd(fd), addr.cast_const(), len32)
+                                .offset(offset)
+                                .build()
+                        }
+                    }
+                    .user_data(i as u64);
+                    // SAFETY: the entry's buffer is the caller's, valid until
+                    // this function returns, and it does not return before
+                    // this entry's completion is reaped (in_flight below).
+                    if unsafe { sq.push(&entry) }.is_err() {
+                        break;
+                    }
+                    guard.armed = true;
+                    queue.pop_front();
+                    in_flight += 1;
+                }
+            }
+            if in_flight == 0 {
+                break;
+            }
+            // Wait for everything when nothing is left to feed in; otherwise
+            // for one completion, so its slot is refilled at once.
+            let want = if queue.is_empty() { in_flight } else { 1 };
+            match ring.submit_and_wait(want) {
+                Ok(_) => failures = 0,
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::EINTR) => {}
+                    // The kernel is short of resources or the CQ is
+                    // backed up: reap what is there and try again.
+                    Some(libc::EAGAIN) | Some(libc::EBUSY) => std::thread::yield_now(),
+                    _ => {
+                        failures += 1;
+                        if failures > ENTER_RETRY_LIMIT {
+                            log::error!("fatal: io_uring_enter keeps failing ({e}) with {in_flight} requests in flight on {}; aborting, as their buffers cannot be released safely", tracker.file.path.display());
+                            std::process::abort();
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                },
+            }
+            let completed: Vec<(usize, i64)> = ring
+                .completion()
+                .map(|cqe| (cqe.user_data() as usize, i64::from(cqe.result())))
+                .collect();
+            for (i, res) in completed {
+                in_flight -= 1;
+                if let Next::Again = tracker.complete(i, res) {
+                    queue.push_back(i);
+                }
+            }
+        }
+        guard.armed = false;
+    }
+}
