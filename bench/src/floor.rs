@@ -18,9 +18,9 @@
 //! page, and `UFFDIO_ZEROPAGE` for a never-written page.
 
 use anyhow::{bail, Context, Result};
+use guestmem::host::AnonMapping;
 use serde_json::{json, Value};
 use std::time::Instant;
-use swap::engine::mapping::AnonMapping;
 use swap::store::{Codec, FileStore, MemStore, SharedStore, Store, WriteRequest};
 use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd};
 

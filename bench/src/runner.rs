@@ -9,8 +9,7 @@ use std::process::Command;
 use super::hist::Hist;
 use super::{interrupt, Ctx};
 
-/// 2 MiB, the chunk.
-pub const CHUNK_BYTES: u64 = 2 << 20;
+pub use guestmem::CHUNK_BYTES;
 /// 1 GiB, for rates.
 pub const GIB: f64 = (1u64 << 30) as f64;
 /// 1 MiB, for rates.

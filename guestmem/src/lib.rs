@@ -12,12 +12,15 @@
 //!   4 KiB pages).
 //! - [`ram`]: [`GuestRam`], the single host mapping of all guest RAM, its
 //!   KVM memslots and a `vm-memory` view for device code.
+//! - [`host`]: the host-memory layer under guest RAM and the swap engine:
+//!   aligned anonymous mappings, madvise, hole punching, `PAGEMAP_SCAN`.
 //! - [`kvm_stats`]: KVM binary statistics, to observe how many stage-2
 //!   mappings are 4 KiB, 2 MiB or 1 GiB.
 #![deny(missing_docs)]
 
 pub mod backing;
 mod error;
+pub mod host;
 mod hugepool;
 pub mod kvm_stats;
 pub mod layout;
@@ -35,7 +38,6 @@ pub use size::{format_size, format_size_arg, parse_size, SizeError};
 
 /// The unit in which guest RAM is laid out, mapped and swapped: 2 MiB, the
 /// x86-64 huge page size.
-pub const CHUNK_BYTES: u64 = 2 << 20;
+pub const CHUNK_BYTES: u64 = host::HUGE_PAGE_BYTES;
 
-/// The base page size of x86-64.
-pub const PAGE_BYTES: u64 = 4096;
+pub use host::PAGE_BYTES;

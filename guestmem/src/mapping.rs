@@ -1,23 +1,21 @@
-//! The single host mapping that holds all guest RAM, 2 MiB aligned.
-//!
-//! Alignment is what lets a guest chunk be one huge page: the kernel only
-//! installs a PMD for a 2 MiB-aligned virtual range, and KVM only maps 2 MiB
-//! at stage 2 when host-virtual and guest-physical addresses agree modulo
-//! 2 MiB.
+//! The single host mapping that holds all guest RAM, 2 MiB aligned (see
+//! [`crate::host::anon`] for why), on the host-memory layer
+//! ([`crate::host`]).
 
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 
+use crate::host::{self, RawRange, ANON_FLAGS};
 use crate::hugepool::HugePool;
 use crate::{GuestMemError, CHUNK_BYTES};
 
 /// An owned, 2 MiB-aligned, read-write host mapping; unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct HostMapping {
-    base: *mut u8,
-    len_bytes: u64,
+    /// The whole mapping.
+    range: RawRange,
     /// The hugetlb memfd behind the mapping, kept so that the swap engine
     /// can punch holes into it.
     memfd: Option<OwnedFd>,
@@ -33,12 +31,6 @@ unsafe impl Send for HostMapping {}
 // SAFETY: as for `Send`: `&HostMapping` only exposes the address and length.
 unsafe impl Sync for HostMapping {}
 
-/// Why anonymous memory is mapped with `MAP_NORESERVE`: guest RAM may be
-/// larger than host RAM plus swap (the swap engine overcommits it), and the
-/// kernel's overcommit heuristic would otherwise refuse such a mapping
-/// up front although most of it is never resident at once.
-const ANON_FLAGS: libc::c_int = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
-
 const PROT_RW: libc::c_int = libc::PROT_READ | libc::PROT_WRITE;
 
 impl HostMapping {
@@ -52,47 +44,25 @@ impl HostMapping {
             backing,
             error,
         };
-        let len = to_usize(len_bytes);
-        let chunk = to_usize(CHUNK_BYTES);
-        // Over-allocate by one chunk so that a 2 MiB-aligned range of the
-        // wanted size is certainly inside, then give back the slack.
-        let padded = len
-            .checked_add(chunk)
-            .ok_or_else(|| map_error(io::Error::from_raw_os_error(libc::ENOMEM)))?;
-        // SAFETY: a fresh anonymous mapping at a kernel-chosen address cannot
-        // alias any existing memory.
-        let raw = unsafe { libc::mmap(ptr::null_mut(), padded, PROT_RW, ANON_FLAGS, -1, 0) };
-        if raw == libc::MAP_FAILED {
-            return Err(map_error(io::Error::last_os_error()));
-        }
-        let raw_addr = raw as usize;
-        let aligned_addr = raw_addr.next_multiple_of(chunk);
-        let head = aligned_addr - raw_addr;
-        let tail = chunk - head;
-        if head > 0 {
-            // SAFETY: [raw, raw + head) is the unused start of the mapping we
-            // just created; nothing refers to it.
-            unsafe { libc::munmap(raw, head) };
-        }
-        if tail > 0 {
-            // SAFETY: [aligned + len, raw + padded) is the unused end of the
-            // mapping we just created; nothing refers to it.
-            unsafe { libc::munmap((aligned_addr + len) as *mut libc::c_void, tail) };
-        }
+        let base = host::map_anonymous_aligned(len_bytes).map_err(map_error)?;
         let mapping = HostMapping {
-            base: aligned_addr as *mut u8,
-            len_bytes,
+            // SAFETY: the mapping was just created and is owned by this
+            // value until drop; guest RAM is only ever reached through raw
+            // pointers (see the `Send` impl).
+            range: unsafe { RawRange::new(base, len_bytes) },
             memfd: None,
             leaked: false,
         };
 
         if thp {
             mapping
-                .advise(libc::MADV_HUGEPAGE)
+                .range
+                .advise_hugepage(0, len_bytes)
                 .map_err(|error| GuestMemError::ThpUnavailable { error })?;
         } else {
             mapping
-                .advise(libc::MADV_NOHUGEPAGE)
+                .range
+                .advise_nohugepage(0, len_bytes)
                 .map_err(|error| GuestMemError::Madvise {
                     advice: "MADV_NOHUGEPAGE",
                     error,
@@ -166,14 +136,14 @@ impl HostMapping {
             });
         }
         let mapping = HostMapping {
-            base: raw.cast(),
-            len_bytes,
+            // SAFETY: as in `anonymous`: a fresh mapping owned by this value.
+            range: unsafe { RawRange::new(raw as u64, len_bytes) },
             memfd: Some(memfd),
             leaked: false,
         };
-        if mapping.base as u64 % CHUNK_BYTES != 0 {
+        if mapping.range.base() % CHUNK_BYTES != 0 {
             return Err(GuestMemError::Misaligned {
-                hva: mapping.base as u64,
+                hva: mapping.range.base(),
             });
         }
         mapping.dont_fork()?;
@@ -182,12 +152,17 @@ impl HostMapping {
 
     /// Start of the mapping.
     pub fn base(&self) -> *mut u8 {
-        self.base
+        self.range.base() as *mut u8
     }
 
     /// Size of the mapping.
     pub fn len_bytes(&self) -> u64 {
-        self.len_bytes
+        self.range.len()
+    }
+
+    /// The whole mapping as a [`RawRange`], for madvise and discards.
+    pub fn range(&self) -> &RawRange {
+        &self.range
     }
 
     /// The `mmap` flags the mapping was created with.
@@ -213,23 +188,13 @@ impl HostMapping {
         self.leaked = true;
     }
 
-    fn advise(&self, advice: libc::c_int) -> io::Result<()> {
-        // SAFETY: advice only changes how the kernel backs our own mapping;
-        // none of the advices used here discards contents.
-        let ret = unsafe { libc::madvise(self.base.cast(), to_usize(self.len_bytes), advice) };
-        if ret < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    }
-
     /// Keeps guest RAM out of child processes: a fork would make private
     /// pages copy-on-write shared, which both costs a copy on the next guest
     /// write and makes the swap engine's `UFFDIO_MOVE` fail (the folio is no
     /// longer exclusive).
     fn dont_fork(&self) -> Result<(), GuestMemError> {
-        self.advise(libc::MADV_DONTFORK)
+        self.range
+            .dont_fork(0, self.range.len())
             .map_err(|error| GuestMemError::Madvise {
                 advice: "MADV_DONTFORK",
                 error,
@@ -245,7 +210,7 @@ impl Drop for HostMapping {
         // SAFETY: the range is the mapping this object created and owns; the
         // vm-memory view and KVM memslots over it are gone by now (GuestRam
         // drops them first), so nothing uses the range any more.
-        unsafe { libc::munmap(self.base.cast(), to_usize(self.len_bytes)) };
+        unsafe { host::unmap(self.range.base(), self.range.len()) };
     }
 }
 

@@ -13,6 +13,7 @@ use kvm_ioctls::VmFd;
 use vm_memory::mmap::MmapRegionBuilder;
 use vm_memory::{Bytes, GuestAddress, GuestRegionMmap};
 
+use crate::host;
 use crate::mapping::{to_usize, HostMapping};
 use crate::memslot::VmSlots;
 use crate::{Backing, GuestMemError, Layout, CHUNK_BYTES};
@@ -126,36 +127,20 @@ impl GuestRam {
             return Err(GuestMemError::DiscardRange { offset, len_bytes });
         }
         let result = match self.mapping.memfd() {
-            // SAFETY: the range is inside the hugetlb memfd that backs this
-            // mapping (checked above); punching a hole only releases pages.
-            Some(fd) => unsafe {
-                libc::fallocate(
-                    fd.as_raw_fd(),
-                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-                    offset as libc::off_t,
-                    len_bytes as libc::off_t,
-                )
-            },
-            // SAFETY: the range lies inside this mapping (checked above);
+            // The range is inside the hugetlb memfd that backs this mapping
+            // (checked above); punching a hole only releases pages.
+            Some(fd) => host::punch_hole(fd.as_raw_fd(), offset, len_bytes),
+            // The range lies inside this mapping (checked above);
             // MADV_DONTNEED on private anonymous memory only drops pages,
             // which then read as zero. Nothing in the VMM holds references
             // into guest RAM across this call.
-            None => unsafe {
-                libc::madvise(
-                    self.host_base().add(offset as usize).cast(),
-                    len_bytes as usize,
-                    libc::MADV_DONTNEED,
-                )
-            },
+            None => self.mapping.range().discard(offset, len_bytes),
         };
-        if result != 0 {
-            return Err(GuestMemError::Discard {
-                offset,
-                len_bytes,
-                error: std::io::Error::last_os_error(),
-            });
-        }
-        Ok(())
+        result.map_err(|error| GuestMemError::Discard {
+            offset,
+            len_bytes,
+            error,
+        })
     }
 
     /// The vm-memory view of guest RAM, for device code.

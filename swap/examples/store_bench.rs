@@ -10,7 +10,7 @@ use std::time::Instant;
 use blockio::{AlignedBuf, BlockOptions, Engine};
 use swap::store::{Codec, FileStore, MemStore, SharedStore, SlotId, WriteRequest};
 
-const CHUNK_BYTES: usize = 2 << 20;
+const CHUNK_BYTES: usize = guestmem::CHUNK_BYTES as usize;
 const BATCH: usize = 16;
 const DISTINCT_IMAGES: usize = 16;
 const GIB: f64 = (1u64 << 30) as f64;

@@ -4,7 +4,7 @@
 mod common;
 
 use common::smaps::huge_and_rss_bytes;
-use swap::engine::mapping::{AnonMapping, HUGE_PAGE_BYTES, PAGE_BYTES};
+use guestmem::host::{AnonMapping, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::uffd::{feature, ioctl_bit, mode, CopyOptions, FaultKind, MoveOptions, Uffd, UffdEvent};
 
 const MB2: u64 = HUGE_PAGE_BYTES;

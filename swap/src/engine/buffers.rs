@@ -30,7 +30,7 @@
 
 use std::sync::{Condvar, Mutex};
 
-use super::mapping::{AnonMapping, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
+use guestmem::host::{AnonMapping, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
 
 /// How the pool's buffers are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,9 +8,9 @@
 //! `Stored(slot) → Absent` (one compare-and-swap). `Staged` units are in an
 //! evictor's write batch: wait until the writer settles them.
 
-use super::mapping::punch_hole;
 use super::{Backing, Shared, SwapError};
 use crate::chunk::{Settled, Tag};
+use guestmem::host::punch_hole;
 use std::ops::Range;
 use std::time::Duration;
 

@@ -30,13 +30,13 @@ use std::ops::Range;
 use std::time::Duration;
 
 use super::hash::scan;
-use super::mapping::{punch_hole, PAGE_BYTES};
 use super::recycle::release_parked;
 use super::stats::{add, bump};
 use super::{Backing, Shared, SwapError};
 use crate::chunk::{Settled, Tag, UnitState};
 use crate::store::WriteRequest;
 use crate::uffd::MoveOptions;
+use guestmem::host::{punch_hole, PAGE_BYTES};
 
 /// What an eviction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

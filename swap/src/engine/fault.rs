@@ -22,12 +22,12 @@
 
 use std::time::Instant;
 
-use super::mapping::PAGE_BYTES;
 use super::recycle::RestoreBuffer;
 use super::stats::{add, bump, FaultSource};
 use super::{limit, Backing, Shared, SwapError};
 use crate::chunk::{Restored, Tag, UnitState};
 use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, UffdEvent};
+use guestmem::host::PAGE_BYTES;
 
 /// Outcome of handling one fault message.
 enum Outcome {

@@ -42,9 +42,9 @@
 //!   slots away from evictors.
 
 use super::buffers::{Buffer, RefillJob};
-use super::mapping::RawRange;
 use super::stats::bump;
 use super::{Backing, Shared};
+use guestmem::host::RawRange;
 use std::time::Duration;
 
 /// Where a restore buffer's memory is.

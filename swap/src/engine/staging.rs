@@ -13,7 +13,7 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use super::mapping::{AnonMapping, RawRange};
+use guestmem::host::{AnonMapping, RawRange};
 
 /// Fixed-size parking slots.
 pub struct Parking {

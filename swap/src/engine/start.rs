@@ -4,12 +4,12 @@
 //! staging area (parking slots and restore buffers), and the unit table.
 
 use super::buffers::{BufferPool, PoolMode};
-use super::mapping::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 use super::staging::Parking;
 use super::{Backing, EngineConfig, ManagedRegion, MemoryKind, SwapError, SwapUnit};
 use crate::chunk::ChunkTable;
 use crate::store::SharedStore;
 use crate::uffd::{feature, mode, Uffd};
+use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 
 /// How guest RAM of `kind` is swapped in `unit`s.
 pub(super) fn backing_for(kind: MemoryKind, unit: SwapUnit) -> Result<Backing, SwapError> {

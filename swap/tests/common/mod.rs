@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use swap::engine::mapping::AnonMapping;
+use guestmem::host::AnonMapping;
 use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapError, SwapUnit};
 use swap::store::{SharedStore, SlotId, Store, StoreError, WriteRequest};
 

@@ -3,6 +3,8 @@
 //! 4 GiB identity-mapped. The descriptors here are also the source of the
 //! vCPU's hidden segment state (`cpu.rs`), so memory and registers agree.
 
+use guestmem::host::{HUGE_PAGE_BYTES, PAGE_BYTES};
+
 use super::low_mem::{PDPT_GPA, PD_COUNT, PD_GPA, PML4_GPA, TSS_GPA};
 
 /// `__BOOT_CS`.
@@ -26,8 +28,6 @@ pub const TSS_DESCRIPTOR_LOW: u64 = descriptor(TSS_GPA as u32, TSS_BYTES - 1, 0x
 const PRESENT: u64 = 1 << 0;
 const WRITABLE: u64 = 1 << 1;
 const HUGE: u64 = 1 << 7;
-const PAGE_BYTES: u64 = 4096;
-const HUGE_PAGE_BYTES: u64 = 2 << 20;
 
 /// Encodes a segment descriptor from base, 20-bit limit, access byte and
 /// the 4-bit flags nibble (G, D/B, L, AVL).
