@@ -12,7 +12,7 @@
 //! slot read is never missing (that would be a zero fill), and after the
 //! threads end the unit reads what the last write wrote.
 //!
-//! Run: `cargo test -p swap --features model-check --test model --release`
+//! Run: `cargo test -p swap --features model-check --test model`
 //! (`MODEL_ITERATIONS` sets the schedules per scheduler; CI runs the
 //! default). Each test explores that many random schedules and as many PCT
 //! schedules (priority-based, depth 3: finds bugs that need up to three
