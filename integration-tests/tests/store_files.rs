@@ -36,33 +36,56 @@ fn assert_kept(path: &PathBuf, content: &[u8], run: &Run) {
     assert_eq!(mode, 0o644, "mode changed\n--- stderr\n{}", run.stderr);
 }
 
-#[test]
-fn an_existing_store_file_is_kept_and_needs_overwrite() {
-    if skip_without_kvm("an_existing_store_file_is_kept_and_needs_overwrite") {
+/// Runs `hugevmm run --payload hello --mem 64M ARGS`, where `{file}` in
+/// ARGS stands for a fresh file with content: the run must be refused with
+/// a message containing each of `wants` (`{file}` there too), and the file
+/// must keep its content and mode.
+fn refused_with_the_file_kept(test: &str, args: &[&str], wants: &[&str]) {
+    if skip_without_kvm(test) {
         return;
     }
-    let (path, content) = precious("store-exists", 4 << 20);
-    let store = format!("file:{}", path.display());
-    let run = hugevmm(
-        &[
-            "run",
-            "--payload",
-            "hello",
-            "--mem",
-            "64M",
-            "--swap-store",
-            &store,
-        ],
-        LIMIT,
-    );
+    let (path, content) = precious(test, 4 << 20);
+    let file = path.display().to_string();
+    let args: Vec<String> = ["run", "--payload", "hello", "--mem", "64M"]
+        .iter()
+        .chain(args)
+        .map(|a| a.replace("{file}", &file))
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let run = hugevmm(&args, LIMIT);
     assert_ne!(run.status, Some(0), "{}", run.stderr);
-    assert!(run.stderr.contains(",overwrite"), "{}", run.stderr);
-    assert!(
-        run.stderr.contains("existing regular file"),
-        "{}",
-        run.stderr
-    );
+    for want in wants {
+        let want = want.replace("{file}", &file);
+        assert!(run.stderr.contains(&want), "want {want:?}: {}", run.stderr);
+    }
     assert_kept(&path, &content, &run);
+}
+
+#[test]
+fn an_existing_store_file_is_kept_and_needs_overwrite() {
+    refused_with_the_file_kept(
+        "an_existing_store_file_is_kept_and_needs_overwrite",
+        &["--swap-store", "file:{file}"],
+        &[",overwrite", "existing regular file"],
+    );
+}
+
+#[test]
+fn a_disk_that_is_also_the_store_is_refused_untouched() {
+    refused_with_the_file_kept(
+        "a_disk_that_is_also_the_store_is_refused_untouched",
+        &["--disk", "{file}", "--swap-store", "file:{file},overwrite"],
+        &["in use", "{file}"],
+    );
+}
+
+#[test]
+fn the_same_writable_disk_twice_is_refused() {
+    refused_with_the_file_kept(
+        "the_same_writable_disk_twice_is_refused",
+        &["--disk", "{file}", "--disk", "{file}"],
+        &["in use", "--disk"],
+    );
 }
 
 #[test]
@@ -88,59 +111,4 @@ fn overwrite_lets_the_store_use_an_existing_file() {
     );
     let _ = std::fs::remove_file(&path);
     run.expect_status(0);
-}
-
-#[test]
-fn a_disk_that_is_also_the_store_is_refused_untouched() {
-    if skip_without_kvm("a_disk_that_is_also_the_store_is_refused_untouched") {
-        return;
-    }
-    let (path, content) = precious("disk-and-store", 4 << 20);
-    let disk = path.display().to_string();
-    let store = format!("file:{disk},overwrite");
-    let run = hugevmm(
-        &[
-            "run",
-            "--payload",
-            "hello",
-            "--mem",
-            "64M",
-            "--disk",
-            &disk,
-            "--swap-store",
-            &store,
-        ],
-        LIMIT,
-    );
-    assert_ne!(run.status, Some(0), "{}", run.stderr);
-    assert!(run.stderr.contains("in use"), "{}", run.stderr);
-    assert!(run.stderr.contains(&disk), "{}", run.stderr);
-    assert_kept(&path, &content, &run);
-}
-
-#[test]
-fn the_same_writable_disk_twice_is_refused() {
-    if skip_without_kvm("the_same_writable_disk_twice_is_refused") {
-        return;
-    }
-    let (path, content) = precious("disk-twice", 4 << 20);
-    let disk = path.display().to_string();
-    let run = hugevmm(
-        &[
-            "run",
-            "--payload",
-            "hello",
-            "--mem",
-            "64M",
-            "--disk",
-            &disk,
-            "--disk",
-            &disk,
-        ],
-        LIMIT,
-    );
-    assert_ne!(run.status, Some(0), "{}", run.stderr);
-    assert!(run.stderr.contains("in use"), "{}", run.stderr);
-    assert!(run.stderr.contains("--disk"), "{}", run.stderr);
-    assert_kept(&path, &content, &run);
 }
