@@ -622,6 +622,18 @@ mod tests {
         server.shutdown(true);
     }
 
+    /// The reply a client gets when it is dropped for sending no line.
+    fn assert_idle_error(r: &serde_json::Value) {
+        assert_eq!(r["ok"], false, "{r}");
+        assert!(
+            r["error"]
+                .as_str()
+                .unwrap()
+                .contains("no complete command line"),
+            "{r}"
+        );
+    }
+
     #[test]
     fn silent_and_trickling_clients_are_dropped() {
         let limits = Limits {
@@ -631,14 +643,7 @@ mod tests {
         let (server, path) = serve("trickle", limits);
         let mut silent = Client::connect(&path);
         let r = silent.reply();
-        assert_eq!(r["ok"], false, "{r}");
-        assert!(
-            r["error"]
-                .as_str()
-                .unwrap()
-                .contains("no complete command line"),
-            "{r}"
-        );
+        assert_idle_error(&r);
         assert!(silent.closed().is_empty());
 
         // One byte at a time, each well within the timeout, never a whole
@@ -655,14 +660,7 @@ mod tests {
         });
         let r = trickling.reply();
         done.store(true, Ordering::Relaxed);
-        assert_eq!(r["ok"], false, "{r}");
-        assert!(
-            r["error"]
-                .as_str()
-                .unwrap()
-                .contains("no complete command line"),
-            "{r}"
-        );
+        assert_idle_error(&r);
         assert!(trickling.closed().is_empty());
         trickler.join().unwrap();
 
