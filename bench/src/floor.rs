@@ -21,7 +21,7 @@ use anyhow::{bail, Context, Result};
 use guestmem::host::AnonMapping;
 use serde_json::{json, Value};
 use std::time::Instant;
-use swap::store::{Codec, FileStore, MemStore, SharedStore, Store, WriteRequest};
+use swap::store::{Codec, FileStore, MemStore, SharedStore, SlotId, Store, WriteRequest};
 use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd};
 
 use super::hist::{median, sample_summary_json};
@@ -172,7 +172,7 @@ fn anon_huge_kb_at(addr: u64) -> Option<u64> {
     None
 }
 
-fn write_slots(store: &dyn Store, n: usize, unit: u64) -> Result<Vec<u32>> {
+fn write_slots(store: &dyn Store, n: usize, unit: u64) -> Result<Vec<SlotId>> {
     let mut slots = Vec::with_capacity(n);
     let chunk = seqwrite_chunk(1 << 32, 0x2545_f491_4f6c_dd1d);
     for batch in (0..n).collect::<Vec<_>>().chunks(8) {
@@ -198,7 +198,7 @@ fn thp_restores(
     dst: &Registered,
     buf: &AnonMapping,
     store: Option<&dyn Store>,
-    slots: &[u32],
+    slots: &[SlotId],
     n: usize,
 ) -> Result<(Parts, bool)> {
     let b = buf.range();

@@ -24,6 +24,7 @@ use shuttle::thread;
 use std::collections::HashMap;
 use std::sync::Arc;
 use swap::chunk::{ChunkTable, Restored, Settled, Tag, UnitRef};
+use swap::store::SlotId;
 
 const UNIT: usize = 0;
 
@@ -194,7 +195,11 @@ impl Model {
         loop {
             let writing = self.table.load(UNIT);
             if writing.tag() == Tag::Staged && writing.index() == p && writing.writing() {
-                if self.table.finish_write(at(), writing, slot).is_err() {
+                if self
+                    .table
+                    .finish_write(at(), writing, SlotId::new(slot))
+                    .is_err()
+                {
                     continue;
                 }
                 self.parking.lock().unwrap().used.remove(&p);

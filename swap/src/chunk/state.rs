@@ -1,5 +1,7 @@
 //! A unit's state packed in one word: tag, flags and a 32-bit index.
 
+use crate::store::SlotId;
+
 /// A unit's lifecycle state (the tag of [`UnitState`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tag {
@@ -103,6 +105,26 @@ impl UnitState {
     /// The index field (store slot or parking slot; see module docs).
     pub fn index(self) -> u32 {
         (self.0 >> INDEX_SHIFT) as u32
+    }
+
+    /// The store slot in the index field: of a `Stored` unit, or of a
+    /// clean one (its store copy) while resident or in flight.
+    pub fn store_slot(self) -> SlotId {
+        debug_assert!(
+            self.tag() == Tag::Stored || (self.clean() && self.tag() != Tag::Staged),
+            "{self:?} names no store slot"
+        );
+        SlotId::new(self.index())
+    }
+
+    /// The parking slot in the index field: of a `Staged` unit, or of one
+    /// being handed back (`Loading` from `Staged`).
+    pub fn parking_slot(self) -> u32 {
+        debug_assert!(
+            matches!(self.tag(), Tag::Staged | Tag::Loading),
+            "{self:?} names no parking slot"
+        );
+        self.index()
     }
 
     /// Same flags, new tag and index. `WAITERS` is dropped: the caller that

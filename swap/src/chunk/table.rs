@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::state::{Tag, UnitState};
 use super::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use super::transition::Transition;
+use crate::store::SlotId;
 
 /// Which unit a transition acts on. Names a whole unit today; once chunks
 /// can be split it will also name one page of a split chunk (see
@@ -39,7 +40,7 @@ pub struct Restored {
     /// Installed as one huge mapping.
     pub huge: bool,
     /// The store slot that still holds an identical copy, if any.
-    pub clean_slot: Option<u32>,
+    pub clean_slot: Option<SlotId>,
     /// Write-protected to catch the first write.
     pub write_protected: bool,
 }
@@ -173,7 +174,7 @@ impl ChunkTable {
     /// The owning fault thread publishes the restored unit.
     pub fn finish_restore(&self, at: UnitRef, loading: UnitState, how: Restored) -> UnitState {
         let resident = loading
-            .to(Tag::Resident, how.clean_slot.unwrap_or(0))
+            .to(Tag::Resident, how.clean_slot.map_or(0, SlotId::get))
             .with_huge(how.huge)
             .with_clean(how.clean_slot.is_some())
             .with_wp(how.write_protected)
@@ -269,10 +270,10 @@ impl ChunkTable {
         &self,
         at: UnitRef,
         writing: UnitState,
-        slot: u32,
+        slot: SlotId,
     ) -> Result<(), UnitState> {
         let stored = writing
-            .to(Tag::Stored, slot)
+            .to(Tag::Stored, slot.get())
             .with_clean(false)
             .with_wp(false)
             .with_huge(false)

@@ -58,7 +58,7 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
             Tag::Staged => std::thread::sleep(Duration::from_millis(1)),
             Tag::Stored => {
                 if s.table.discard_stored(unit.into(), state).is_ok() {
-                    s.store.free(state.index());
+                    s.store.free(state.store_slot());
                     report.stored_units += 1;
                     return Ok(());
                 }
@@ -81,7 +81,7 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
                     ));
                 }
                 if state.clean() {
-                    s.store.free(state.index());
+                    s.store.free(state.store_slot());
                 }
                 s.table.settle(unit.into(), evicting, Settled::Discarded);
                 s.limiter.release();

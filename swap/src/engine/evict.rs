@@ -34,7 +34,7 @@ use super::recycle::release_parked;
 use super::stats::{add, bump};
 use super::{Backing, Shared, SwapError};
 use crate::chunk::{Settled, Tag, UnitState};
-use crate::store::WriteRequest;
+use crate::store::{SlotId, WriteRequest};
 use crate::uffd::MoveOptions;
 use guestmem::host::{punch_hole, PAGE_BYTES};
 
@@ -257,7 +257,7 @@ impl<'a> Evictor<'a> {
             Some(scan(data))
         };
         if evicting.clean() {
-            let slot = evicting.index();
+            let slot = evicting.store_slot();
             let unchanged = match (recorded, content) {
                 (Some(hash), Some(content)) => hash == content.hash,
                 _ => true,
@@ -353,7 +353,7 @@ impl<'a> Evictor<'a> {
 
     /// Settles a written unit (`slot`), or keeps it staged after a failed
     /// write (`None`).
-    fn complete(&mut self, unit: usize, p: u32, slot: Option<u32>) {
+    fn complete(&mut self, unit: usize, p: u32, slot: Option<SlotId>) {
         let s = self.s;
         loop {
             let state = s.table.load(unit);

@@ -26,6 +26,7 @@ use super::recycle::RestoreBuffer;
 use super::stats::{add, bump, FaultSource};
 use super::{limit, Backing, Shared, SwapError};
 use crate::chunk::{Restored, Tag, UnitState};
+use crate::store::SlotId;
 use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, UffdEvent};
 use guestmem::host::PAGE_BYTES;
 
@@ -135,7 +136,7 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                 return if state.tag() == Tag::Absent {
                     restore_zero(s, unit, loading)
                 } else {
-                    restore_from_store(s, unit, loading, state.index(), write)
+                    restore_from_store(s, unit, loading, state.store_slot(), write)
                 };
             }
             Tag::Staged => {
@@ -267,7 +268,7 @@ fn restore_from_store(
     s: &Shared,
     unit: usize,
     loading: UnitState,
-    slot: u32,
+    slot: SlotId,
     write: bool,
 ) -> Result<Outcome, SwapError> {
     let buf = RestoreBuffer::for_overwrite(s);
@@ -366,7 +367,7 @@ fn move_back(s: &Shared, dst: u64, src: u64) -> Result<bool, UffdError> {
 /// fresh buffer instead of moved; the writer releases the slot once this
 /// unit is no longer `Loading`.
 fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, SwapError> {
-    let p = loading.index();
+    let p = loading.parking_slot();
     let writing = loading.writing();
     let dst = s.unit_addr(unit);
     let src = s.parking.addr(p);
@@ -438,7 +439,7 @@ fn resident_fault(
                 // First write since the restore: the store copy goes stale.
                 // Unprotecting the whole unit keeps its PMD.
                 if resident.clean() {
-                    s.store.free(resident.index());
+                    s.store.free(resident.store_slot());
                 }
                 first_write = true;
             }

@@ -121,7 +121,7 @@ impl Store for FaultyStore {
             if tripped(self.faults.write_error_after, n) {
                 results.push(Some(Err(StoreError::Io {
                     gpa: req.gpa,
-                    slot: 0,
+                    slot: SlotId::new(0),
                     source: Self::injected("write"),
                 })));
             } else if tripped(self.faults.full_after_slots, used) {

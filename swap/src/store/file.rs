@@ -456,7 +456,11 @@ impl Store for FileStore {
             let mut slots = self.slots();
             for (i, req) in requests.iter().enumerate() {
                 if req.data.len() != self.unit_bytes {
-                    results[i] = Some(Err(self.wrong_length(req.gpa, 0, req.data.len())));
+                    results[i] = Some(Err(self.wrong_length(
+                        req.gpa,
+                        SlotId::new(0),
+                        req.data.len(),
+                    )));
                     continue;
                 }
                 match slots.table.alloc() {
@@ -515,7 +519,7 @@ impl Store for FileStore {
             for ((&(i, slot), crc), outcome) in allocated.iter().zip(&crcs).zip(outcomes) {
                 results[i] = Some(match outcome {
                     Ok(()) => {
-                        let idx = slot as usize;
+                        let idx = slot.index();
                         if slots.crcs.len() <= idx {
                             slots.crcs.resize(idx + 1, 0);
                         }
@@ -545,7 +549,7 @@ impl Store for FileStore {
             if !slots.table.is_used(slot) {
                 return Err(StoreError::BadSlot { gpa, slot });
             }
-            slots.crcs.get(slot as usize).copied().unwrap_or(0)
+            slots.crcs.get(slot.index()).copied().unwrap_or(0)
         };
         let offset = self.offset(slot);
         if self.is_aligned(buf) {
@@ -760,11 +764,8 @@ mod tests {
         let store = temp(KIB4, 4, Engine::IoUring);
         let mut buf = AlignedBuf::new(KIB4, 4096);
         assert!(matches!(
-            store.read(2, 0x1000, &mut buf),
-            Err(StoreError::BadSlot {
-                slot: 2,
-                gpa: 0x1000
-            })
+            store.read(SlotId::new(2), 0x1000, &mut buf),
+            Err(StoreError::BadSlot { slot, gpa: 0x1000 }) if slot == SlotId::new(2)
         ));
     }
 

@@ -105,10 +105,10 @@ impl MemStore {
     }
 
     fn shard(&self, slot: SlotId) -> (MutexGuard<'_, Vec<Option<Entry>>>, usize) {
-        let guard = self.shards[slot as usize % SHARDS]
+        let guard = self.shards[slot.index() % SHARDS]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        (guard, slot as usize / SHARDS)
+        (guard, slot.index() / SHARDS)
     }
 
     fn full(&self, gpa: u64) -> StoreError {
@@ -127,7 +127,7 @@ impl MemStore {
         if req.data.len() != self.unit_bytes {
             return Err(StoreError::Io {
                 gpa: req.gpa,
-                slot: 0,
+                slot: SlotId::new(0),
                 source: io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!(
@@ -144,7 +144,7 @@ impl MemStore {
             .compress(req.data)
             .map_err(|source| StoreError::Io {
                 gpa: req.gpa,
-                slot: 0,
+                slot: SlotId::new(0),
                 source,
             })?;
         let (data, raw): (Arc<[u8]>, bool) = if packed.len() < self.unit_bytes {
@@ -438,8 +438,8 @@ mod tests {
         let store = MemStore::new(Codec::Lz4, KIB4, 4, None).unwrap();
         let mut out = vec![0u8; KIB4];
         assert!(matches!(
-            store.read(3, 0, &mut out),
-            Err(StoreError::BadSlot { slot: 3, .. })
+            store.read(SlotId::new(3), 0, &mut out),
+            Err(StoreError::BadSlot { slot, .. }) if slot == SlotId::new(3)
         ));
         assert!(matches!(
             MemStore::new(Codec::Lz4, 100, 4, None),

@@ -23,7 +23,40 @@ pub use open_error::StoreOpenError;
 pub use spec::{StoreSpec, StoreSpecError};
 
 /// A store slot number. Slots are reused after [`Store::free`].
-pub type SlotId = u32;
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SlotId(u32);
+
+impl SlotId {
+    /// The largest slot number (the state word keeps 32 bits of index).
+    pub const MAX: SlotId = SlotId(u32::MAX);
+
+    /// Slot number `n`.
+    pub const fn new(n: u32) -> SlotId {
+        SlotId(n)
+    }
+
+    /// The slot's number.
+    pub const fn get(self) -> u32 {
+        self.0
+    }
+
+    /// The slot's number as an index into a table of slots.
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl From<SlotId> for u64 {
+    fn from(slot: SlotId) -> u64 {
+        u64::from(slot.0)
+    }
+}
+
+impl std::fmt::Display for SlotId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// One image to write: the unit's guest address (for error messages) and
 /// its bytes (exactly [`Store::unit_bytes`] long, 4 KiB aligned in memory so

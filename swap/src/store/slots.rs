@@ -58,7 +58,7 @@ impl SlotTable {
                 self.used_bits[w] |= 1 << bit;
                 self.used_slots += 1;
                 self.first_free_word = w;
-                return Some(slot as SlotId);
+                return Some(SlotId::new(slot as u32));
             }
             w += 1;
         }
@@ -85,6 +85,7 @@ impl SlotTable {
     }
 
     fn position(slot: SlotId) -> (usize, u32) {
+        let slot = slot.get();
         ((slot / 64) as usize, slot % 64)
     }
 }
@@ -97,26 +98,26 @@ mod tests {
     fn lowest_free_slot_first_and_reuse() {
         let mut t = SlotTable::new(200);
         let slots: Vec<SlotId> = (0..150).map(|_| t.alloc().unwrap()).collect();
-        assert_eq!(slots, (0..150).collect::<Vec<_>>());
-        assert!(t.free(70));
-        assert!(t.free(3));
-        assert!(!t.free(3), "double free is refused");
+        assert_eq!(slots, (0..150).map(SlotId::new).collect::<Vec<_>>());
+        assert!(t.free(SlotId::new(70)));
+        assert!(t.free(SlotId::new(3)));
+        assert!(!t.free(SlotId::new(3)), "double free is refused");
         assert_eq!(t.used_slots(), 148);
-        assert_eq!(t.alloc(), Some(3));
-        assert_eq!(t.alloc(), Some(70));
-        assert_eq!(t.alloc(), Some(150));
+        assert_eq!(t.alloc(), Some(SlotId::new(3)));
+        assert_eq!(t.alloc(), Some(SlotId::new(70)));
+        assert_eq!(t.alloc(), Some(SlotId::new(150)));
     }
 
     #[test]
     fn capacity_is_respected() {
         let mut t = SlotTable::new(65);
         for i in 0..65 {
-            assert_eq!(t.alloc(), Some(i));
+            assert_eq!(t.alloc(), Some(SlotId::new(i)));
         }
         assert_eq!(t.alloc(), None);
-        t.free(64);
-        assert_eq!(t.alloc(), Some(64));
+        t.free(SlotId::new(64));
+        assert_eq!(t.alloc(), Some(SlotId::new(64)));
         assert_eq!(t.alloc(), None);
-        assert!(!t.is_used(1000));
+        assert!(!t.is_used(SlotId::new(1000)));
     }
 }

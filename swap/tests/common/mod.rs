@@ -67,7 +67,7 @@ impl Store for VecStore {
                 if self.fail_writes.load(Ordering::SeqCst) {
                     return Err(StoreError::Io {
                         gpa: r.gpa,
-                        slot: 0,
+                        slot: SlotId::new(0),
                         source: std::io::Error::from_raw_os_error(libc::EIO),
                     });
                 }
@@ -76,10 +76,10 @@ impl Store for VecStore {
                 let data = r.data.to_vec();
                 if let Some(i) = slots.iter().position(|s| s.is_none()) {
                     slots[i] = Some(data);
-                    Ok(i as SlotId)
+                    Ok(SlotId::new(i as u32))
                 } else {
                     slots.push(Some(data));
-                    Ok((slots.len() - 1) as SlotId)
+                    Ok(SlotId::new((slots.len() - 1) as u32))
                 }
             })
             .collect()
@@ -94,7 +94,7 @@ impl Store for VecStore {
             });
         }
         let slots = self.slots.lock().unwrap();
-        match slots.get(slot as usize).and_then(|s| s.as_ref()) {
+        match slots.get(slot.index()).and_then(|s| s.as_ref()) {
             Some(data) => {
                 buf.copy_from_slice(data);
                 Ok(())
@@ -105,7 +105,7 @@ impl Store for VecStore {
     fn free(&self, slot: SlotId) {
         let mut slots = self.slots.lock().unwrap();
         assert!(
-            slots[slot as usize].take().is_some(),
+            slots[slot.index()].take().is_some(),
             "double free of slot {slot}"
         );
     }
