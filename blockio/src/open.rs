@@ -32,14 +32,19 @@ pub fn fs_free_bytes(file: &File) -> io::Result<u64> {
 impl BlockFile {
     /// Opens an existing file or block device read-write.
     pub fn open(path: &Path, opts: &BlockOptions) -> Result<Self, BlockIoError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|source| BlockIoError::Open {
-                path: path.to_owned(),
-                source,
-            })?;
+        Self::open_with(OpenOptions::new().read(true).write(true), path, opts)
+    }
+
+    /// Opens `path` with `how`, then as [`BlockFile::from_file`].
+    fn open_with(
+        how: &OpenOptions,
+        path: &Path,
+        opts: &BlockOptions,
+    ) -> Result<Self, BlockIoError> {
+        let file = how.open(path).map_err(|source| BlockIoError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
         Self::from_file(file, path.to_owned(), opts)
     }
 
@@ -48,17 +53,9 @@ impl BlockFile {
     /// here, so nothing anyone had is lost; see swap's `FileStore` for how
     /// a store reuses one.
     pub fn create_new(path: &Path, opts: &BlockOptions) -> Result<Self, BlockIoError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|source| BlockIoError::Open {
-                path: path.to_owned(),
-                source,
-            })?;
-        Self::from_file(file, path.to_owned(), opts)
+        let mut how = OpenOptions::new();
+        how.read(true).write(true).create_new(true).mode(0o600);
+        Self::open_with(&how, path, opts)
     }
 
     /// Creates an unnamed file in directory `dir` (`O_TMPFILE`; where the

@@ -17,6 +17,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use devices::virtio::DiskSpec;
 use guestmem::{format_size, parse_size, Backing, Layout};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -178,6 +179,9 @@ const MAX_STATS_INTERVAL_MS: u64 = 3_600_000;
 const DEFAULT_STATS_INTERVAL_MS: u64 = 100;
 /// Default `--fault-thread-nice` (see its help).
 const DEFAULT_FAULT_THREAD_NICE: i32 = -10;
+/// How much of a kernel file validation reads to tell what it is: the
+/// bzImage setup header and an ELF's program headers lie well inside.
+const KERNEL_HEAD_BYTES: u64 = 64 << 10;
 /// Why an input file is bounded by guest RAM.
 const MUST_FIT_IN_RAM: &str = "guest RAM, which it is loaded into";
 
@@ -221,8 +225,14 @@ fn load_payload(args: &RunArgs) -> Result<Payload> {
 /// Checks a kernel and initrd before anything is allocated: regular
 /// files no larger than guest RAM, and the kernel really a kernel.
 fn check_kernel_inputs(kernel: &Path, initrd: Option<&Path>, mem_bytes: u64) -> Result<()> {
-    let image = read_bounded("--kernel", kernel, mem_bytes, MUST_FIT_IN_RAM)?;
-    if recognize(&image) == ImageKind::PayloadElf {
+    // The headers tell a payload from a kernel; the whole image is read
+    // once, when it is loaded (bounded the same way).
+    let (file, _) = open_checked("--kernel", kernel, mem_bytes, MUST_FIT_IN_RAM)?;
+    let mut head = Vec::with_capacity(KERNEL_HEAD_BYTES as usize);
+    file.take(KERNEL_HEAD_BYTES)
+        .read_to_end(&mut head)
+        .with_context(|| format!("cannot read --kernel {}", kernel.display()))?;
+    if recognize(&head) == ImageKind::PayloadElf {
         bail!(
             "--kernel {} is a hugevmm payload (an ELF linked at low addresses), not a Linux kernel: run it with --payload-file {0}",
             kernel.display()
