@@ -66,11 +66,6 @@ fn find_or_build_hugevmm() -> Result<PathBuf, String> {
     Ok(bin)
 }
 
-/// Why KVM cannot be used here, or None if it can.
-pub fn kvm_unavailable() -> Option<String> {
-    test_resources::kvm_unavailable()
-}
-
 /// The result of one `hugevmm` invocation.
 pub struct Run {
     /// Exit status (None if killed by a signal).

@@ -247,15 +247,10 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
 fn check_config(
     config: &RunConfig,
 ) -> Result<(Layout, Vec<GpaRange>, Option<elf::PayloadImage>, GuestKind)> {
-    if config.vcpus == 0 || config.vcpus > MAX_VCPUS {
-        bail!(
-            "--vcpus {} is out of range: give 1 to {MAX_VCPUS}",
-            config.vcpus
-        );
-    }
-    if config.pageout_at_exit && config.swap.is_none() {
-        bail!("--pageout needs the swap engine: give --swap-store or --mem-limit");
-    }
+    // The vCPU count and whether --pageout has an engine were checked by
+    // `cli::validate` with the other options.
+    debug_assert!((1..=MAX_VCPUS).contains(&config.vcpus));
+    debug_assert!(!config.pageout_at_exit || config.swap.is_some());
     let layout = Layout::new(config.mem_bytes).context("invalid --mem")?;
     let ranges = ram_ranges(&layout);
     // Check the image before allocating anything: bad input fails fast.
