@@ -1,0 +1,241 @@
+//! The kernel facts split chunks rest on (issue 13's spike), asserted
+//! against this machine's kernel: what a 4 KiB install or move does to a
+//! chunk's PMD, whether a THP moved into an emptied chunk maps 2 MiB, and
+//! what `MADV_COLLAPSE` needs on a userfaultfd-registered range. The
+//! findings are written up in docs/KERNEL_FACTS.md ("Mixing 2 MiB and
+//! 4 KiB in one chunk"); each test prints what it saw.
+
+use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
+use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd};
+
+const MB2: u64 = HUGE_PAGE_BYTES;
+
+/// A registered guest-like range of `chunks` chunks (THP advised) and a
+/// registered parking range of one chunk, on one userfaultfd.
+struct Setup {
+    uffd: Uffd,
+    guest: AnonMapping,
+    parking: AnonMapping,
+    pagemap: PagemapScanner,
+}
+
+impl Setup {
+    fn new(chunks: u64, modes: u64) -> Setup {
+        let uffd = Uffd::open(0).unwrap();
+        let guest = AnonMapping::new(chunks * MB2).unwrap();
+        let parking = AnonMapping::new(MB2).unwrap();
+        for m in [&guest, &parking] {
+            m.range().advise_hugepage(0, m.range().len()).unwrap();
+            // SAFETY: the test owns these mappings, reaches them through
+            // raw addresses only, and never touches an empty page of them.
+            unsafe { uffd.register(m.range().base(), m.range().len(), modes) }.unwrap();
+        }
+        Setup {
+            uffd,
+            guest,
+            parking,
+            pagemap: PagemapScanner::open().unwrap(),
+        }
+    }
+
+    fn g(&self) -> RawRange {
+        *self.guest.range()
+    }
+
+    fn huge(&self, chunk: u64) -> bool {
+        self.pagemap
+            .is_huge(self.guest.range(), chunk * MB2, MB2)
+            .unwrap()
+    }
+
+    /// Installs a THP buffer filled with `value` on chunk `chunk` by MOVE.
+    fn install_thp(&self, chunk: u64, value: u8) {
+        let buf = thp_buffer(value);
+        // SAFETY: the chunk is empty and the buffer ours; raw addresses only.
+        unsafe {
+            self.uffd.move_all(
+                self.g().base() + chunk * MB2,
+                buf.range().base(),
+                MB2,
+                MoveOptions::default(),
+            )
+        }
+        .unwrap();
+    }
+
+    /// Copies one 4 KiB page filled with `value` onto page `page` of the range.
+    fn copy_page(&self, page: u64, value: u8) -> Result<(), swap::uffd::UffdError> {
+        let src = AnonMapping::new(MB2).unwrap();
+        src.range().touch(0, PAGE_BYTES);
+        // SAFETY: our own populated buffer.
+        unsafe { src.range().slice_mut(0, PAGE_BYTES) }.fill(value);
+        self.uffd.copy_all(
+            self.g().base() + page * PAGE_BYTES,
+            src.range().base(),
+            PAGE_BYTES,
+            CopyOptions::default(),
+        )
+    }
+
+    fn byte(&self, offset: u64) -> u8 {
+        // SAFETY: the test only reads pages it knows are present.
+        unsafe { self.g().slice(offset, 1)[0] }
+    }
+}
+
+fn thp_buffer(value: u8) -> AnonMapping {
+    let buf = AnonMapping::new(MB2).unwrap();
+    buf.range().advise_hugepage(0, MB2).unwrap();
+    buf.range().touch(0, MB2);
+    // SAFETY: the buffer is ours, populated, and not shared.
+    unsafe { buf.range().slice_mut(0, MB2) }.fill(value);
+    buf
+}
+
+const PAGES: u64 = MB2 / PAGE_BYTES;
+
+#[test]
+fn a_4k_move_out_of_a_huge_chunk_splits_its_pmd_and_keeps_the_other_pages() {
+    let s = Setup::new(2, mode::MISSING);
+    s.install_thp(0, 0x5a);
+    assert!(s.huge(0), "MOVE of a THP into an empty chunk maps it huge");
+    // SAFETY: page 7 is present; parking page 7 is empty; raw addresses.
+    unsafe {
+        s.uffd.move_all(
+            s.parking.range().base() + 7 * PAGE_BYTES,
+            s.g().base() + 7 * PAGE_BYTES,
+            PAGE_BYTES,
+            MoveOptions::default(),
+        )
+    }
+    .unwrap();
+    assert!(!s.huge(0), "the chunk's PMD was split");
+    let mut residency = Vec::new();
+    s.g().residency(0, MB2, &mut residency).unwrap();
+    let present = residency.iter().filter(|&&r| r & 1 != 0).count();
+    assert_eq!(present as u64, PAGES - 1, "exactly the moved page left");
+    assert_eq!(s.byte(8 * PAGE_BYTES), 0x5a);
+    // SAFETY: the moved page is present in the parking range now.
+    assert_eq!(
+        unsafe { s.parking.range().slice(7 * PAGE_BYTES, 1)[0] },
+        0x5a
+    );
+    println!("4 KiB MOVE out of a huge chunk: PMD split, {present} pages stay mapped");
+}
+
+#[test]
+fn copy_onto_a_huge_chunk_is_eexist() {
+    let s = Setup::new(1, mode::MISSING);
+    s.install_thp(0, 1);
+    let e = s.copy_page(3, 2).unwrap_err();
+    assert!(e.is_eexist(), "{e}");
+    assert_eq!(s.byte(3 * PAGE_BYTES), 1, "nothing was overwritten");
+}
+
+#[test]
+fn a_thp_moved_into_a_chunk_that_held_4k_pages_maps_huge_only_after_dontneed() {
+    let s = Setup::new(1, mode::MISSING);
+    // A 4 KiB install gives the chunk a page table; moving the page back out
+    // leaves the table empty but in place.
+    s.copy_page(5, 9).unwrap();
+    // SAFETY: page 5 is present, parking page 5 empty; raw addresses.
+    unsafe {
+        s.uffd.move_all(
+            s.parking.range().base() + 5 * PAGE_BYTES,
+            s.g().base() + 5 * PAGE_BYTES,
+            PAGE_BYTES,
+            MoveOptions::default(),
+        )
+    }
+    .unwrap();
+    s.install_thp(0, 3);
+    let huge_with_table = s.huge(0);
+    assert_eq!(
+        s.byte(100 * PAGE_BYTES),
+        3,
+        "the content arrived either way"
+    );
+    // Empty the chunk again and drop its page table.
+    s.g().discard(0, MB2).unwrap();
+    s.install_thp(0, 4);
+    let huge_after_dontneed = s.huge(0);
+    println!(
+        "THP moved into a chunk whose PMD holds an empty page table: huge={huge_with_table}; \
+         after MADV_DONTNEED of the 2 MiB: huge={huge_after_dontneed}"
+    );
+    assert!(
+        !huge_with_table,
+        "the kernel split the THP into the page table"
+    );
+    assert!(
+        huge_after_dontneed,
+        "MADV_DONTNEED freed the page table (PT_RECLAIM)"
+    );
+    assert_eq!(s.byte(200 * PAGE_BYTES), 4);
+}
+
+#[test]
+fn madv_collapse_on_a_registered_range_needs_every_page_present() {
+    let s = Setup::new(3, mode::MISSING);
+    // Chunk 0: all 512 pages installed 4 KiB by COPY.
+    for page in 0..PAGES {
+        s.copy_page(page, (page % 251) as u8).unwrap();
+    }
+    assert!(!s.huge(0));
+    let full = s.g().collapse(0, MB2);
+    let huge_full = s.huge(0);
+    // Chunk 1: one page missing.
+    for page in 0..PAGES - 1 {
+        s.copy_page(PAGES + page, 7).unwrap();
+    }
+    let holed = s.g().collapse(MB2, MB2);
+    // Chunk 2: one page the zero page.
+    for page in 1..PAGES {
+        s.copy_page(2 * PAGES + page, 7).unwrap();
+    }
+    s.uffd
+        .zeropage(s.g().base() + 2 * MB2, PAGE_BYTES, false)
+        .unwrap();
+    let zero = s.g().collapse(2 * MB2, MB2);
+    println!(
+        "MADV_COLLAPSE, registered MISSING: all present {full:?} (huge {huge_full}); \
+         one page missing {holed:?}; one zero page {zero:?}"
+    );
+    assert!(full.is_ok() && huge_full, "{full:?}");
+    for page in [0, 1, 250, 511] {
+        assert_eq!(
+            s.byte(page * PAGE_BYTES),
+            (page % 251) as u8,
+            "content kept"
+        );
+    }
+    assert!(holed.is_err(), "a missing page aborts the collapse");
+    assert!(!s.huge(1));
+    assert!(zero.is_err(), "a zero-page entry aborts the collapse");
+}
+
+#[test]
+fn madv_collapse_is_aborted_by_a_write_protected_page() {
+    let s = Setup::new(1, mode::MISSING | mode::WP);
+    for page in 0..PAGES {
+        s.copy_page(page, 1).unwrap();
+    }
+    s.uffd
+        .write_protect(s.g().base() + 9 * PAGE_BYTES, PAGE_BYTES)
+        .unwrap();
+    let protected = s.g().collapse(0, MB2);
+    s.uffd
+        .write_unprotect(s.g().base() + 9 * PAGE_BYTES, PAGE_BYTES, false)
+        .unwrap();
+    let unprotected = s.g().collapse(0, MB2);
+    println!(
+        "MADV_COLLAPSE, registered MISSING|WP: one page write-protected {protected:?}; \
+         after unprotecting it {unprotected:?} (huge {})",
+        s.huge(0)
+    );
+    assert!(
+        protected.is_err(),
+        "a write-protected page aborts the collapse"
+    );
+    assert!(unprotected.is_ok() && s.huge(0), "{unprotected:?}");
+}
