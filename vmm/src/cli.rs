@@ -150,6 +150,12 @@ struct RunArgs {
     /// same as vCPUs) [default: -10].
     #[arg(long, allow_hyphen_values = true)]
     fault_thread_nice: Option<i32>,
+    /// Test knob (docs/SPLIT_CHUNKS.md): every Nth restore of a huge chunk
+    /// splits it into 4 KiB pages and every Nth page fault on a split chunk
+    /// tries to collapse it again, 1 to 1000000. Needs --swap-unit 2m and
+    /// --backing thp.
+    #[arg(long, hide = true)]
+    force_split_every: Option<u32>,
     /// Write a sample of the run's figures (resident memory, faults, KVM
     /// mappings) every --stats-interval milliseconds to this file, one JSON
     /// object per line.
@@ -302,6 +308,21 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     )?;
     not_applicable(!engine && args.pageout, "--pageout", for_engine)?;
     not_applicable(
+        !engine && args.force_split_every.is_some(),
+        "--force-split-every",
+        for_engine,
+    )?;
+    if let Some(n) = args.force_split_every {
+        if !(1..=1_000_000).contains(&n) {
+            bail!(
+                "--force-split-every {n} is out of range: give 1 (split every restore) to 1000000"
+            );
+        }
+        if args.swap_unit == Some(SwapUnit::Small4K) || args.backing != Backing::Thp {
+            bail!("--force-split-every splits 2 MiB chunks of THP memory: use --swap-unit 2m and --backing thp");
+        }
+    }
+    not_applicable(
         args.stats_interval.is_some() && args.stats_timeline.is_none(),
         "--stats-interval",
         "sets the sampling of --stats-timeline: add --stats-timeline PATH or drop it",
@@ -383,6 +404,7 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         unit: swap_unit,
         fault_threads,
         fault_thread_nice,
+        force_split_every: args.force_split_every,
     });
     Ok((guest, swap, balloon_target_pages))
 }

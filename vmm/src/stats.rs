@@ -196,6 +196,7 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
         "resident_bytes_max": s.resident_bytes_max,
         "metadata_bytes": s.metadata_bytes,
         "install_busy_retries": s.install_busy_retries,
+        "split": split_json(&s.split),
         "buffers": {
             "recycled": s.buffers_recycled,
             "fresh": s.buffers_fresh,
@@ -234,4 +235,42 @@ pub fn sample_json(sample: &Sample) -> Value {
         value["swap"] = swap_json(swap, false);
     }
     value
+}
+
+/// The split-chunk figures of `stats` (docs/SPLIT_CHUNKS.md says what each
+/// means).
+fn split_json(split: &swap::engine::SplitStats) -> Value {
+    use swap::engine::CollapseFailure;
+    let failures: serde_json::Map<String, Value> = CollapseFailure::ALL
+        .iter()
+        .map(|&reason| {
+            (
+                reason.name().to_string(),
+                json!(split.collapse_failures[reason as usize]),
+            )
+        })
+        .collect();
+    let [absent, stored, staged, resident] = split.splits_by_origin;
+    json!({
+        "chunks_split": split.chunks_split,
+        "chunks_huge": split.chunks_huge,
+        "splits": absent + stored + staged + resident,
+        "splits_by_origin": {
+            "absent": absent,
+            "stored": stored,
+            "staged": staged,
+            "resident": resident,
+        },
+        "collapses_verified": split.collapses_verified,
+        "collapses_by_madvise": split.collapses_by_madvise,
+        "collapse_failures": failures,
+        "merged_absent": split.merged_absent,
+        "page_faults": {
+            "zero": split.page_faults_zero,
+            "store": split.page_faults_store,
+        },
+        "page_evictions": split.page_evictions,
+        "pages_written": split.pages_written,
+        "pages_zero": split.pages_zero,
+    })
 }

@@ -22,6 +22,8 @@ pub struct SwapOptions {
     pub fault_threads: usize,
     /// Their nice value.
     pub fault_thread_nice: i32,
+    /// The split/collapse test knob (`--force-split-every`).
+    pub force_split_every: Option<u32>,
 }
 
 /// Why a memory limit is refused.
@@ -129,6 +131,7 @@ pub fn start(
         pinned_offsets: vec![(0, guestmem::CHUNK_BYTES)],
         fault_threads: options.fault_threads,
         fault_thread_nice: options.fault_thread_nice,
+        force_split_every: options.force_split_every,
         ..EngineConfig::default()
     };
     let need = store_need(ram.len_bytes(), options, &config);

@@ -62,11 +62,15 @@
 //! [`Transition`], checked against the table); `table.rs` holds the words,
 //! the wait shards and the named transition methods the engine uses.
 
+mod pages;
 mod state;
 mod sync;
 mod table;
 mod transition;
 
+pub use pages::{
+    IllegalPageTransition, PageRef, PageState, PageTable, PageTag, PageTransition, PAGES_PER_CHUNK,
+};
 pub use state::{Tag, UnitState};
 pub use table::{ChunkTable, Restored, Settled, UnitRef};
 pub use transition::{IllegalTransition, Transition};

@@ -17,6 +17,9 @@ pub enum Tag {
     Loading = 4,
     /// Being taken away.
     Evicting = 5,
+    /// Split into 512 pages with states of their own (see `pages`); the
+    /// index names the chunk's store slot when `CLEAN` is set.
+    Split = 6,
 }
 
 impl Tag {
@@ -27,7 +30,8 @@ impl Tag {
             2 => Tag::Staged,
             3 => Tag::Stored,
             4 => Tag::Loading,
-            _ => Tag::Evicting,
+            5 => Tag::Evicting,
+            _ => Tag::Split,
         }
     }
 
@@ -36,7 +40,8 @@ impl Tag {
         matches!(self, Tag::Loading | Tag::Evicting)
     }
 
-    /// States that hold guest memory on the host (count against the limit).
+    /// States that hold guest memory on the host as a whole unit (count
+    /// against the limit; a split chunk's pages count one by one).
     pub fn holds_memory(self) -> bool {
         matches!(
             self,
@@ -115,6 +120,12 @@ impl UnitState {
             "{self:?} names no store slot"
         );
         SlotId::new(self.index())
+    }
+
+    /// The store slot a split chunk's pages live in, if it has one yet
+    /// (`CLEAN` on a `Split` word, or on a `Loading` one merging it back).
+    pub fn split_slot(self) -> Option<SlotId> {
+        self.clean().then(|| self.store_slot())
     }
 
     /// The parking slot in the index field: of a `Staged` unit, or of one

@@ -6,11 +6,11 @@
 //! transition, wait shards for the in-flight states).
 
 #[cfg(not(feature = "model-check"))]
-pub(super) use std::sync::atomic::{AtomicU64, Ordering};
+pub(super) use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(not(feature = "model-check"))]
 pub(super) use std::sync::{Condvar, Mutex};
 
 #[cfg(feature = "model-check")]
-pub(super) use shuttle::sync::atomic::{AtomicU64, Ordering};
+pub(super) use shuttle::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(feature = "model-check")]
 pub(super) use shuttle::sync::{Condvar, Mutex};

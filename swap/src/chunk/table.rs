@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::pages::{PageState, PageTable};
 use super::state::{Tag, UnitState};
 use super::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use super::transition::Transition;
@@ -86,11 +87,14 @@ pub struct ChunkTable {
     hashes: Option<Box<[AtomicU64]>>,
     shards: Box<[WaitShard]>,
     unit_bytes: u64,
+    /// The pages of split chunks (2 MiB units only: a 4 KiB unit is a page).
+    pages: Option<PageTable>,
 }
 
 impl ChunkTable {
     /// A table of `units` units of `unit_bytes`, all `Absent`. With
-    /// `with_hashes`, keeps a content hash per unit.
+    /// `with_hashes`, keeps a content hash per unit. Units of 2 MiB can be
+    /// split into pages.
     pub fn new(units: usize, unit_bytes: u64, with_hashes: bool) -> ChunkTable {
         let words = (0..units)
             .map(|_| AtomicU64::new(UnitState::ABSENT.0))
@@ -102,12 +106,26 @@ impl ChunkTable {
                 cond: Condvar::new(),
             })
             .collect();
+        let pages =
+            (unit_bytes == (super::PAGES_PER_CHUNK as u64) << 12).then(|| PageTable::new(units));
         ChunkTable {
             words,
             hashes,
             shards,
             unit_bytes,
+            pages,
         }
+    }
+
+    /// The pages of split chunks (`None` for 4 KiB units).
+    pub fn pages(&self) -> Option<&PageTable> {
+        self.pages.as_ref()
+    }
+
+    /// The page table of a table whose chunks are split (only 2 MiB units
+    /// split, so a split chunk proves it exists).
+    fn split_pages(&self) -> &PageTable {
+        self.pages.as_ref().expect("only 2 MiB chunks split")
     }
 
     /// Number of units.
@@ -120,10 +138,10 @@ impl ChunkTable {
         self.unit_bytes
     }
 
-    /// Bytes of per-unit metadata (state words and hashes).
+    /// Bytes of per-unit metadata (state words, hashes, page states).
     pub fn metadata_bytes(&self) -> u64 {
         let per_unit = 8 + if self.hashes.is_some() { 8 } else { 0 };
-        (self.words.len() * per_unit) as u64
+        (self.words.len() * per_unit) as u64 + self.pages.as_ref().map_or(0, |p| p.metadata_bytes())
     }
 
     /// Current state of unit `unit`.
@@ -312,6 +330,85 @@ impl ChunkTable {
         self.take(at, Transition::Pin, state, state.with_pinned(true))
     }
 
+    /// The owner of a `Loading` chunk splits it: every page gets its first
+    /// state from `state_of`, then the chunk word says `Split` (pages in
+    /// `slot`, if the chunk has one).
+    pub fn finish_split(
+        &self,
+        at: UnitRef,
+        loading: UnitState,
+        slot: Option<SlotId>,
+        state_of: &dyn Fn(usize) -> PageState,
+    ) -> UnitState {
+        self.split_pages().unlock_all(at.index(), state_of);
+        let split = loading
+            .to(Tag::Split, slot.map_or(0, SlotId::get))
+            .with_clean(slot.is_some())
+            .with_huge(false)
+            .with_wp(false)
+            .with_writing(false)
+            .with_referenced(true);
+        self.publish(at, Transition::FinishSplit, loading, split);
+        split
+    }
+
+    /// Gives a split chunk without a store slot the slot its pages are
+    /// written into; fails with the current word if it changed (another
+    /// writer gave it one first: the caller frees its own).
+    pub fn assign_split_slot(
+        &self,
+        at: UnitRef,
+        split: UnitState,
+        slot: SlotId,
+    ) -> Result<UnitState, UnitState> {
+        let with_slot = split.to(Tag::Split, slot.get()).with_clean(true);
+        self.take(at, Transition::AssignSplitSlot, split, with_slot)
+            .map(|()| with_slot)
+    }
+
+    /// Takes a split chunk to merge it back (collapse or discard); the
+    /// caller then locks its pages. Returns the `Loading` word (keeping the
+    /// slot), or the current word if it changed first.
+    pub fn begin_merge(&self, at: UnitRef, split: UnitState) -> Result<UnitState, UnitState> {
+        let loading = split.to(Tag::Loading, split.index());
+        self.take(at, Transition::BeginMerge, split, loading)
+            .map(|()| loading)
+    }
+
+    /// The merging thread gives up: the chunk is split again (its pages
+    /// unlocked by the caller first).
+    pub fn abort_merge(&self, at: UnitRef, loading: UnitState) -> UnitState {
+        let split = loading.to(Tag::Split, loading.index());
+        self.publish(at, Transition::AbortMerge, loading, split);
+        split
+    }
+
+    /// The merging thread installed the chunk as one unit again (`huge`:
+    /// PAGEMAP_SCAN saw one huge mapping). Its store slot, if any, was
+    /// freed by the caller: the content is in memory only.
+    pub fn finish_collapse(&self, at: UnitRef, loading: UnitState, huge: bool) -> UnitState {
+        let resident = loading
+            .to(Tag::Resident, 0)
+            .with_clean(false)
+            .with_wp(false)
+            .with_huge(huge)
+            .with_referenced(true);
+        self.publish(at, Transition::FinishCollapse, loading, resident);
+        resident
+    }
+
+    /// The merging thread found every page absent: the chunk is absent
+    /// again (the caller freed its slot).
+    pub fn finish_merge_absent(&self, at: UnitRef, loading: UnitState) {
+        let absent = loading
+            .to(Tag::Absent, 0)
+            .with_clean(false)
+            .with_wp(false)
+            .with_huge(false)
+            .with_referenced(false);
+        self.publish(at, Transition::FinishMergeAbsent, loading, absent);
+    }
+
     /// Swaps in `to` and wakes the unit's waiters.
     fn swap_and_wake(&self, unit: usize, to: UnitState) {
         let old = UnitState(self.words[unit].swap(to.with_waiters(false).0, Ordering::AcqRel));
@@ -399,9 +496,19 @@ impl ChunkTable {
             .map(|h| h[unit].load(Ordering::Acquire))
     }
 
+    /// Counts resident units mapped huge (for stats); not a snapshot.
+    pub fn count_huge_resident(&self) -> u64 {
+        (0..self.units())
+            .filter(|&u| {
+                let s = self.load(u);
+                s.tag() == Tag::Resident && s.huge()
+            })
+            .count() as u64
+    }
+
     /// Counts units per tag (for stats and tests); not a snapshot.
-    pub fn count_tags(&self) -> [u64; 6] {
-        let mut counts = [0u64; 6];
+    pub fn count_tags(&self) -> [u64; 7] {
+        let mut counts = [0u64; 7];
         for unit in 0..self.units() {
             counts[self.load(unit).tag() as usize] += 1;
         }
@@ -475,6 +582,9 @@ mod tests {
             assert_eq!(s.tag(), Tag::Resident);
             assert!(s.huge() && !s.waiters());
         }
-        assert_eq!(table.metadata_bytes(), 4 * 16);
+        // State word and hash per chunk, and the (empty) page directory.
+        let directory = table.pages().unwrap().metadata_bytes();
+        assert_eq!(directory, 8, "one group pointer for 4 chunks");
+        assert_eq!(table.metadata_bytes(), 4 * 16 + directory);
     }
 }

@@ -4,17 +4,18 @@
 //! to. Checked on every change in debug builds (the tests run them), and
 //! walked whole by the tests below.
 //!
-//! # The split mode to come
+//! # Split chunks
 //!
-//! A chunk will be either *huge* (one state for all 2 MiB, as today) or
-//! *split* (512 pages, each with its own state). The planned encoding: a
-//! `SPLIT` flag in the chunk's word, whose 32-bit index then names an entry
-//! in a side table of per-page state words (the same [`super::UnitState`]
-//! layout, index = the page's store or parking slot). Transitions take a
-//! [`super::UnitRef`], which names a chunk today and will also name a page
-//! of a split chunk, so the engine's calls keep their signatures; the table
-//! below then applies to each page's word, and split/collapse become
-//! transitions of the chunk's word.
+//! A chunk is either *huge* (one state for all 2 MiB) or *split* (`Split`:
+//! 512 pages with states of their own in [`super::PageTable`], whose
+//! transitions are [`super::PageTransition`]). The chunk word changes mode
+//! only through its owner: a fault thread that took the chunk to `Loading`
+//! splits it (`FinishSplit`); a thread that merges a split chunk back takes
+//! it to `Loading` (`BeginMerge`, after which it locks every page) and
+//! publishes it huge (`FinishCollapse`), absent (`FinishMergeAbsent`), or
+//! split again (`AbortMerge`). A split chunk's word keeps its store slot
+//! (pages live at their offsets in it), given by the first page write
+//! (`AssignSplitSlot`).
 
 use super::state::{Tag, UnitState};
 
@@ -64,6 +65,19 @@ pub enum Transition {
     Reference,
     /// Loading/Evicting → the same with WAITERS: someone sleeps on it.
     AddWaiter,
+    /// Loading → Split: the owner split the chunk into pages.
+    FinishSplit,
+    /// Split → Split with CLEAN: the chunk got the store slot its pages
+    /// are written into.
+    AssignSplitSlot,
+    /// Split → Loading: a thread takes the chunk to merge it back.
+    BeginMerge,
+    /// Loading → Split: the merge was given up; pages as they were.
+    AbortMerge,
+    /// Loading → Resident: the pages were collapsed into one mapping.
+    FinishCollapse,
+    /// Loading → Absent: every page was absent (discarded or zero).
+    FinishMergeAbsent,
 }
 
 /// A flag the from-state must have, or must not have.
@@ -73,6 +87,7 @@ enum Need {
     Writing,
     NotWriting,
     Clean,
+    NotClean,
     NotPinned,
 }
 
@@ -83,6 +98,7 @@ impl Need {
             Need::Writing => s.writing(),
             Need::NotWriting => !s.writing(),
             Need::Clean => s.clean(),
+            Need::NotClean => !s.clean(),
             Need::NotPinned => !s.pinned(),
         }
     }
@@ -109,7 +125,7 @@ pub struct IllegalTransition {
 
 impl Transition {
     /// Every transition, for the tests that walk the table.
-    pub const ALL: [Transition; 19] = [
+    pub const ALL: [Transition; 25] = [
         Transition::BeginZeroFill,
         Transition::BeginRead,
         Transition::BeginHandBack,
@@ -129,6 +145,12 @@ impl Transition {
         Transition::Pin,
         Transition::Reference,
         Transition::AddWaiter,
+        Transition::FinishSplit,
+        Transition::AssignSplitSlot,
+        Transition::BeginMerge,
+        Transition::AbortMerge,
+        Transition::FinishCollapse,
+        Transition::FinishMergeAbsent,
     ];
 
     fn rule(self) -> Rule {
@@ -154,6 +176,12 @@ impl Transition {
             Transition::Pin => rule(&[Absent, Resident, Stored], Need::Any, None),
             Transition::Reference => rule(&[Resident], Need::Any, None),
             Transition::AddWaiter => rule(&[Loading, Evicting], Need::Any, None),
+            Transition::FinishSplit => rule(&[Loading], Need::Any, Some(Split)),
+            Transition::AssignSplitSlot => rule(&[Split], Need::NotClean, None),
+            Transition::BeginMerge => rule(&[Split], Need::Any, Some(Loading)),
+            Transition::AbortMerge => rule(&[Loading], Need::Any, Some(Split)),
+            Transition::FinishCollapse => rule(&[Loading], Need::Any, Some(Resident)),
+            Transition::FinishMergeAbsent => rule(&[Loading], Need::Any, Some(Absent)),
         }
     }
 
@@ -177,6 +205,7 @@ impl Transition {
             Transition::Pin => to.pinned(),
             Transition::AddWaiter => to.waiters(),
             Transition::SettleClean => !to.writing(),
+            Transition::AssignSplitSlot => to.clean(),
             _ => true,
         };
         if self.allowed_from(from) && to.tag() == self.to_tag(from) && flags_ok {
@@ -191,14 +220,15 @@ impl Transition {
     }
 
     /// The transition that takes a unit in `from` into `Loading` for a
-    /// fault, or None if a fault must wait (in flight) instead.
+    /// fault, or None if a fault must wait (in flight) instead or serve a
+    /// page of a split chunk.
     pub fn for_fault(from: UnitState) -> Option<Transition> {
         match from.tag() {
             Tag::Absent => Some(Transition::BeginZeroFill),
             Tag::Stored => Some(Transition::BeginRead),
             Tag::Staged => Some(Transition::BeginHandBack),
             Tag::Resident => Some(Transition::BeginResidentFault),
-            Tag::Loading | Tag::Evicting => None,
+            Tag::Loading | Tag::Evicting | Tag::Split => None,
         }
     }
 }
@@ -207,13 +237,14 @@ impl Transition {
 mod tests {
     use super::*;
 
-    const TAGS: [Tag; 6] = [
+    const TAGS: [Tag; 7] = [
         Tag::Absent,
         Tag::Resident,
         Tag::Staged,
         Tag::Stored,
         Tag::Loading,
         Tag::Evicting,
+        Tag::Split,
     ];
 
     /// The module docs' table, written out independently of `rule()`:
@@ -239,6 +270,12 @@ mod tests {
             (Transition::Pin, Absent | Resident | Stored) => Some(tag),
             (Transition::Reference, Resident) => Some(Resident),
             (Transition::AddWaiter, Loading | Evicting) => Some(tag),
+            (Transition::FinishSplit, Loading) => Some(Split),
+            (Transition::AssignSplitSlot, Split) if !from.clean() => Some(Split),
+            (Transition::BeginMerge, Split) => Some(Loading),
+            (Transition::AbortMerge, Loading) => Some(Split),
+            (Transition::FinishCollapse, Loading) => Some(Resident),
+            (Transition::FinishMergeAbsent, Loading) => Some(Absent),
             _ => None,
         }
     }
@@ -277,7 +314,8 @@ mod tests {
                         .to(to_tag, 9)
                         .with_writing(t == Transition::BeginWrite)
                         .with_pinned(from.pinned() || t == Transition::Pin)
-                        .with_waiters(t == Transition::AddWaiter);
+                        .with_waiters(t == Transition::AddWaiter)
+                        .with_clean(from.clean() || t == Transition::AssignSplitSlot);
                     let ok = t.check(from, to).is_ok();
                     assert_eq!(ok, want == Some(to_tag), "{t:?}: {from:?} -> {to:?}");
                     if ok {
@@ -298,7 +336,10 @@ mod tests {
         for from in all_states() {
             match Transition::for_fault(from) {
                 Some(t) => assert_eq!(t.to_tag(from), Tag::Loading, "{from:?}"),
-                None => assert!(from.tag().in_flight(), "{from:?}"),
+                None => assert!(
+                    from.tag().in_flight() || from.tag() == Tag::Split,
+                    "{from:?}"
+                ),
             }
         }
     }

@@ -118,6 +118,12 @@ pub struct EngineConfig {
     /// on when there are more vCPUs than cores; raising priority needs
     /// CAP_SYS_NICE, without it the threads keep the default.
     pub fault_thread_nice: i32,
+    /// Test knob (`--force-split-every N`): every Nth restore of a huge
+    /// chunk splits it into pages, and every Nth page fault on a split chunk
+    /// tries to collapse it, so that the split and collapse transitions run
+    /// thousands of times in one test. Needs 2 MiB units of anonymous (THP)
+    /// memory and a store that keeps pages.
+    pub force_split_every: Option<u32>,
 }
 
 impl Default for EngineConfig {
@@ -133,6 +139,7 @@ impl Default for EngineConfig {
             buffer_count: None,
             refill_buffers: true,
             fault_thread_nice: -10,
+            force_split_every: None,
         }
     }
 }

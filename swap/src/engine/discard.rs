@@ -6,7 +6,8 @@
 //! (this thread owns the unit while it zaps the memory, so a concurrent
 //! guest touch waits and then sees zeros, never half-dropped content) and
 //! `Stored(slot) → Absent` (one compare-and-swap). `Staged` units are in an
-//! evictor's write batch: wait until the writer settles them.
+//! evictor's write batch: wait until the writer settles them. A split chunk
+//! is merged back as absent (`collapse::discard_split`).
 
 use super::{Backing, Shared, SwapError};
 use crate::chunk::{Settled, Tag};
@@ -25,6 +26,9 @@ pub struct DiscardReport {
     pub absent_units: u64,
     /// Pinned units left alone.
     pub pinned_units: u64,
+    /// Split chunks dropped whole (their resident pages released, their
+    /// slot freed).
+    pub split_units: u64,
 }
 
 /// Drops every unit in `units`.
@@ -53,6 +57,12 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
             }
             Tag::Loading | Tag::Evicting => {
                 s.table.wait_settled(unit, &|| s.stopping() || s.failed());
+            }
+            Tag::Split => {
+                if super::collapse::discard_split(s, unit)?.is_some() {
+                    report.split_units += 1;
+                    return Ok(());
+                }
             }
             // Owned by an evictor's write batch until the write completes.
             Tag::Staged => std::thread::sleep(Duration::from_millis(1)),
@@ -84,7 +94,7 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
                     s.store.free(state.store_slot());
                 }
                 s.table.settle(unit.into(), evicting, Settled::Discarded);
-                s.limiter.release();
+                s.limiter.release(s.limiter.unit_pages());
                 report.resident_units += 1;
                 return Ok(());
             }

@@ -25,16 +25,25 @@
 //! A fault on a staged unit before its write starts gets the parked pages
 //! moved back (no copy, no I/O); during the write it gets a copy (the
 //! pages may be pinned by O_DIRECT) and the write's slot is freed.
+//!
+//! A split chunk's pages are evicted one by one: each is moved out into a
+//! page of the evictor's own parking slot (`Evicting`), dropped if all
+//! zero, else written in place into the chunk's store slot (given to the
+//! chunk by its first page write) with the other pages of the batch, and
+//! only then `Stored`. A fault on such a page waits for that write: a page
+//! has no `Staged` state, which keeps its state in 4 bits.
 
 use std::ops::Range;
 use std::time::Duration;
 
 use super::hash::scan;
+use super::policy::Victim;
 use super::recycle::release_parked;
+use super::split::{page_addr, page_gpa};
 use super::stats::{add, bump};
 use super::{Backing, Shared, SwapError};
-use crate::chunk::{Settled, Tag, UnitState};
-use crate::store::{SlotId, WriteRequest};
+use crate::chunk::{PageRef, PageTag, PageTransition, Settled, Tag, UnitState, PAGES_PER_CHUNK};
+use crate::store::{PageWrite, SlotId, WriteRequest};
 use crate::uffd::MoveOptions;
 use guestmem::host::{punch_hole, PAGE_BYTES};
 
@@ -51,6 +60,10 @@ pub struct EvictReport {
     pub busy_units: u64,
     /// Bytes written to the store.
     pub written_bytes: u64,
+    /// Pages of split chunks written to the store.
+    pub written_pages: u64,
+    /// Pages of split chunks found all zero and dropped.
+    pub zero_pages: u64,
 }
 
 impl EvictReport {
@@ -58,7 +71,15 @@ impl EvictReport {
     pub fn released_units(&self) -> u64 {
         self.written_units + self.clean_dropped_units + self.zero_units
     }
+
+    /// Pages that left memory, with `unit_pages` pages per whole unit.
+    pub fn released_pages(&self, unit_pages: u64) -> u64 {
+        self.released_units() * unit_pages + self.written_pages + self.zero_pages
+    }
 }
+
+/// Pages of split chunks written per batch.
+const PAGE_BATCH: usize = 64;
 
 /// Evicts a set of units and writes them in batches.
 struct Evictor<'a> {
@@ -66,6 +87,22 @@ struct Evictor<'a> {
     batch: Vec<(usize, u32)>,
     report: EvictReport,
     residency: Vec<u8>,
+    /// The parking slot whose pages hold this evictor's evicted pages of
+    /// split chunks, and the next free page in it.
+    page_slot: Option<(u32, usize)>,
+    /// Evicted pages waiting for their write: the page and where it is
+    /// parked in `page_slot`.
+    page_batch: Vec<(PageRef, usize)>,
+}
+
+impl Drop for Evictor<'_> {
+    fn drop(&mut self) {
+        // Pages still in the batch (a failed write: the VM ends) keep the
+        // slot, so their content is never discarded.
+        if let (Some((p, _)), true) = (self.page_slot, self.page_batch.is_empty()) {
+            self.s.parking.release(p);
+        }
+    }
 }
 
 impl<'a> Evictor<'a> {
@@ -75,6 +112,251 @@ impl<'a> Evictor<'a> {
             batch: Vec::with_capacity(s.batch_units),
             report: EvictReport::default(),
             residency: Vec::new(),
+            page_slot: None,
+            page_batch: Vec::new(),
+        }
+    }
+
+    /// Evicts one policy victim.
+    fn evict_victim(&mut self, victim: Victim) -> Result<(), SwapError> {
+        match victim {
+            Victim::Unit(unit) => self.evict(unit),
+            Victim::Page(at) => self.evict_page(at),
+        }
+    }
+
+    /// Evicts every resident page of a split chunk.
+    fn evict_split(&mut self, chunk: usize) -> Result<(), SwapError> {
+        for page in 0..PAGES_PER_CHUNK {
+            self.evict_page(PageRef { chunk, page })?;
+        }
+        Ok(())
+    }
+
+    /// A page of this evictor's parking slot for one evicted page; flushes
+    /// the page batch when the slot is full.
+    fn page_parking(&mut self) -> Result<(u32, usize), SwapError> {
+        if let Some((p, next)) = self.page_slot {
+            if next < PAGES_PER_CHUNK {
+                self.page_slot = Some((p, next + 1));
+                return Ok((p, next));
+            }
+            self.flush_pages()?;
+            return self.page_parking();
+        }
+        let p = self.parking_slot()?;
+        self.page_slot = Some((p, 1));
+        Ok((p, 0))
+    }
+
+    /// Evicts one page of a split chunk if it is resident.
+    fn evict_page(&mut self, at: PageRef) -> Result<(), SwapError> {
+        let s = self.s;
+        let pages = s.table.pages().expect("only 2 MiB chunks split");
+        let evicting = loop {
+            let state = pages.load(at);
+            if state.tag() != PageTag::Resident {
+                return Ok(());
+            }
+            if let Ok(evicting) = pages.begin_evict(at, state) {
+                break evicting;
+            }
+        };
+        bump(&s.counters.page_evictions);
+        let (p, index) = match self.page_parking() {
+            Ok(place) => place,
+            Err(e) => {
+                pages.settle(at, evicting, PageTransition::AbortEvict);
+                return Err(e);
+            }
+        };
+        let parked = s.parking.addr(p) + index as u64 * PAGE_BYTES;
+        let options = MoveOptions {
+            allow_src_holes: true,
+            dont_wake: false,
+        };
+        let mut tries = 0;
+        loop {
+            // SAFETY: this evictor owns the page (Evicting) and its parking
+            // page (empty: a fresh or discarded slot); raw addresses only.
+            match unsafe {
+                s.uffd
+                    .move_all(parked, page_addr(s, at), PAGE_BYTES, options)
+            } {
+                Ok(()) => break,
+                Err(e) if e.errno() == Some(libc::EBUSY) && tries < 3 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Err(e) if e.errno() == Some(libc::EBUSY) => {
+                    // Pinned (device I/O): nothing moved, leave it.
+                    pages.settle(at, evicting, PageTransition::AbortEvict);
+                    self.report.busy_units += 1;
+                    bump(&s.counters.evict_busy);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let e = SwapError::uffd(
+                        format!(
+                            "moving out the page at guest address {:#x}",
+                            page_gpa(s, at)
+                        ),
+                        e,
+                    );
+                    s.fatal(&e);
+                    return Err(e);
+                }
+            }
+        }
+        let offset = s.parking.offset(p) + index as u64 * PAGE_BYTES;
+        self.fill_page_hole(offset)?;
+        // SAFETY: the parking page is populated (moved in, or its hole
+        // filled) and owned by this evictor until released.
+        let data = unsafe { s.parking.raw().slice(offset, PAGE_BYTES) };
+        if scan(data).zero {
+            let _ = s.parking.raw().discard(offset, PAGE_BYTES);
+            pages.settle(at, evicting, PageTransition::SettleZero);
+            s.limiter.release(1);
+            self.report.zero_pages += 1;
+            bump(&s.counters.pages_zero);
+            return Ok(());
+        }
+        self.page_batch.push((at, index));
+        if self.page_batch.len() >= PAGE_BATCH {
+            self.flush_pages()?;
+        }
+        Ok(())
+    }
+
+    /// Maps the zero page over a parking page the move left empty (the
+    /// guest page was a hole).
+    fn fill_page_hole(&mut self, offset: u64) -> Result<(), SwapError> {
+        let s = self.s;
+        s.parking
+            .raw()
+            .residency(offset, PAGE_BYTES, &mut self.residency)
+            .map_err(|e| SwapError::os("mincore on the parking area", e))?;
+        if self.residency[0] & 1 == 0 {
+            match s
+                .uffd
+                .zeropage(s.parking.raw().base() + offset, PAGE_BYTES, true)
+            {
+                Ok(()) => {}
+                Err(e) if e.is_eexist() => {}
+                Err(e) => return Err(SwapError::uffd("filling a hole in the parking area", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The store slot of split chunk `chunk`, allocating one on its first
+    /// page write.
+    fn split_slot(&self, chunk: usize) -> Result<SlotId, SwapError> {
+        let s = self.s;
+        loop {
+            let split = s.table.load(chunk);
+            debug_assert_eq!(split.tag(), Tag::Split, "a chunk with an evicting page");
+            if let Some(slot) = split.split_slot() {
+                return Ok(slot);
+            }
+            let slot = s.store.allocate_paged(s.unit_gpa(chunk)).map_err(|e| {
+                SwapError::unit_store(
+                    format!(
+                        "swap out pages of the split chunk at {}",
+                        s.unit_name(chunk)
+                    ),
+                    e,
+                )
+            })?;
+            if s.table.assign_split_slot(chunk.into(), split, slot).is_ok() {
+                return Ok(slot);
+            }
+            // Another writer gave the chunk a slot first.
+            s.store.free(slot);
+        }
+    }
+
+    /// Writes the page batch, chunk by chunk, and settles its pages.
+    fn flush_pages(&mut self) -> Result<(), SwapError> {
+        let s = self.s;
+        let Some((p, used)) = self.page_slot else {
+            return Ok(());
+        };
+        let pages = s.table.pages().expect("only 2 MiB chunks split");
+        let mut batch = std::mem::take(&mut self.page_batch);
+        batch.sort_by_key(|&(at, _)| (at.chunk, at.page));
+        let mut first_error = None;
+        let mut kept = Vec::new();
+        for group in batch.chunk_by(|a, b| a.0.chunk == b.0.chunk) {
+            let chunk = group[0].0.chunk;
+            let slot = match self.split_slot(chunk) {
+                Ok(slot) => slot,
+                Err(e) => {
+                    // The pages stay Evicting and parked; the VM ends.
+                    s.fatal(&e);
+                    kept.extend_from_slice(group);
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            let writes: Vec<PageWrite<'_>> = group
+                .iter()
+                .map(|&(at, index)| PageWrite {
+                    page: at.page,
+                    gpa: page_gpa(s, at),
+                    // SAFETY: the parking page is populated and stays in
+                    // place until this batch settles.
+                    data: unsafe {
+                        s.parking
+                            .raw()
+                            .slice(s.parking.offset(p) + index as u64 * PAGE_BYTES, PAGE_BYTES)
+                    },
+                })
+                .collect();
+            let results = s.store.write_pages(slot, &writes);
+            drop(writes);
+            for (&(at, index), result) in group.iter().zip(results) {
+                match result {
+                    Ok(()) => {
+                        let evicting = pages.load(at);
+                        pages.settle(at, evicting, PageTransition::SettleWritten);
+                        s.limiter.release(1);
+                        self.report.written_pages += 1;
+                        bump(&s.counters.pages_written);
+                        add(&s.counters.bytes_written, PAGE_BYTES);
+                    }
+                    Err(e) => {
+                        // The page stays Evicting (its faults block) and
+                        // parked; the VM ends.
+                        let error = SwapError::unit_store(
+                            format!(
+                                "swap out the page at guest address {:#x} of the split chunk at {}",
+                                page_gpa(s, at),
+                                s.unit_name(chunk)
+                            ),
+                            e,
+                        );
+                        s.fatal(&error);
+                        kept.push((at, index));
+                        first_error.get_or_insert(error);
+                    }
+                }
+            }
+        }
+        if kept.is_empty() {
+            // Every parked page is written or was dropped: empty the slot
+            // for the next batch.
+            let _ = s
+                .parking
+                .raw()
+                .discard(s.parking.offset(p), used as u64 * PAGE_BYTES);
+            self.page_slot = Some((p, 0));
+        } else {
+            self.page_batch = kept;
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -86,7 +368,7 @@ impl<'a> Evictor<'a> {
                 return Ok(p);
             }
             if !self.batch.is_empty() {
-                self.flush()?;
+                self.flush_units()?;
                 continue;
             }
             if self.s.stopping() {
@@ -103,6 +385,9 @@ impl<'a> Evictor<'a> {
         let s = self.s;
         let (resident, evicting) = loop {
             let state = s.table.load(unit);
+            if state.tag() == Tag::Split {
+                return self.evict_split(unit);
+            }
             if state.tag() != Tag::Resident || state.pinned() {
                 return Ok(());
             }
@@ -265,7 +550,7 @@ impl<'a> Evictor<'a> {
             if unchanged {
                 release_parked(s, p);
                 s.table.settle(unit.into(), evicting, Settled::Clean);
-                s.limiter.release();
+                s.limiter.release(s.limiter.unit_pages());
                 self.report.clean_dropped_units += 1;
                 bump(&s.counters.clean_drops);
                 return Ok(());
@@ -277,7 +562,7 @@ impl<'a> Evictor<'a> {
         if content.zero {
             release_parked(s, p);
             s.table.settle(unit.into(), evicting, Settled::Zero);
-            s.limiter.release();
+            s.limiter.release(s.limiter.unit_pages());
             self.report.zero_units += 1;
             bump(&s.counters.zero_chunks);
             return Ok(());
@@ -292,8 +577,15 @@ impl<'a> Evictor<'a> {
         Ok(())
     }
 
-    /// Writes the batch and settles its units.
+    /// Writes both batches (units, pages) and settles them.
     fn flush(&mut self) -> Result<(), SwapError> {
+        let units = self.flush_units();
+        let pages = self.flush_pages();
+        units.and(pages)
+    }
+
+    /// Writes the unit batch and settles its units.
+    fn flush_units(&mut self) -> Result<(), SwapError> {
         let s = self.s;
         let mut batch = std::mem::take(&mut self.batch);
         // Claim the staged units for writing; a unit handed back before this
@@ -368,7 +660,7 @@ impl<'a> Evictor<'a> {
                 }
                 if slot.is_some() {
                     release_parked(s, p);
-                    s.limiter.release();
+                    s.limiter.release(s.limiter.unit_pages());
                     self.report.written_units += 1;
                     self.report.written_bytes += s.unit_bytes;
                     bump(&s.counters.units_written);
@@ -404,7 +696,7 @@ pub(crate) fn evict_range(s: &Shared, units: Range<usize>) -> Result<EvictReport
             return Err(SwapError::ShuttingDown);
         }
         let state = s.table.wait_settled(unit, &|| s.stopping());
-        if state.tag() == Tag::Resident {
+        if matches!(state.tag(), Tag::Resident | Tag::Split) {
             evictor.evict(unit)?;
         }
     }
@@ -417,23 +709,33 @@ pub(crate) fn evict_range(s: &Shared, units: Range<usize>) -> Result<EvictReport
         {
             std::thread::sleep(Duration::from_micros(200));
         }
+        if let (Tag::Split, Some(pages)) = (s.table.load(unit).tag(), s.table.pages()) {
+            for page in 0..PAGES_PER_CHUNK {
+                pages.wait_settled(PageRef { chunk: unit, page }, &|| {
+                    s.stopping() || s.failed()
+                });
+            }
+        }
     }
-    Ok(evictor.report)
+    Ok(std::mem::take(&mut evictor.report))
 }
 
-/// Evicts up to `want` units chosen by the policy; returns how many left
-/// memory. Errors were already reported to the VMM.
-pub(crate) fn evict_for_room(s: &Shared, want: usize) -> u64 {
-    let mut victims = Vec::with_capacity(want);
-    s.policy.pick(&s.table, want, &mut victims);
+/// Evicts victims chosen by the policy until about `want_pages` pages
+/// left memory; returns how many pages did. Errors were already reported
+/// to the VMM.
+pub(crate) fn evict_for_room(s: &Shared, want_pages: u64) -> u64 {
+    let mut victims = Vec::new();
+    let unit_pages = s.limiter.unit_pages();
+    s.policy
+        .pick(&s.table, want_pages, unit_pages, &mut victims);
     let mut evictor = Evictor::new(s);
-    for unit in victims {
-        if evictor.evict(unit).is_err() {
+    for victim in victims {
+        if evictor.evict_victim(victim).is_err() {
             break;
         }
     }
     let _ = evictor.flush();
-    evictor.report.released_units()
+    evictor.report.released_pages(unit_pages)
 }
 
 /// True when no unit is being evicted or written by anyone (so waiting for

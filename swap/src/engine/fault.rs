@@ -24,14 +24,14 @@ use std::time::Instant;
 
 use super::recycle::RestoreBuffer;
 use super::stats::{add, bump, FaultSource};
-use super::{limit, Backing, Shared, SwapError};
+use super::{collapse, limit, split, Backing, Shared, SwapError};
 use crate::chunk::{Restored, Tag, UnitState};
 use crate::store::SlotId;
 use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, UffdEvent};
 use guestmem::host::PAGE_BYTES;
 
 /// Outcome of handling one fault message.
-enum Outcome {
+pub(crate) enum Outcome {
     /// The faulting thread was woken; `Some` names what served the fault,
     /// `None` means nothing had to be restored (a message for a unit
     /// already resident, or an address outside guest RAM).
@@ -127,10 +127,28 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                     return Ok(Outcome::Blocked);
                 }
             }
-            Tag::Absent | Tag::Stored => {
-                limit::claim_memory(s);
+            Tag::Split => {
+                if let Some(outcome) = split::page_fault(s, unit, address, kind)? {
+                    if matches!(outcome, Outcome::Woken(Some(_)))
+                        && s.split.collapse_after_this_fault()
+                    {
+                        collapse::try_collapse(s, unit)?;
+                    }
+                    return Ok(outcome);
+                }
+            }
+            Tag::Absent | Tag::Stored if !state.pinned() && s.split.split_this_restore() => {
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
-                    s.limiter.release();
+                    continue;
+                };
+                if !split::split_on_restore(s, unit, loading, state)? {
+                    return Ok(Outcome::Blocked);
+                }
+            }
+            Tag::Absent | Tag::Stored => {
+                limit::claim_memory(s, s.limiter.unit_pages());
+                let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
+                    s.limiter.release(s.limiter.unit_pages());
                     continue;
                 };
                 return if state.tag() == Tag::Absent {
@@ -143,7 +161,11 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     continue;
                 };
-                return hand_back(s, unit, loading);
+                let outcome = hand_back(s, unit, loading)?;
+                if s.split.split_this_restore() {
+                    split::split_resident(s, unit, Tag::Staged)?;
+                }
+                return Ok(outcome);
             }
             Tag::Resident => {
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
@@ -176,7 +198,11 @@ fn count_install(s: &Shared, huge: bool) {
 /// faulting threads asleep (see [`wake_unit`]). An EEXIST means the unit was populated by someone else: the
 /// caller's data would be lost, which the state machine rules out, so it is
 /// reported as an error.
-fn install_thp_buffer(s: &Shared, unit: usize, buf: RestoreBuffer) -> Result<bool, SwapError> {
+pub(super) fn install_thp_buffer(
+    s: &Shared,
+    unit: usize,
+    buf: RestoreBuffer,
+) -> Result<bool, SwapError> {
     let dst = s.unit_addr(unit);
     let huge = buf.huge;
     let options = MoveOptions {
@@ -482,7 +508,11 @@ fn resident_fault(
 /// Wakes every thread blocked on the unit. Installs run with DONTWAKE and
 /// the wake comes after the new state is published, so a woken thread
 /// (and anyone it talks to) sees the state its fault produced.
-fn wake_unit(s: &Shared, unit: usize, source: Option<FaultSource>) -> Result<Outcome, SwapError> {
+pub(super) fn wake_unit(
+    s: &Shared,
+    unit: usize,
+    source: Option<FaultSource>,
+) -> Result<Outcome, SwapError> {
     s.uffd.wake(s.unit_addr(unit), s.unit_bytes).map_err(|e| {
         SwapError::unit_uffd(
             format!("wake the threads faulting on {}", s.unit_name(unit)),

@@ -10,75 +10,88 @@ use super::stats::bump;
 
 const NO_LIMIT: u64 = u64::MAX;
 
-/// Counts units in `Resident`, `Staged`, `Loading` and `Evicting`.
+/// Counts 4 KiB pages of guest memory held on the host: a whole unit in
+/// `Resident`, `Staged`, `Loading` or `Evicting` holds all its pages, a
+/// split chunk's page holds one while resident or in flight.
 pub struct Limiter {
-    limit_units: AtomicU64,
-    held_units: AtomicU64,
-    held_units_max: AtomicU64,
+    limit_pages: AtomicU64,
+    held_pages: AtomicU64,
+    held_pages_max: AtomicU64,
+    /// Pages of one whole unit (512 for 2 MiB chunks, 1 for 4 KiB units).
+    unit_pages: u64,
     kick: Mutex<bool>,
     kicked: Condvar,
 }
 
 impl Limiter {
-    /// A limiter with the limit in units (`None`: unlimited).
-    pub fn new(limit_units: Option<u64>) -> Limiter {
+    /// A limiter with the limit in pages (`None`: unlimited), for units of
+    /// `unit_pages` pages.
+    pub fn new(limit_pages: Option<u64>, unit_pages: u64) -> Limiter {
         Limiter {
-            limit_units: AtomicU64::new(limit_units.unwrap_or(NO_LIMIT)),
-            held_units: AtomicU64::new(0),
-            held_units_max: AtomicU64::new(0),
+            limit_pages: AtomicU64::new(limit_pages.unwrap_or(NO_LIMIT)),
+            held_pages: AtomicU64::new(0),
+            held_pages_max: AtomicU64::new(0),
+            unit_pages: unit_pages.max(1),
             kick: Mutex::new(false),
             kicked: Condvar::new(),
         }
     }
 
+    /// Pages of one whole unit.
+    pub fn unit_pages(&self) -> u64 {
+        self.unit_pages
+    }
+
     /// Changes the limit (at run time) and wakes the background evictor.
-    pub fn set_limit_units(&self, limit_units: Option<u64>) {
-        self.limit_units
-            .store(limit_units.unwrap_or(NO_LIMIT), Ordering::Release);
+    pub fn set_limit_pages(&self, limit_pages: Option<u64>) {
+        self.limit_pages
+            .store(limit_pages.unwrap_or(NO_LIMIT), Ordering::Release);
         self.kick();
     }
 
-    /// The limit in units, if any.
-    pub fn limit_units(&self) -> Option<u64> {
-        let l = self.limit_units.load(Ordering::Acquire);
+    /// The limit in pages, if any.
+    pub fn limit_pages(&self) -> Option<u64> {
+        let l = self.limit_pages.load(Ordering::Acquire);
         (l != NO_LIMIT).then_some(l)
     }
 
-    /// Units the background evictor keeps free below the limit:
-    /// max(2 units, 1/32 of the limit).
-    pub fn headroom_units(&self) -> u64 {
-        self.limit_units().map_or(0, |l| (l / 32).max(2).min(l / 2))
+    /// Pages the background evictor keeps free below the limit:
+    /// max(2 units, 1/32 of the limit), at most half the limit.
+    pub fn headroom_pages(&self) -> u64 {
+        self.limit_pages()
+            .map_or(0, |l| (l / 32).max(2 * self.unit_pages).min(l / 2))
     }
 
     /// True when memory held is within two headrooms of the limit: from
     /// here on restores are paired with evictions.
     pub fn near_limit(&self) -> bool {
-        self.limit_units()
-            .is_some_and(|limit| self.held_units() + 2 * self.headroom_units() >= limit)
+        self.limit_pages()
+            .is_some_and(|limit| self.held_pages() + 2 * self.headroom_pages() >= limit)
     }
 
-    /// Units holding memory now.
-    pub fn held_units(&self) -> u64 {
-        self.held_units.load(Ordering::Acquire)
+    /// Pages holding memory now.
+    pub fn held_pages(&self) -> u64 {
+        self.held_pages.load(Ordering::Acquire)
     }
 
-    /// Largest [`Limiter::held_units`] seen.
-    pub fn held_units_max(&self) -> u64 {
-        self.held_units_max.load(Ordering::Acquire)
+    /// Largest [`Limiter::held_pages`] seen.
+    pub fn held_pages_max(&self) -> u64 {
+        self.held_pages_max.load(Ordering::Acquire)
     }
 
-    /// Claims one unit if that stays within the limit.
-    pub fn try_reserve(&self) -> bool {
-        let limit = self.limit_units.load(Ordering::Acquire);
+    /// Claims `pages` if that stays within the limit.
+    pub fn try_reserve(&self, pages: u64) -> bool {
+        let limit = self.limit_pages.load(Ordering::Acquire);
         let claimed = self
-            .held_units
+            .held_pages
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                (held < limit).then_some(held + 1)
+                (held + pages <= limit).then_some(held + pages)
             });
         match claimed {
             Ok(held) => {
-                self.held_units_max.fetch_max(held + 1, Ordering::AcqRel);
-                if limit != NO_LIMIT && held + 1 + self.headroom_units() > limit {
+                self.held_pages_max
+                    .fetch_max(held + pages, Ordering::AcqRel);
+                if limit != NO_LIMIT && held + pages + self.headroom_pages() > limit {
                     self.kick();
                 }
                 true
@@ -87,23 +100,23 @@ impl Limiter {
         }
     }
 
-    /// Claims one unit regardless of the limit (nothing could be evicted).
-    pub fn force_reserve(&self) {
-        let held = self.held_units.fetch_add(1, Ordering::AcqRel) + 1;
-        self.held_units_max.fetch_max(held, Ordering::AcqRel);
+    /// Claims `pages` regardless of the limit (nothing could be evicted).
+    pub fn force_reserve(&self, pages: u64) {
+        let held = self.held_pages.fetch_add(pages, Ordering::AcqRel) + pages;
+        self.held_pages_max.fetch_max(held, Ordering::AcqRel);
     }
 
-    /// Gives back one unit (it left memory).
-    pub fn release(&self) {
-        self.held_units.fetch_sub(1, Ordering::AcqRel);
+    /// Gives back `pages` (they left memory).
+    pub fn release(&self, pages: u64) {
+        self.held_pages.fetch_sub(pages, Ordering::AcqRel);
     }
 
-    /// Units to evict to get back to the limit minus headroom.
-    pub fn excess_units(&self) -> u64 {
-        match self.limit_units() {
+    /// Pages to evict to get back to the limit minus headroom.
+    pub fn excess_pages(&self) -> u64 {
+        match self.limit_pages() {
             Some(limit) => self
-                .held_units()
-                .saturating_sub(limit.saturating_sub(self.headroom_units())),
+                .held_pages()
+                .saturating_sub(limit.saturating_sub(self.headroom_pages())),
             None => 0,
         }
     }
@@ -128,24 +141,22 @@ impl Limiter {
     }
 }
 
-/// Body of the background evictor thread: whenever memory held exceeds the
-/// limit minus headroom, evict the policy's victims in batches.
-/// Reserves one unit of memory, evicting first when at the limit.
-pub(crate) fn claim_memory(s: &super::Shared) {
-    if s.limiter.try_reserve() {
+/// Reserves `pages` of memory, evicting first when at the limit.
+pub(crate) fn claim_memory(s: &super::Shared, pages: u64) {
+    if s.limiter.try_reserve(pages) {
         return;
     }
     bump(&s.counters.evict_waits);
     loop {
-        let released = super::evict::evict_for_room(s, 1);
-        if s.limiter.try_reserve() {
+        let released = super::evict::evict_for_room(s, pages);
+        if s.limiter.try_reserve(pages) {
             return;
         }
         if (released == 0 && super::evict::nothing_in_flight(s)) || s.stopping() {
             // Nothing can be evicted (all pinned, or the limit is below
             // what is in use by in-flight restores): go over rather than
             // deadlock the guest.
-            s.limiter.force_reserve();
+            s.limiter.force_reserve(pages);
             return;
         }
         if released == 0 {
@@ -154,15 +165,17 @@ pub(crate) fn claim_memory(s: &super::Shared) {
     }
 }
 
+/// Body of the background evictor thread: whenever memory held exceeds the
+/// limit minus headroom, evict the policy's victims in batches.
 pub(crate) fn run_background_evictor(s: &super::Shared) {
     while !s.stopping() {
         s.limiter.wait_for_work(Duration::from_millis(50));
         while !s.stopping() {
-            let excess = s.limiter.excess_units();
+            let excess = s.limiter.excess_pages();
             if excess == 0 {
                 break;
             }
-            let want = (excess as usize).min(s.batch_units);
+            let want = excess.min(s.batch_units as u64 * s.limiter.unit_pages());
             if super::evict::evict_for_room(s, want) == 0 {
                 // Nothing evictable right now (all pinned or in flight).
                 std::thread::sleep(Duration::from_millis(1));
@@ -178,19 +191,34 @@ mod tests {
 
     #[test]
     fn reservations_stop_at_the_limit() {
-        let l = Limiter::new(Some(4));
-        assert!((0..4).all(|_| l.try_reserve()));
-        assert!(!l.try_reserve());
-        assert_eq!(l.excess_units(), 2, "headroom is 2 units");
-        l.release();
-        assert!(l.try_reserve());
-        l.set_limit_units(None);
-        assert!(l.try_reserve());
-        assert_eq!(l.held_units_max(), 5);
+        let l = Limiter::new(Some(4), 1);
+        assert!((0..4).all(|_| l.try_reserve(1)));
+        assert!(!l.try_reserve(1));
+        assert_eq!(l.excess_pages(), 2, "headroom is 2 units");
+        l.release(1);
+        assert!(l.try_reserve(1));
+        l.set_limit_pages(None);
+        assert!(l.try_reserve(1));
+        assert_eq!(l.held_pages_max(), 5);
         assert!(!l.near_limit(), "no limit");
-        l.set_limit_units(Some(32));
+        l.set_limit_pages(Some(32));
         assert!(!l.near_limit(), "5 + 2 * 2 < 32");
-        l.set_limit_units(Some(9));
+        l.set_limit_pages(Some(9));
         assert!(l.near_limit(), "5 + 2 * 2 >= 9");
+    }
+
+    #[test]
+    fn pages_and_whole_chunks_share_one_limit() {
+        let l = Limiter::new(Some(4 * 512), 512);
+        assert!((0..3).all(|_| l.try_reserve(512)));
+        assert!(
+            (0..512).all(|_| l.try_reserve(1)),
+            "a chunk's worth of pages"
+        );
+        assert!(!l.try_reserve(1));
+        l.release(1);
+        assert!(!l.try_reserve(512), "one page free is no room for a chunk");
+        assert!(l.try_reserve(1));
+        assert_eq!(l.headroom_pages(), 2 * 512);
     }
 }

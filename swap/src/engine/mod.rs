@@ -15,6 +15,7 @@
 //! [`crate::chunk`].
 
 pub mod buffers;
+mod collapse;
 pub mod config;
 pub mod discard;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod hash;
 pub mod limit;
 pub mod policy;
 mod recycle;
+mod split;
 pub mod staging;
 mod start;
 pub mod stats;
@@ -37,13 +39,16 @@ use std::time::Duration;
 pub use config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 pub use error::SwapError;
 pub use evict::EvictReport;
-pub use stats::{FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, SwapStats};
+pub use stats::{
+    CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, SplitStats,
+    SwapStats,
+};
 
-use crate::chunk::{ChunkTable, UnitState};
+use crate::chunk::{ChunkTable, Tag, UnitState};
 use crate::store::SharedStore;
 use crate::uffd::Uffd;
 use buffers::{BufferPool, PoolMode};
-use guestmem::host::{AnonMapping, PagemapScanner, RawRange};
+use guestmem::host::{AnonMapping, PagemapScanner, RawRange, PAGE_BYTES};
 use limit::Limiter;
 use policy::{Clock, EvictionPolicy};
 use staging::Parking;
@@ -96,6 +101,8 @@ pub(crate) struct Shared {
     pub track_clean: bool,
     pub batch_units: usize,
     pub fault_threads: usize,
+    /// Whether chunks split, and the test knob.
+    pub split: split::SplitControl,
 }
 
 impl Shared {
@@ -142,6 +149,11 @@ pub struct SwapEngine {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// The limit in pages for `bytes`: whole units, at least one.
+fn limit_pages(bytes: u64, unit_bytes: u64) -> u64 {
+    (bytes / unit_bytes).max(1) * (unit_bytes / PAGE_BYTES)
+}
+
 /// Sets the calling thread's nice value, best effort: without CAP_SYS_NICE
 /// a raise is refused and the thread keeps the default priority.
 fn set_thread_nice(nice: i32) {
@@ -178,6 +190,7 @@ impl SwapEngine {
         let guest = start::register_guest(&uffd, &region, backing, features.wp_registered)?;
         let staging = start::staging_area(&uffd, backing, &config)?;
         let table = start::unit_table(units, &config, backing, features.track_clean);
+        let split = start::split_control(backing, &store, &config)?;
         let shared = Arc::new(Shared {
             uffd,
             region,
@@ -195,7 +208,8 @@ impl SwapEngine {
             limiter: Limiter::new(
                 config
                     .mem_limit_bytes
-                    .map(|b| (b / config.unit.bytes()).max(1)),
+                    .map(|b| limit_pages(b, config.unit.bytes())),
+                config.unit.bytes() / PAGE_BYTES,
             ),
             policy: Box::new(Clock::default()),
             on_fatal,
@@ -204,6 +218,7 @@ impl SwapEngine {
             track_clean: features.track_clean,
             batch_units: config.batch_units_or_default(),
             fault_threads: config.fault_threads.max(1),
+            split,
         });
         SwapEngine::start_threads(shared, &config, staging.pool_mode)
     }
@@ -259,11 +274,14 @@ impl SwapEngine {
     pub fn stats(&self) -> SwapStats {
         let s = &self.shared;
         let mut stats = s.counters.snapshot();
-        stats.resident_bytes = s.limiter.held_units() * s.unit_bytes;
-        stats.resident_bytes_max = s.limiter.held_units_max() * s.unit_bytes;
+        stats.resident_bytes = s.limiter.held_pages() * PAGE_BYTES;
+        stats.resident_bytes_max = s.limiter.held_pages_max() * PAGE_BYTES;
         stats.metadata_bytes = s.table.metadata_bytes();
         stats.unit_bytes = s.unit_bytes;
-        stats.mem_limit_bytes = s.limiter.limit_units().map(|u| u * s.unit_bytes);
+        stats.mem_limit_bytes = s.limiter.limit_pages().map(|p| p * PAGE_BYTES);
+        let tags = s.table.count_tags();
+        stats.split.chunks_split = tags[Tag::Split as usize];
+        stats.split.chunks_huge = s.table.count_huge_resident();
         stats.buffers_idle_max = s.buffers.idle_max() as u64;
         stats.buffers_bound = s.buffers.bound() as u64;
         stats
@@ -302,12 +320,12 @@ impl SwapEngine {
     pub fn set_mem_limit_bytes(&self, bytes: Option<u64>) {
         let s = &self.shared;
         s.limiter
-            .set_limit_units(bytes.map(|b| (b / s.unit_bytes).max(1)));
+            .set_limit_pages(bytes.map(|b| limit_pages(b, s.unit_bytes)));
     }
 
     /// Per-state unit counts `[absent, resident, staged, stored, loading,
-    /// evicting]` (not an atomic snapshot).
-    pub fn unit_states(&self) -> [u64; 6] {
+    /// evicting, split]` (not an atomic snapshot).
+    pub fn unit_states(&self) -> [u64; 7] {
         self.shared.table.count_tags()
     }
 

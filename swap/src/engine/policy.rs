@@ -1,5 +1,7 @@
 //! Which resident units to evict: a policy seam with one implementation,
-//! CLOCK over the referenced bit.
+//! CLOCK over the referenced bit. A split chunk offers its pages one by
+//! one: the hand sweeps them with the same second-chance rule (a page's
+//! CLOCK bit is set when it is restored).
 //!
 //! The referenced bit is set when a unit is restored (a fault on a unit
 //! that was evicted shortly before marks it hot: staged eviction doubles as
@@ -10,16 +12,26 @@
 
 use std::sync::Mutex;
 
-use crate::chunk::{ChunkTable, Tag};
+use crate::chunk::{ChunkTable, PageRef, PageTag, Tag, PAGES_PER_CHUNK};
+
+/// One eviction candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Victim {
+    /// A whole unit.
+    Unit(usize),
+    /// One page of a split chunk.
+    Page(PageRef),
+}
 
 /// Chooses eviction victims.
 pub trait EvictionPolicy: Send + Sync {
     /// Short name for logs.
     fn name(&self) -> &'static str;
-    /// Appends up to `want` `Resident`, unpinned units to `out`, coldest
-    /// first. Candidates may change state before the evictor claims them
-    /// (it then skips them).
-    fn pick(&self, table: &ChunkTable, want: usize, out: &mut Vec<usize>);
+    /// Appends `Resident`, unpinned units (and resident pages of split
+    /// chunks) to `out`, coldest first, until they hold `want_pages` pages
+    /// (`unit_pages` per unit, one per page). Candidates may change state
+    /// before the evictor claims them (it then skips them).
+    fn pick(&self, table: &ChunkTable, want_pages: u64, unit_pages: u64, out: &mut Vec<Victim>);
 }
 
 /// CLOCK: sweep a hand over the table; a referenced unit gets its bit
@@ -34,31 +46,59 @@ impl EvictionPolicy for Clock {
         "clock"
     }
 
-    fn pick(&self, table: &ChunkTable, want: usize, out: &mut Vec<usize>) {
+    fn pick(&self, table: &ChunkTable, want_pages: u64, unit_pages: u64, out: &mut Vec<Victim>) {
         let units = table.units();
-        if units == 0 || want == 0 {
+        if units == 0 || want_pages == 0 {
             return;
         }
         let mut hand = self.hand.lock().unwrap_or_else(|e| e.into_inner());
-        let start_len = out.len();
+        let mut picked = 0;
         // Two sweeps: the first may only clear bits.
         for _ in 0..2 * units {
             let unit = *hand;
             *hand = (*hand + 1) % units;
             let state = table.load(unit);
-            if state.tag() != Tag::Resident || state.pinned() {
+            if state.tag() == Tag::Split {
+                picked += pick_pages(table, unit, want_pages - picked, out);
+            } else if state.tag() != Tag::Resident || state.pinned() {
                 continue;
-            }
-            if state.referenced() {
+            } else if state.referenced() {
                 table.set_referenced(unit, false);
                 continue;
+            } else {
+                out.push(Victim::Unit(unit));
+                picked += unit_pages;
             }
-            out.push(unit);
-            if out.len() - start_len >= want {
+            if picked >= want_pages {
                 return;
             }
         }
     }
+}
+
+/// Second chance over a split chunk's pages; returns the pages picked.
+fn pick_pages(table: &ChunkTable, chunk: usize, want_pages: u64, out: &mut Vec<Victim>) -> u64 {
+    let Some(pages) = table.pages() else {
+        return 0;
+    };
+    let mut picked = 0;
+    for page in 0..PAGES_PER_CHUNK {
+        let at = PageRef { chunk, page };
+        let state = pages.load(at);
+        if state.tag() != PageTag::Resident {
+            continue;
+        }
+        if state.referenced() {
+            pages.set_referenced(at, false);
+            continue;
+        }
+        out.push(Victim::Page(at));
+        picked += 1;
+        if picked >= want_pages {
+            break;
+        }
+    }
+    picked
 }
 
 #[cfg(test)]
@@ -81,10 +121,10 @@ mod tests {
         }
         let clock = Clock::default();
         let mut out = Vec::new();
-        clock.pick(&table, 2, &mut out);
-        assert_eq!(out, vec![1, 3]);
+        clock.pick(&table, 2 * 512, 512, &mut out);
+        assert_eq!(out, vec![Victim::Unit(1), Victim::Unit(3)]);
         out.clear();
-        clock.pick(&table, 4, &mut out);
+        clock.pick(&table, 4 * 512, 512, &mut out);
         assert_eq!(
             out.len(),
             4,

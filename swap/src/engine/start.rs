@@ -209,6 +209,36 @@ pub(super) fn zero_source(backing: Backing) -> Result<Option<AnonMapping>, SwapE
     }
 }
 
+/// Whether chunks split here, and the test knob: only 2 MiB chunks of
+/// anonymous (THP) memory on a store that keeps pages. The knob on
+/// anything else is a configuration error (it would test nothing).
+pub(super) fn split_control(
+    backing: Backing,
+    store: &SharedStore,
+    config: &EngineConfig,
+) -> Result<super::split::SplitControl, SwapError> {
+    let enabled = backing == Backing::Thp && store.supports_pages();
+    if config.force_split_every.is_some() && !enabled {
+        let why = match backing {
+            Backing::Thp => format!("the store {} keeps no pages", store.describe()),
+            Backing::Hugetlb { .. } => "hugetlb pages cannot be mapped in parts".to_string(),
+            Backing::Small => "4 KiB units are pages already".to_string(),
+        };
+        return Err(SwapError::Config(format!(
+            "--force-split-every needs 2 MiB swap units of anonymous (THP) memory on a file or mem store: {why}"
+        )));
+    }
+    if config.force_split_every == Some(0) {
+        return Err(SwapError::Config(
+            "--force-split-every must be at least 1 (1 splits every restore)".into(),
+        ));
+    }
+    Ok(super::split::SplitControl::new(
+        enabled,
+        config.force_split_every,
+    ))
+}
+
 /// The unit table, with the configured ranges pinned.
 pub(super) fn unit_table(
     units: usize,

@@ -160,7 +160,8 @@ pub struct FaultCounts {
     /// Every fault message handled (including write-protect faults and
     /// messages for units another thread had already restored).
     pub total: u64,
-    /// Restores read from the store.
+    /// Restores read from the store (whole units; a split chunk's pages
+    /// are in [`SplitStats`]).
     pub store: u64,
     /// Restores handed back from the parking area (no I/O).
     pub staging: u64,
@@ -168,11 +169,82 @@ pub struct FaultCounts {
     pub zero: u64,
 }
 
+/// Why an attempt to collapse a split chunk back into one huge mapping did
+/// not give one (each attempt that did not is counted under one reason;
+/// `MADV_COLLAPSE` failures are counted too, though the move-based
+/// fallback then usually succeeds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollapseFailure {
+    /// `MADV_COLLAPSE` refused (busy, out of memory, or a page it cannot
+    /// take); the move-based collapse was tried next.
+    MadviseRefused,
+    /// A page was pinned (device I/O): nothing moved, the chunk stays split.
+    Pinned,
+    /// The pages were installed again, but PAGEMAP_SCAN does not see one
+    /// huge mapping (the chunk is a whole unit mapped by small pages).
+    NotHuge,
+    /// No parking slot (shutting down): the chunk stays split.
+    NoParking,
+}
+
+impl CollapseFailure {
+    /// Every reason, in the order of [`SplitStats::collapse_failures`].
+    pub const ALL: [CollapseFailure; 4] = [
+        CollapseFailure::MadviseRefused,
+        CollapseFailure::Pinned,
+        CollapseFailure::NotHuge,
+        CollapseFailure::NoParking,
+    ];
+
+    /// Short name for stats (`madvise_refused`, `pinned`, `not_huge`,
+    /// `no_parking`).
+    pub fn name(self) -> &'static str {
+        match self {
+            CollapseFailure::MadviseRefused => "madvise_refused",
+            CollapseFailure::Pinned => "pinned",
+            CollapseFailure::NotHuge => "not_huge",
+            CollapseFailure::NoParking => "no_parking",
+        }
+    }
+}
+
+/// Split chunks: modes, transitions and page traffic.
+#[derive(Debug, Clone, Default)]
+pub struct SplitStats {
+    /// Chunks split now (a snapshot count, not atomic with the rest).
+    pub chunks_split: u64,
+    /// Chunks mapped as one unit now.
+    pub chunks_huge: u64,
+    /// Splits, by what the chunk was: `[absent, stored, staged, resident]`.
+    pub splits_by_origin: [u64; 4],
+    /// Collapses PAGEMAP_SCAN confirmed as one huge mapping.
+    pub collapses_verified: u64,
+    /// Of those, done by `MADV_COLLAPSE` (the rest by moving a THP in).
+    pub collapses_by_madvise: u64,
+    /// Attempts that did not give a huge mapping, by
+    /// [`CollapseFailure::ALL`] order.
+    pub collapse_failures: [u64; 4],
+    /// Split chunks whose pages were all absent, made absent whole.
+    pub merged_absent: u64,
+    /// Page faults served by a zero fill.
+    pub page_faults_zero: u64,
+    /// Page faults served from the store.
+    pub page_faults_store: u64,
+    /// Pages evicted one by one.
+    pub page_evictions: u64,
+    /// Of those, written to the store.
+    pub pages_written: u64,
+    /// Of those, found all zero and dropped.
+    pub pages_zero: u64,
+}
+
 /// A snapshot of the engine's counters.
 #[derive(Debug, Clone, Default)]
 pub struct SwapStats {
     /// Fault counts.
     pub faults: FaultCounts,
+    /// Split chunks.
+    pub split: SplitStats,
     /// Units taken away from the guest (any outcome).
     pub evictions: u64,
     /// Evicted units whose store copy was still valid (no write).
@@ -263,6 +335,16 @@ pub(crate) struct Counters {
     pub buffers_fresh: AtomicU64,
     pub buffers_recycled_uncleared: AtomicU64,
     pub buffers_recycle_dropped: AtomicU64,
+    pub splits_by_origin: [AtomicU64; 4],
+    pub collapses_verified: AtomicU64,
+    pub collapses_by_madvise: AtomicU64,
+    pub collapse_failures: [AtomicU64; 4],
+    pub merged_absent: AtomicU64,
+    pub page_faults_zero: AtomicU64,
+    pub page_faults_store: AtomicU64,
+    pub page_evictions: AtomicU64,
+    pub pages_written: AtomicU64,
+    pub pages_zero: AtomicU64,
     latency: AtomicHistogram,
     latency_by_source: [AtomicHistogram; 4],
 }
@@ -352,6 +434,19 @@ impl Counters {
             buffers_fresh: get(&self.buffers_fresh),
             buffers_recycled_uncleared: get(&self.buffers_recycled_uncleared),
             buffers_recycle_dropped: get(&self.buffers_recycle_dropped),
+            split: SplitStats {
+                splits_by_origin: self.splits_by_origin.each_ref().map(get),
+                collapses_verified: get(&self.collapses_verified),
+                collapses_by_madvise: get(&self.collapses_by_madvise),
+                collapse_failures: self.collapse_failures.each_ref().map(get),
+                merged_absent: get(&self.merged_absent),
+                page_faults_zero: get(&self.page_faults_zero),
+                page_faults_store: get(&self.page_faults_store),
+                page_evictions: get(&self.page_evictions),
+                pages_written: get(&self.pages_written),
+                pages_zero: get(&self.pages_zero),
+                ..SplitStats::default()
+            },
             ..SwapStats::default()
         }
     }

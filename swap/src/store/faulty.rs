@@ -9,7 +9,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{SharedStore, SlotId, Store, StoreError, WriteRequest};
+use super::{PageWrite, SharedStore, SlotId, Store, StoreError, WriteRequest};
 
 /// Which failures a [`FaultyStore`] injects. Counts are of units (one
 /// request of a batch is one write), and "after N" means the first N succeed.
@@ -64,6 +64,24 @@ impl FaultyStore {
 
     fn corrupted(&self) -> std::sync::MutexGuard<'_, HashSet<SlotId>> {
         self.corrupted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a read and injects its fault, if one is due.
+    fn before_read(&self, slot: SlotId, gpa: u64) -> Result<(), StoreError> {
+        let n = self.reads.fetch_add(1, Ordering::Relaxed);
+        if tripped(self.faults.read_error_after, n) {
+            return Err(StoreError::Io {
+                gpa,
+                slot,
+                source: Self::injected("read"),
+            });
+        }
+        if tripped(self.faults.corrupt_after, n) && self.corrupted().insert(slot) {
+            self.inner
+                .corrupt_slot(slot)
+                .map_err(|source| StoreError::Io { gpa, slot, source })?;
+        }
+        Ok(())
     }
 
     fn injected(what: &str) -> io::Error {
@@ -154,20 +172,76 @@ impl Store for FaultyStore {
     }
 
     fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let n = self.reads.fetch_add(1, Ordering::Relaxed);
-        if tripped(self.faults.read_error_after, n) {
-            return Err(StoreError::Io {
+        self.before_read(slot, gpa)?;
+        self.inner.read(slot, gpa, buf)
+    }
+
+    fn supports_pages(&self) -> bool {
+        self.inner.supports_pages()
+    }
+
+    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+        if tripped(self.faults.full_after_slots, self.inner.used_slots()) {
+            let capacity_slots = self.capacity_slots();
+            return Err(StoreError::Full {
                 gpa,
-                slot,
-                source: Self::injected("read"),
+                capacity_bytes: capacity_slots * self.unit_bytes() as u64,
+                capacity_slots,
             });
         }
-        if tripped(self.faults.corrupt_after, n) && self.corrupted().insert(slot) {
-            self.inner
-                .corrupt_slot(slot)
-                .map_err(|source| StoreError::Io { gpa, slot, source })?;
+        self.inner.allocate_paged(gpa)
+    }
+
+    /// Counts as one read of the slot (faults injected as for `read`).
+    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.before_read(slot, gpa)?;
+        self.inner.read_and_split(slot, gpa, buf)
+    }
+
+    /// Each page counts as one write.
+    fn write_pages(&self, slot: SlotId, pages: &[PageWrite<'_>]) -> Vec<Result<(), StoreError>> {
+        let mut results: Vec<Option<Result<(), StoreError>>> = Vec::with_capacity(pages.len());
+        let mut forwarded: Vec<PageWrite<'_>> = Vec::new();
+        for p in pages {
+            let n = self.writes.fetch_add(1, Ordering::Relaxed);
+            if tripped(self.faults.write_error_after, n) {
+                results.push(Some(Err(StoreError::Io {
+                    gpa: p.gpa,
+                    slot,
+                    source: Self::injected("write"),
+                })));
+            } else {
+                forwarded.push(PageWrite {
+                    page: p.page,
+                    gpa: p.gpa,
+                    data: p.data,
+                });
+                results.push(None);
+            }
         }
-        self.inner.read(slot, gpa, buf)
+        let mut inner_results = self.inner.write_pages(slot, &forwarded).into_iter();
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    inner_results
+                        .next()
+                        .expect("one inner result per forwarded page")
+                })
+            })
+            .collect()
+    }
+
+    /// Each page read counts as one read.
+    fn read_page(
+        &self,
+        slot: SlotId,
+        page: usize,
+        gpa: u64,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
+        self.before_read(slot, gpa)?;
+        self.inner.read_page(slot, page, gpa, buf)
     }
 
     fn free(&self, slot: SlotId) {

@@ -30,8 +30,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use super::open_error::check_unit_bytes;
+use super::paged::{PageChecksums, PAGES_PER_SLOT};
 use super::slots::SlotTable;
-use super::{SlotId, Store, StoreError, StoreOpenError, WriteRequest};
+use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
 use blockio::lockfile::{self, LockMode};
 use blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
 
@@ -70,6 +71,8 @@ struct Slots {
     /// crc32 of each slot's unit as written, indexed by slot; grows with the
     /// highest slot written.
     crcs: Vec<u32>,
+    /// The page checksums of paged slots (split chunks), by slot.
+    paged: std::collections::HashMap<SlotId, PageChecksums>,
 }
 
 impl FileStore {
@@ -306,6 +309,7 @@ impl FileStore {
             slots: Mutex::new(Slots {
                 table: SlotTable::new(capacity_slots),
                 crcs: Vec::new(),
+                paged: std::collections::HashMap::new(),
             }),
             description,
             pending_truncate: Mutex::new(false),
@@ -577,7 +581,145 @@ impl Store for FileStore {
 
     fn free(&self, slot: SlotId) {
         // Freeing a free slot is an engine bug with nothing to undo here.
-        self.slots().table.free(slot);
+        let mut slots = self.slots();
+        slots.paged.remove(&slot);
+        slots.table.free(slot);
+    }
+
+    fn supports_pages(&self) -> bool {
+        self.unit_bytes == PAGES_PER_SLOT * PAGE_BYTES
+    }
+
+    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+        let mut slots = self.slots();
+        let slot = slots.table.alloc().ok_or_else(|| self.full(gpa))?;
+        slots.paged.insert(slot, PageChecksums::empty());
+        Ok(slot)
+    }
+
+    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read(slot, gpa, buf)?;
+        let sums = PageChecksums::of_unit(buf);
+        let mut slots = self.slots();
+        if !slots.table.is_used(slot) {
+            return Err(StoreError::BadSlot { gpa, slot });
+        }
+        slots.paged.insert(slot, sums);
+        Ok(())
+    }
+
+    fn write_pages(&self, slot: SlotId, pages: &[PageWrite<'_>]) -> Vec<Result<(), StoreError>> {
+        let paged = self.slots().paged.contains_key(&slot);
+        let mut results: Vec<Option<Result<(), StoreError>>> = pages
+            .iter()
+            .map(|p| {
+                if !paged {
+                    Some(Err(StoreError::BadSlot { gpa: p.gpa, slot }))
+                } else if p.data.len() != PAGE_BYTES || p.page >= PAGES_PER_SLOT {
+                    Some(Err(self.wrong_length(p.gpa, slot, p.data.len())))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let todo: Vec<usize> = (0..pages.len()).filter(|&i| results[i].is_none()).collect();
+        let bounces: Vec<Option<AlignedBuf>> = todo
+            .iter()
+            .map(|&i| {
+                let data = pages[i].data;
+                (!self.is_aligned(data)).then(|| {
+                    let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
+                    b.copy_from_slice(data);
+                    b
+                })
+            })
+            .collect();
+        let mut ops: Vec<BlockOp<'_>> = todo
+            .iter()
+            .zip(&bounces)
+            .map(|(&i, bounce)| BlockOp::Write {
+                offset: self.offset(slot) + (pages[i].page * PAGE_BYTES) as u64,
+                buf: bounce.as_deref().unwrap_or(pages[i].data),
+            })
+            .collect();
+        let outcomes = match self.drop_old_content() {
+            Ok(()) => self.block.submit(&mut ops),
+            Err(e) => {
+                let e = io::Error::from(e);
+                ops.iter()
+                    .map(|_| {
+                        Err(BlockIoError::Control {
+                            what: "truncating the overwritten store file",
+                            path: self.block.path().to_owned(),
+                            source: io::Error::new(e.kind(), e.to_string()),
+                        })
+                    })
+                    .collect()
+            }
+        };
+        drop(ops);
+        let mut slots = self.slots();
+        let used = slots.table.used_slots();
+        for (&i, outcome) in todo.iter().zip(outcomes) {
+            let page = &pages[i];
+            results[i] = Some(match outcome {
+                Ok(()) => match slots.paged.get_mut(&slot) {
+                    Some(sums) => {
+                        sums.set(page.page, crc32fast::hash(page.data));
+                        Ok(())
+                    }
+                    None => Err(StoreError::BadSlot {
+                        gpa: page.gpa,
+                        slot,
+                    }),
+                },
+                Err(e) => Err(self.store_error(page.gpa, slot, used, e)),
+            });
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every page has a result"))
+            .collect()
+    }
+
+    fn read_page(
+        &self,
+        slot: SlotId,
+        page: usize,
+        gpa: u64,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
+        if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
+            return Err(self.wrong_length(gpa, slot, buf.len()));
+        }
+        let expected = self
+            .slots()
+            .paged
+            .get(&slot)
+            .and_then(|sums| sums.get(page))
+            .ok_or(StoreError::BadSlot { gpa, slot })?;
+        let offset = self.offset(slot) + (page * PAGE_BYTES) as u64;
+        if self.is_aligned(buf) {
+            self.block
+                .read_at(offset, buf)
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
+        } else {
+            let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
+            self.block
+                .read_at(offset, &mut bounce)
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
+            buf.copy_from_slice(&bounce);
+        }
+        let found = crc32fast::hash(buf);
+        if found != expected {
+            return Err(StoreError::Checksum {
+                gpa,
+                slot,
+                expected,
+                found,
+            });
+        }
+        Ok(())
     }
 
     fn used_slots(&self) -> u64 {

@@ -12,8 +12,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::codec::Codec;
 use super::open_error::check_unit_bytes;
+use super::paged::PAGES_PER_SLOT;
 use super::slots::SlotTable;
-use super::{SlotId, Store, StoreError, StoreOpenError, WriteRequest};
+use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
+use std::collections::HashMap;
 
 /// Shards of the slot map: enough that a fault-service thread, an eviction
 /// thread and prefetchers rarely meet on one lock.
@@ -38,6 +40,9 @@ pub struct MemStore {
     table: Mutex<SlotTable>,
     /// Slot `s` is at `shards[s % SHARDS][s / SHARDS]`.
     shards: Box<[Mutex<Vec<Option<Entry>>>]>,
+    /// Paged slots (split chunks): each page compressed alone, with its
+    /// own checksum.
+    paged: Mutex<HashMap<SlotId, Vec<Option<Entry>>>>,
     stored_bytes: AtomicU64,
 }
 
@@ -83,6 +88,7 @@ impl MemStore {
             budget_bytes,
             table: Mutex::new(SlotTable::new(capacity_slots)),
             shards: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
+            paged: Mutex::new(HashMap::new()),
             stored_bytes: AtomicU64::new(0),
         })
     }
@@ -122,35 +128,33 @@ impl MemStore {
         }
     }
 
-    /// Compresses one unit and places it in a new slot.
-    fn write_one(&self, req: &WriteRequest<'_>) -> Result<SlotId, StoreError> {
-        if req.data.len() != self.unit_bytes {
-            return Err(StoreError::Io {
-                gpa: req.gpa,
-                slot: SlotId::new(0),
-                source: io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "buffer of {} bytes given for a {}-byte unit (an engine bug)",
-                        req.data.len(),
-                        self.unit_bytes
-                    ),
-                ),
-            });
+    fn paged(&self) -> MutexGuard<'_, HashMap<SlotId, Vec<Option<Entry>>>> {
+        self.paged.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wrong_length(gpa: u64, slot: SlotId, got: usize, want: usize) -> StoreError {
+        StoreError::Io {
+            gpa,
+            slot,
+            source: io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("buffer of {got} bytes given for a {want}-byte unit (an engine bug)"),
+            ),
         }
-        let crc = crc32fast::hash(req.data);
-        let packed = self
-            .codec
-            .compress(req.data)
-            .map_err(|source| StoreError::Io {
-                gpa: req.gpa,
-                slot: SlotId::new(0),
-                source,
-            })?;
-        let (data, raw): (Arc<[u8]>, bool) = if packed.len() < self.unit_bytes {
+    }
+
+    /// Compresses `data` (a unit, or a page of a paged slot) and charges
+    /// its size to the budget.
+    fn pack(&self, data: &[u8], gpa: u64, slot: SlotId) -> Result<Entry, StoreError> {
+        let crc = crc32fast::hash(data);
+        let packed =
+            self.codec
+                .compress(data)
+                .map_err(|source| StoreError::Io { gpa, slot, source })?;
+        let (data, raw): (Arc<[u8]>, bool) = if packed.len() < data.len() {
             (Arc::from(packed), false)
         } else {
-            (Arc::from(req.data), true)
+            (Arc::from(data), true)
         };
         let len = data.len() as u64;
         let before = self.stored_bytes.fetch_add(len, Ordering::Relaxed);
@@ -159,17 +163,73 @@ impl MemStore {
             .is_some_and(|budget| before + len > budget)
         {
             self.stored_bytes.fetch_sub(len, Ordering::Relaxed);
-            return Err(self.full(req.gpa));
+            return Err(self.full(gpa));
         }
+        Ok(Entry { data, raw, crc })
+    }
+
+    /// Gives back an entry's budget.
+    fn unpack_budget(&self, entry: &Entry) {
+        self.stored_bytes
+            .fetch_sub(entry.data.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Decompresses an entry into `buf` (its exact length) and verifies it.
+    fn unpack(
+        &self,
+        (data, raw, expected): (Arc<[u8]>, bool, u32),
+        gpa: u64,
+        slot: SlotId,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
+        if raw {
+            buf.copy_from_slice(&data);
+        } else {
+            let got = self
+                .codec
+                .decompress_into(&data, buf)
+                .map_err(|source| StoreError::Io { gpa, slot, source })?;
+            if got != buf.len() {
+                return Err(StoreError::ShortRead {
+                    gpa,
+                    slot,
+                    got_bytes: got,
+                    want_bytes: buf.len(),
+                });
+            }
+        }
+        let found = crc32fast::hash(buf);
+        if found != expected {
+            return Err(StoreError::Checksum {
+                gpa,
+                slot,
+                expected,
+                found,
+            });
+        }
+        Ok(())
+    }
+
+    /// Compresses one unit and places it in a new slot.
+    fn write_one(&self, req: &WriteRequest<'_>) -> Result<SlotId, StoreError> {
+        if req.data.len() != self.unit_bytes {
+            return Err(Self::wrong_length(
+                req.gpa,
+                SlotId::new(0),
+                req.data.len(),
+                self.unit_bytes,
+            ));
+        }
+        let entry = self.pack(req.data, req.gpa, SlotId::new(0))?;
         let Some(slot) = self.table().alloc() else {
-            self.stored_bytes.fetch_sub(len, Ordering::Relaxed);
+            self.unpack_budget(&entry);
             return Err(self.full(req.gpa));
         };
         let (mut shard, idx) = self.shard(slot);
         if shard.len() <= idx {
             shard.resize_with(idx + 1, || None);
         }
-        shard[idx] = Some(Entry { data, raw, crc });
+        shard[idx] = Some(entry);
         Ok(slot)
     }
 }
@@ -196,7 +256,7 @@ impl Store for MemStore {
     }
 
     fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let (data, raw, expected) = {
+        let image = {
             let (shard, idx) = self.shard(slot);
             match shard.get(idx).and_then(Option::as_ref) {
                 Some(e) => (Arc::clone(&e.data), e.raw, e.crc),
@@ -204,45 +264,92 @@ impl Store for MemStore {
             }
         };
         if buf.len() != self.unit_bytes {
-            return Err(StoreError::Io {
-                gpa,
-                slot,
-                source: io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!(
-                        "buffer of {} bytes given for a {}-byte unit (an engine bug)",
-                        buf.len(),
-                        self.unit_bytes
-                    ),
-                ),
-            });
+            return Err(Self::wrong_length(gpa, slot, buf.len(), self.unit_bytes));
         }
-        if raw {
-            buf.copy_from_slice(&data);
-        } else {
-            let got = self
-                .codec
-                .decompress_into(&data, buf)
-                .map_err(|source| StoreError::Io { gpa, slot, source })?;
-            if got != self.unit_bytes {
-                return Err(StoreError::ShortRead {
-                    gpa,
-                    slot,
-                    got_bytes: got,
-                    want_bytes: self.unit_bytes,
-                });
+        self.unpack(image, gpa, slot, buf)
+    }
+
+    fn supports_pages(&self) -> bool {
+        self.unit_bytes == PAGES_PER_SLOT * PAGE_BYTES
+    }
+
+    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+        let slot = self.table().alloc().ok_or_else(|| self.full(gpa))?;
+        self.paged()
+            .insert(slot, (0..PAGES_PER_SLOT).map(|_| None).collect());
+        Ok(slot)
+    }
+
+    /// Verifies the unit, then keeps its pages compressed one by one (so
+    /// that each can be read alone) in place of the unit's image.
+    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.read(slot, gpa, buf)?;
+        let mut pages = Vec::with_capacity(PAGES_PER_SLOT);
+        for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
+            match self.pack(data, gpa + (page * PAGE_BYTES) as u64, slot) {
+                Ok(entry) => pages.push(Some(entry)),
+                Err(e) => {
+                    pages.iter().flatten().for_each(|e| self.unpack_budget(e));
+                    return Err(e);
+                }
             }
         }
-        let found = crc32fast::hash(buf);
-        if found != expected {
-            return Err(StoreError::Checksum {
-                gpa,
-                slot,
-                expected,
-                found,
-            });
+        let whole = {
+            let (mut shard, idx) = self.shard(slot);
+            shard.get_mut(idx).and_then(Option::take)
+        };
+        if let Some(whole) = whole {
+            self.unpack_budget(&whole);
         }
+        self.paged().insert(slot, pages);
         Ok(())
+    }
+
+    fn write_pages(&self, slot: SlotId, pages: &[PageWrite<'_>]) -> Vec<Result<(), StoreError>> {
+        pages
+            .iter()
+            .map(|p| {
+                if p.data.len() != PAGE_BYTES || p.page >= PAGES_PER_SLOT {
+                    return Err(Self::wrong_length(p.gpa, slot, p.data.len(), PAGE_BYTES));
+                }
+                if !self.paged().contains_key(&slot) {
+                    return Err(StoreError::BadSlot { gpa: p.gpa, slot });
+                }
+                let entry = self.pack(p.data, p.gpa, slot)?;
+                let mut paged = self.paged();
+                match paged.get_mut(&slot) {
+                    Some(pages) => {
+                        if let Some(old) = pages[p.page].replace(entry) {
+                            self.unpack_budget(&old);
+                        }
+                        Ok(())
+                    }
+                    None => {
+                        self.unpack_budget(&entry);
+                        Err(StoreError::BadSlot { gpa: p.gpa, slot })
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn read_page(
+        &self,
+        slot: SlotId,
+        page: usize,
+        gpa: u64,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
+        if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
+            return Err(Self::wrong_length(gpa, slot, buf.len(), PAGE_BYTES));
+        }
+        let image = self
+            .paged()
+            .get(&slot)
+            .and_then(|pages| pages[page].as_ref())
+            .map(|e| (Arc::clone(&e.data), e.raw, e.crc))
+            .ok_or(StoreError::BadSlot { gpa, slot })?;
+        self.unpack(image, gpa, slot, buf)
     }
 
     fn free(&self, slot: SlotId) {
@@ -253,8 +360,10 @@ impl Store for MemStore {
             shard.get_mut(idx).and_then(Option::take)
         };
         if let Some(e) = entry {
-            self.stored_bytes
-                .fetch_sub(e.data.len() as u64, Ordering::Relaxed);
+            self.unpack_budget(&e);
+            self.table().free(slot);
+        } else if let Some(pages) = self.paged().remove(&slot) {
+            pages.iter().flatten().for_each(|e| self.unpack_budget(e));
             self.table().free(slot);
         }
     }
@@ -272,19 +381,28 @@ impl Store for MemStore {
     /// checksum, as real corruption of the unit would.
     fn corrupt_slot(&self, slot: SlotId) -> io::Result<()> {
         let (mut shard, idx) = self.shard(slot);
-        let Some(entry) = shard.get_mut(idx).and_then(Option::as_mut) else {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("slot {slot} is not allocated"),
-            ));
+        let mut paged = self.paged();
+        // A paged slot: damage its first written page.
+        let page = paged
+            .get_mut(&slot)
+            .and_then(|pages| pages.iter_mut().flatten().next());
+        let (entry, unit_bytes) = match (shard.get_mut(idx).and_then(Option::as_mut), page) {
+            (Some(entry), _) => (entry, self.unit_bytes),
+            (None, Some(page)) => (page, PAGE_BYTES),
+            (None, None) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("slot {slot} is not allocated (or a paged slot with no page)"),
+                ))
+            }
         };
-        let mut unit = vec![0u8; self.unit_bytes];
+        let mut unit = vec![0u8; unit_bytes];
         if entry.raw {
             unit.copy_from_slice(&entry.data);
         } else {
             self.codec.decompress_into(&entry.data, &mut unit)?;
         }
-        unit[self.unit_bytes / 2] ^= 0x5a;
+        unit[unit_bytes / 2] ^= 0x5a;
         let packed: Arc<[u8]> = if entry.raw {
             Arc::from(unit)
         } else {

@@ -9,6 +9,7 @@ pub mod faulty;
 pub mod file;
 pub mod mem;
 mod open_error;
+pub mod paged;
 mod slots;
 pub mod spec;
 #[cfg(test)]
@@ -66,6 +67,33 @@ pub struct WriteRequest<'a> {
     pub gpa: u64,
     /// The unit's content.
     pub data: &'a [u8],
+}
+
+/// One page of a split chunk, written in place into the chunk's slot
+/// ([`Store::write_pages`]).
+pub struct PageWrite<'a> {
+    /// The page's index in the chunk (0..512).
+    pub page: usize,
+    /// Guest-physical address of the page, used only to name it in errors.
+    pub gpa: u64,
+    /// The page's 4 KiB, 4 KiB aligned in memory.
+    pub data: &'a [u8],
+}
+
+/// Bytes of one page of a split chunk.
+pub const PAGE_BYTES: usize = 4096;
+
+/// The error a store without page support returns for page operations
+/// (the engine never splits chunks on such a store).
+fn pages_unsupported(store: &str, gpa: u64, slot: SlotId) -> StoreError {
+    StoreError::Io {
+        gpa,
+        slot,
+        source: std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            format!("{store} keeps no split chunks (an engine bug)"),
+        ),
+    }
 }
 
 /// Why a store operation failed. Every variant names the guest address so
@@ -172,6 +200,48 @@ pub trait Store: Send + Sync {
     /// `used_slots * unit_bytes`, right for stores that keep units as they are.
     fn stored_bytes(&self) -> u64 {
         self.used_slots() * self.unit_bytes() as u64
+    }
+    /// Whether the store keeps the pages of split chunks: a *paged* slot
+    /// holds a 2 MiB chunk's pages at their offsets, each written and read
+    /// alone and verified by its own checksum (the integrity unit of a
+    /// split chunk is its page, of a huge one its slot). Without it the
+    /// engine never splits a chunk.
+    fn supports_pages(&self) -> bool {
+        false
+    }
+    /// Allocates a paged slot with no page written yet, for a split chunk
+    /// that has none. `gpa` (the chunk's) only names it in errors.
+    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+        Err(pages_unsupported(&self.describe(), gpa, SlotId::new(0)))
+    }
+    /// Reads the whole unit in `slot` into `buf` as [`Store::read`] does
+    /// (verified against the slot's checksum) and turns the slot into a
+    /// paged one holding those pages, each with its own checksum from now
+    /// on: the chunk was split and its pages are stored where they were.
+    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let _ = buf;
+        Err(pages_unsupported(&self.describe(), gpa, slot))
+    }
+    /// Writes pages of the paged `slot` in place, submitted together; one
+    /// result per page, in order. A failed page keeps its old content and
+    /// checksum (or none).
+    fn write_pages(&self, slot: SlotId, pages: &[PageWrite<'_>]) -> Vec<Result<(), StoreError>> {
+        pages
+            .iter()
+            .map(|p| Err(pages_unsupported(&self.describe(), p.gpa, slot)))
+            .collect()
+    }
+    /// Reads page `page` of the paged `slot` into `buf` (4 KiB) and
+    /// verifies its checksum. `gpa` (the page's) names it in errors.
+    fn read_page(
+        &self,
+        slot: SlotId,
+        page: usize,
+        gpa: u64,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
+        let _ = (page, buf);
+        Err(pages_unsupported(&self.describe(), gpa, slot))
     }
     /// Test aid: damages the stored image in `slot` in place, so that the
     /// next [`Store::read`] of it fails its checksum as real corruption

@@ -1,0 +1,263 @@
+//! Merging a split chunk back into one unit: collapse (into one huge
+//! mapping) and discard (the guest freed the whole chunk).
+//!
+//! The merging thread takes the chunk word to `Loading` (`BeginMerge`) and
+//! then locks every page (waiting for pages in flight), so no fault or
+//! eviction acts on the chunk's pages until it publishes the chunk again;
+//! faults on the chunk meanwhile wait on the chunk word.
+//!
+//! Collapse, in order of cost:
+//! 1. every page resident: `MADV_COLLAPSE` (the kernel copies the pages
+//!    into a new THP under its own locks). It refuses a range holding a
+//!    hole, the zero page or a write-protected page (see
+//!    docs/KERNEL_FACTS.md), and can fail when busy;
+//! 2. otherwise, or when it refused: move the resident pages out into a
+//!    parking slot (the guest's next touch faults and waits), fill a THP
+//!    restore buffer from them, from the store (stored pages) and with
+//!    zeros (absent pages), `MADV_DONTNEED` the chunk so the kernel frees
+//!    its empty page table (`CONFIG_PT_RECLAIM`), and move the THP in.
+//!
+//! Either way the collapse counts only when PAGEMAP_SCAN sees one huge
+//! mapping; a chunk installed whole but mapped small is a resident unit
+//! all the same (counted under `not_huge`). The chunk's slot is freed: the
+//! merged chunk is dirty (its pages were never write-protected).
+
+use super::fault::{install_thp_buffer, wake_unit};
+use super::recycle::RestoreBuffer;
+use super::split::page_gpa;
+use super::stats::{bump, CollapseFailure};
+use super::{limit, Shared, SwapError};
+use crate::chunk::{PageRef, PageState, PageTag, Tag, UnitState, PAGES_PER_CHUNK};
+use crate::uffd::MoveOptions;
+use guestmem::host::PAGE_BYTES;
+use std::time::Duration;
+
+/// A split chunk taken for merging, its pages locked.
+struct Merging {
+    chunk: usize,
+    loading: UnitState,
+    before: Vec<PageState>,
+}
+
+/// Takes split chunk `chunk` and locks its pages; `None` if it is not
+/// split, someone else took it first, or the engine stops meanwhile.
+fn begin(s: &Shared, chunk: usize) -> Option<Merging> {
+    let split = s.table.load(chunk);
+    if split.tag() != Tag::Split {
+        return None;
+    }
+    let loading = s.table.begin_merge(chunk.into(), split).ok()?;
+    let pages = s.table.pages().expect("only 2 MiB chunks split");
+    match pages.lock_all(chunk, &|| s.stopping() || s.failed()) {
+        Some(before) => Some(Merging {
+            chunk,
+            loading,
+            before,
+        }),
+        None => {
+            s.table.abort_merge(chunk.into(), loading);
+            None
+        }
+    }
+}
+
+impl Merging {
+    fn count(&self, tag: PageTag) -> u64 {
+        self.before.iter().filter(|p| p.tag() == tag).count() as u64
+    }
+
+    /// Gives up: pages and chunk as they were.
+    fn abort(self, s: &Shared) {
+        let pages = s.table.pages().expect("only 2 MiB chunks split");
+        pages.unlock_pages(self.chunk, &self.before);
+        s.table.abort_merge(self.chunk.into(), self.loading);
+    }
+
+    fn free_slot(&self, s: &Shared) {
+        if let Some(slot) = self.loading.split_slot() {
+            s.store.free(slot);
+        }
+    }
+}
+
+/// Tries to collapse split chunk `chunk` into one huge mapping. Errors are
+/// fatal (the VMM exits); a collapse that does not happen leaves the chunk
+/// split.
+pub(crate) fn try_collapse(s: &Shared, chunk: usize) -> Result<(), SwapError> {
+    let Some(merging) = begin(s, chunk) else {
+        return Ok(());
+    };
+    let missing = PAGES_PER_CHUNK as u64 - merging.count(PageTag::Resident);
+    if missing == 0 && collapse_in_place(s, &merging) {
+        merging.free_slot(s);
+        s.table.finish_collapse(chunk.into(), merging.loading, true);
+        bump(&s.counters.collapses_verified);
+        bump(&s.counters.collapses_by_madvise);
+        return wake_unit(s, chunk, None).map(drop);
+    }
+    if missing > 0 {
+        limit::claim_memory(s, missing);
+    }
+    let give_back = |merging: Merging, reason: CollapseFailure| {
+        merging.abort(s);
+        if missing > 0 {
+            s.limiter.release(missing);
+        }
+        bump(&s.counters.collapse_failures[reason as usize]);
+    };
+    let p = loop {
+        if let Some(p) = s.parking.acquire_timeout(Duration::from_millis(10)) {
+            break p;
+        }
+        if s.stopping() || s.failed() {
+            give_back(merging, CollapseFailure::NoParking);
+            return Ok(());
+        }
+    };
+    let src = s.unit_addr(chunk);
+    let dst = s.parking.addr(p);
+    let options = MoveOptions {
+        allow_src_holes: true,
+        dont_wake: false,
+    };
+    // SAFETY: this thread owns the chunk (Loading, every page locked) and
+    // parking slot `p`; both are reached through raw addresses only.
+    if let Err(e) = unsafe { s.uffd.move_all(dst, src, s.unit_bytes, options) } {
+        let moved = e.done_bytes();
+        if moved > 0 {
+            // SAFETY: as above, the moved part back where it was.
+            unsafe { s.uffd.move_all(src, dst, moved, options) }.map_err(|e| {
+                SwapError::uffd(
+                    format!(
+                        "putting back the partly collapsed chunk at {}",
+                        s.unit_name(chunk)
+                    ),
+                    e,
+                )
+            })?;
+        }
+        if e.errno() == Some(libc::EBUSY) {
+            s.parking.release(p);
+            give_back(merging, CollapseFailure::Pinned);
+            return Ok(());
+        }
+        return Err(SwapError::uffd(
+            format!(
+                "moving out the split chunk at {} to collapse it",
+                s.unit_name(chunk)
+            ),
+            e,
+        ));
+    }
+    let buf = RestoreBuffer::for_overwrite(s);
+    if let Err(e) = fill(s, &merging, p, &buf) {
+        // The pages are in parking slot `p` and the buffer; the VM ends.
+        buf.give_back_populated(s);
+        s.fatal(&e);
+        return Ok(());
+    }
+    s.parking.release(p);
+    // Frees the chunk's empty page table, so that the THP maps huge.
+    let _ = s.guest.discard(chunk as u64 * s.unit_bytes, s.unit_bytes);
+    install_thp_buffer(s, chunk, buf)?;
+    let huge = s.pagemap.as_ref().is_some_and(|scanner| {
+        scanner
+            .is_huge(&s.guest, chunk as u64 * s.unit_bytes, s.unit_bytes)
+            .unwrap_or(false)
+    });
+    merging.free_slot(s);
+    s.table.finish_collapse(chunk.into(), merging.loading, huge);
+    if huge {
+        bump(&s.counters.collapses_verified);
+    } else {
+        bump(&s.counters.collapse_failures[CollapseFailure::NotHuge as usize]);
+    }
+    wake_unit(s, chunk, None).map(drop)
+}
+
+/// `MADV_COLLAPSE` on a chunk whose pages are all resident; true when
+/// PAGEMAP_SCAN then sees one huge mapping.
+fn collapse_in_place(s: &Shared, merging: &Merging) -> bool {
+    let offset = merging.chunk as u64 * s.unit_bytes;
+    let huge = s.guest.collapse(offset, s.unit_bytes).is_ok()
+        && s.pagemap.as_ref().is_some_and(|scanner| {
+            scanner
+                .is_huge(&s.guest, offset, s.unit_bytes)
+                .unwrap_or(false)
+        });
+    if !huge {
+        bump(&s.counters.collapse_failures[CollapseFailure::MadviseRefused as usize]);
+    }
+    huge
+}
+
+/// Fills the restore buffer with the chunk's content: resident pages from
+/// parking slot `p` (where they were just moved), stored pages from the
+/// store, absent pages zero.
+fn fill(s: &Shared, merging: &Merging, p: u32, buf: &RestoreBuffer) -> Result<(), SwapError> {
+    let (range, offset) = buf.place(s);
+    // SAFETY: the buffer is ours until given back and populated; nothing
+    // else accesses it.
+    let data = unsafe { range.slice_mut(offset, s.unit_bytes) };
+    let parked = s.parking.offset(p);
+    let slot = merging.loading.split_slot();
+    for (page, state) in merging.before.iter().enumerate() {
+        let at = PageRef {
+            chunk: merging.chunk,
+            page,
+        };
+        let bytes = page * PAGE_BYTES as usize..(page + 1) * PAGE_BYTES as usize;
+        match state.tag() {
+            PageTag::Resident => {
+                // SAFETY: the resident pages were just moved into slot `p`
+                // (present), and this thread owns the slot.
+                let src = unsafe {
+                    s.parking
+                        .raw()
+                        .slice(parked + (page as u64) * PAGE_BYTES, PAGE_BYTES)
+                };
+                data[bytes].copy_from_slice(src);
+            }
+            PageTag::Stored => {
+                let slot = slot.expect("a stored page lives in its chunk's slot");
+                s.store
+                    .read_page(slot, page, page_gpa(s, at), &mut data[bytes])
+                    .map_err(|e| {
+                        SwapError::unit_store(
+                            format!(
+                                "read the swapped-out page at guest address {:#x} to collapse the chunk at {}",
+                                page_gpa(s, at),
+                                s.unit_name(merging.chunk)
+                            ),
+                            e,
+                        )
+                    })?;
+                super::stats::add(&s.counters.bytes_read, PAGE_BYTES);
+            }
+            _ => data[bytes].fill(0),
+        }
+    }
+    Ok(())
+}
+
+/// Drops a split chunk the guest freed whole: its resident pages are
+/// zapped, its slot freed, and the chunk is absent. Returns the resident
+/// pages released, or `None` if the chunk was not split (any more).
+pub(crate) fn discard_split(s: &Shared, chunk: usize) -> Result<Option<u64>, SwapError> {
+    let Some(merging) = begin(s, chunk) else {
+        return Ok(None);
+    };
+    let resident = merging.count(PageTag::Resident);
+    if let Err(e) = s.guest.discard(chunk as u64 * s.unit_bytes, s.unit_bytes) {
+        merging.abort(s);
+        return Err(SwapError::os(
+            format!("dropping the free split chunk at {}", s.unit_name(chunk)),
+            e,
+        ));
+    }
+    merging.free_slot(s);
+    s.table.finish_merge_absent(chunk.into(), merging.loading);
+    s.limiter.release(resident);
+    bump(&s.counters.merged_absent);
+    Ok(Some(resident))
+}
