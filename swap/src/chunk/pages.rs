@@ -363,10 +363,7 @@ impl PageTable {
     fn word(&self, at: PageRef) -> (&AtomicU64, u32) {
         let group = self.group_or_new(at.chunk);
         let index = (at.chunk % GROUP_CHUNKS) * WORDS_PER_CHUNK + at.page / PAGES_PER_WORD;
-        (
-            &group.words[index],
-            ((at.page % PAGES_PER_WORD) * 4) as u32,
-        )
+        (&group.words[index], ((at.page % PAGES_PER_WORD) * 4) as u32)
     }
 
     /// The page's state (`Locked` for a chunk that never split).

@@ -316,6 +316,82 @@ impl SwapEngine {
         discard::discard_units(s, first..end.max(first))
     }
 
+    /// Splits every chunk overlapping `[offset, offset+len)` that is
+    /// resident, absent or stored into pages (in-flight, staged and pinned
+    /// chunks are left alone); returns how many split. Errors (a store read
+    /// of a stored chunk) are also reported as fatal. For tests and the
+    /// granularity policy; needs a configuration where chunks split.
+    pub fn split_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
+        let s = &self.shared;
+        if !s.split.enabled {
+            return Err(SwapError::Config(
+                "chunks do not split here: 2 MiB units of anonymous (THP) memory on a store that keeps pages are needed".into(),
+            ));
+        }
+        let mut splits = 0;
+        for chunk in self.chunks_of(offset, len) {
+            let state = s.table.load(chunk);
+            if state.pinned() {
+                continue;
+            }
+            match state.tag() {
+                Tag::Resident => {
+                    split::split_resident(s, chunk, Tag::Resident)?;
+                }
+                Tag::Absent | Tag::Stored => {
+                    let Ok(loading) = s.table.begin_fault(chunk.into(), state) else {
+                        continue;
+                    };
+                    if !split::split_on_restore(s, chunk, loading, state)? {
+                        return Err(SwapError::ShuttingDown);
+                    }
+                }
+                _ => continue,
+            }
+            splits += u64::from(s.table.load(chunk).tag() == Tag::Split);
+        }
+        Ok(splits)
+    }
+
+    /// Tries to collapse every split chunk overlapping `[offset,
+    /// offset+len)` into one huge mapping (restoring its absent and stored
+    /// pages first); returns how many are one huge mapping afterwards, as
+    /// PAGEMAP_SCAN confirmed.
+    pub fn collapse_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
+        let s = &self.shared;
+        let mut huge = 0;
+        for chunk in self.chunks_of(offset, len) {
+            if s.table.load(chunk).tag() != Tag::Split {
+                continue;
+            }
+            collapse::try_collapse(s, chunk)?;
+            let state = s.table.load(chunk);
+            huge += u64::from(state.tag() == Tag::Resident && state.huge());
+        }
+        Ok(huge)
+    }
+
+    /// The state of the page at region offset `offset` if its chunk is
+    /// split (for tests and debugging).
+    pub fn page_state(&self, offset: u64) -> Option<crate::chunk::PageState> {
+        let s = &self.shared;
+        let chunk = (offset / s.unit_bytes) as usize;
+        if s.table.load(chunk).tag() != Tag::Split {
+            return None;
+        }
+        let page = ((offset % s.unit_bytes) / PAGE_BYTES) as usize;
+        s.table
+            .pages()
+            .map(|pages| pages.load(crate::chunk::PageRef { chunk, page }))
+    }
+
+    fn chunks_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
+        let s = &self.shared;
+        let first = (offset / s.unit_bytes) as usize;
+        let end = (offset.saturating_add(len).div_ceil(s.unit_bytes) as usize).min(s.table.units());
+        first..end.max(first)
+    }
+
     /// Changes the memory limit at run time (`None`: no limit).
     pub fn set_mem_limit_bytes(&self, bytes: Option<u64>) {
         let s = &self.shared;
