@@ -74,6 +74,79 @@ fn verify_on_four_vcpus_at_4x_overcommit_on_each_store() {
     let _ = std::fs::remove_file(&file);
 }
 
+/// Every 3rd restore of a huge chunk splits it and every 3rd page fault on
+/// a split chunk collapses it again (docs/SPLIT_CHUNKS.md): the split and
+/// collapse transitions run thousands of times under 4 writing vCPUs at 4x
+/// overcommit, and `verify` checks every word.
+#[test]
+fn verify_with_forced_splits_and_collapses_on_each_store() {
+    if skip_without_kvm("verify_with_forced_splits") {
+        return;
+    }
+    let file = temp_path("forced-split-store.img");
+    let spec = format!("file:{}", file.display());
+    for store in ["mem:lz4", spec.as_str(), "default"] {
+        let mut extra = vec!["--force-split-every", "3"];
+        if store != "default" {
+            extra.extend_from_slice(&["--swap-store", store]);
+        }
+        let run = verify_overcommitted("4", &extra);
+        let splits = run.stat("/swap/split/splits");
+        let collapses = run.stat("/swap/split/collapses_verified");
+        eprintln!(
+            "forced splits on {store}: splits={splits} (absent {} stored {} staged {}) collapses_verified={collapses} by_madvise={} failures={} page_faults store={} zero={} page_evictions={} pages_written={}",
+            run.stat("/swap/split/splits_by_origin/absent"),
+            run.stat("/swap/split/splits_by_origin/stored"),
+            run.stat("/swap/split/splits_by_origin/staged"),
+            run.stat("/swap/split/collapses_by_madvise"),
+            run.stats.as_ref().unwrap().pointer("/swap/split/collapse_failures").unwrap(),
+            run.stat("/swap/split/page_faults/store"),
+            run.stat("/swap/split/page_faults/zero"),
+            run.stat("/swap/split/page_evictions"),
+            run.stat("/swap/split/pages_written"),
+        );
+        assert!(splits >= 100, "{store}: only {splits} splits");
+        assert!(
+            collapses >= 50,
+            "{store}: only {collapses} verified collapses"
+        );
+        assert!(
+            run.stat("/swap/split/page_faults/store") > 0,
+            "{store}: no page was read alone"
+        );
+        let _ = std::fs::remove_file(&file);
+    }
+}
+
+#[test]
+fn forced_splits_are_refused_where_chunks_cannot_split() {
+    for (args, want) in [
+        (
+            vec!["--swap-unit", "4k", "--force-split-every", "3"],
+            "--swap-unit 2m and --backing thp",
+        ),
+        (
+            vec!["--backing", "hugetlb", "--force-split-every", "3"],
+            "--swap-unit 2m and --backing thp",
+        ),
+        (vec!["--force-split-every", "0"], "out of range"),
+    ] {
+        let mut full = vec![
+            "run",
+            "--payload",
+            "verify",
+            "--mem",
+            "64M",
+            "--mem-limit",
+            "32M",
+        ];
+        full.extend_from_slice(&args);
+        let run = hugevmm(&full, Duration::from_secs(60));
+        run.expect_status(1);
+        assert!(run.stderr.contains(want), "{args:?}: {}", run.stderr);
+    }
+}
+
 #[test]
 fn verify_with_the_4k_baseline_unit() {
     if skip_without_kvm("verify_with_4k_unit") {
