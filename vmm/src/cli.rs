@@ -509,7 +509,7 @@ fn print_summary(args: &RunArgs, payload_name: &str, outcome: &vm::RunOutcome) {
     );
     if let Some(swap) = &outcome.swap {
         eprintln!(
-            "hugevmm: swap: {} faults ({} store, {} staging, {} zero), {} evictions, {} clean drops, {} zero chunks, {} written, {} read, restored {} huge / {} split, fault latency p50 {} us p99 {} us max {} us, resident max {}",
+            "hugevmm: swap: {} faults ({} store, {} staging, {} zero), {} evictions, {} clean drops, {} zero chunks, {} written, {} read, restored {} mapped huge / {} small, fault latency p50 {} us p99 {} us max {} us, resident max {}",
             swap.faults.total,
             swap.faults.store,
             swap.faults.staging,
@@ -526,6 +526,21 @@ fn print_summary(args: &RunArgs, payload_name: &str, outcome: &vm::RunOutcome) {
             swap.fault_latency.max(),
             format_size(swap.resident_bytes_max)
         );
+        let split = &swap.split;
+        let splits: u64 = split.splits_by_origin.iter().sum();
+        if splits > 0 {
+            eprintln!(
+                "hugevmm: split chunks: {splits} splits, {} collapses verified huge ({} failed), {} page faults ({} store, {} zero), {} page evictions ({} written), {} split now",
+                split.collapses_verified,
+                split.collapse_failures.iter().sum::<u64>(),
+                split.page_faults_store + split.page_faults_zero,
+                split.page_faults_store,
+                split.page_faults_zero,
+                split.page_evictions,
+                split.pages_written,
+                split.chunks_split
+            );
+        }
     }
     if let Some(p) = &outcome.pageout {
         eprintln!(
