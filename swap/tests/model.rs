@@ -124,6 +124,7 @@ impl Model {
                         return;
                     }
                 }
+                Tag::Split => unreachable!("this model never splits (model_split.rs does)"),
                 Tag::Resident => {
                     // A stale message for a unit someone else restored.
                     if let Ok(loading) = self.table.begin_fault(at(), state) {
@@ -223,6 +224,7 @@ impl Model {
         loop {
             let state = self.table.load(UNIT);
             match state.tag() {
+                Tag::Split => unreachable!("this model never splits (model_split.rs does)"),
                 Tag::Absent => return,
                 Tag::Loading | Tag::Evicting => {
                     self.table.wait_settled(UNIT, &|| false);

@@ -116,10 +116,8 @@ fn a_4k_move_out_of_a_huge_chunk_splits_its_pmd_and_keeps_the_other_pages() {
     assert_eq!(present as u64, PAGES - 1, "exactly the moved page left");
     assert_eq!(s.byte(8 * PAGE_BYTES), 0x5a);
     // SAFETY: the moved page is present in the parking range now.
-    assert_eq!(
-        unsafe { s.parking.range().slice(7 * PAGE_BYTES, 1)[0] },
-        0x5a
-    );
+    let parked = unsafe { s.parking.range().slice(7 * PAGE_BYTES, 1)[0] };
+    assert_eq!(parked, 0x5a);
     println!("4 KiB MOVE out of a huge chunk: PMD split, {present} pages stay mapped");
 }
 

@@ -32,6 +32,11 @@ use crate::uffd::MoveOptions;
 use guestmem::host::PAGE_BYTES;
 use std::time::Duration;
 
+/// From this many stored pages on, a collapse reads the chunk's whole slot
+/// in one I/O rather than page by page: on this host's disk one 2 MiB
+/// O_DIRECT read costs about as much as 16 random 4 KiB ones.
+const WHOLE_READ_PAGES: u64 = 16;
+
 /// A split chunk taken for merging, its pages locked.
 struct Merging {
     chunk: usize,
@@ -201,6 +206,25 @@ fn fill(s: &Shared, merging: &Merging, p: u32, buf: &RestoreBuffer) -> Result<()
     let data = unsafe { range.slice_mut(offset, s.unit_bytes) };
     let parked = s.parking.offset(p);
     let slot = merging.loading.split_slot();
+    // Many stored pages: one read of the whole slot (each written page
+    // verified), then the resident and absent pages over it.
+    let stored = merging.count(PageTag::Stored);
+    let whole_read = stored >= WHOLE_READ_PAGES;
+    if whole_read {
+        let slot = slot.expect("stored pages live in their chunk's slot");
+        s.store
+            .read_paged_unit(slot, s.unit_gpa(merging.chunk), data)
+            .map_err(|e| {
+                SwapError::unit_store(
+                    format!(
+                        "read the swapped-out pages of the split chunk at {} to collapse it",
+                        s.unit_name(merging.chunk)
+                    ),
+                    e,
+                )
+            })?;
+        super::stats::add(&s.counters.bytes_read, s.unit_bytes);
+    }
     for (page, state) in merging.before.iter().enumerate() {
         let at = PageRef {
             chunk: merging.chunk,
@@ -218,6 +242,7 @@ fn fill(s: &Shared, merging: &Merging, p: u32, buf: &RestoreBuffer) -> Result<()
                 };
                 data[bytes].copy_from_slice(src);
             }
+            PageTag::Stored if whole_read => {}
             PageTag::Stored => {
                 let slot = slot.expect("a stored page lives in its chunk's slot");
                 s.store

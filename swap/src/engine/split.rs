@@ -60,7 +60,7 @@ impl SplitControl {
 
     fn every_nth(&self, counter: &AtomicU64) -> bool {
         match (self.enabled, self.force_every) {
-            (true, Some(n)) => (counter.fetch_add(1, Ordering::Relaxed) + 1) % n == 0,
+            (true, Some(n)) => (counter.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(n),
             _ => false,
         }
     }

@@ -232,6 +232,12 @@ impl Store for FaultyStore {
             .collect()
     }
 
+    /// Counts as one read.
+    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        self.before_read(slot, gpa)?;
+        self.inner.read_paged_unit(slot, gpa, buf)
+    }
+
     /// Each page read counts as one read.
     fn read_page(
         &self,

@@ -550,7 +550,8 @@ impl Store for FileStore {
         }
         let expected = {
             let slots = self.slots();
-            if !slots.table.is_used(slot) {
+            // A paged slot's unit checksum is stale: it is read by page.
+            if !slots.table.is_used(slot) || slots.paged.contains_key(&slot) {
                 return Err(StoreError::BadSlot { gpa, slot });
             }
             slots.crcs.get(slot.index()).copied().unwrap_or(0)
@@ -682,6 +683,44 @@ impl Store for FileStore {
             .collect()
     }
 
+    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if buf.len() != self.unit_bytes {
+            return Err(self.wrong_length(gpa, slot, buf.len()));
+        }
+        let sums = self
+            .slots()
+            .paged
+            .get(&slot)
+            .cloned()
+            .ok_or(StoreError::BadSlot { gpa, slot })?;
+        let offset = self.offset(slot);
+        if self.is_aligned(buf) {
+            self.block
+                .read_at(offset, buf)
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
+        } else {
+            let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
+            self.block
+                .read_at(offset, &mut bounce)
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
+            buf.copy_from_slice(&bounce);
+        }
+        for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
+            if let Some(expected) = sums.get(page) {
+                let found = crc32fast::hash(data);
+                if found != expected {
+                    return Err(StoreError::Checksum {
+                        gpa: gpa + (page * PAGE_BYTES) as u64,
+                        slot,
+                        expected,
+                        found,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn read_page(
         &self,
         slot: SlotId,
@@ -733,9 +772,19 @@ impl Store for FileStore {
                 format!("slot {slot} is not allocated"),
             ));
         }
+        // A paged slot: damage its first written page (the others are
+        // never read).
+        let target = self
+            .slots()
+            .paged
+            .get(&slot)
+            .and_then(|sums| (0..PAGES_PER_SLOT).find(|&p| sums.get(p).is_some()))
+            .map_or(self.unit_bytes / 2, |page| {
+                page * PAGE_BYTES + PAGE_BYTES / 2
+            });
         let mut image = AlignedBuf::new(self.unit_bytes, self.block.mem_align_bytes().max(4096));
         self.block.read_at(self.offset(slot), &mut image)?;
-        image[self.unit_bytes / 2] ^= 0x5a;
+        image[target] ^= 0x5a;
         self.block.write_at(self.offset(slot), &image)?;
         Ok(())
     }
@@ -745,7 +794,7 @@ impl Store for FileStore {
 mod tests {
     use super::*;
     use crate::store::test_support::{
-        check_concurrent, check_round_trip, check_slot_reuse, unit_image,
+        check_concurrent, check_paged, check_round_trip, check_slot_reuse, unit_image,
     };
     use blockio::{test_support::with_ramfs, Engine};
     use std::os::unix::fs::FileExt;
@@ -771,6 +820,12 @@ mod tests {
             check_round_trip(&temp(MIB2, 64, engine), 40);
             check_round_trip(&temp(KIB4, 4096, engine), 1000);
         }
+    }
+
+    #[test]
+    fn paged_slots_keep_a_split_chunks_pages() {
+        let (store, _path) = created("paged", MIB2, 8);
+        check_paged(&store);
     }
 
     #[test]

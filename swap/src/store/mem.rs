@@ -32,6 +32,9 @@ struct Entry {
     crc: u32,
 }
 
+/// A stored image taken out of its lock: data, raw flag, checksum.
+type Image = (Arc<[u8]>, bool, u32);
+
 /// Compressed units in memory; see the module docs.
 pub struct MemStore {
     codec: Codec,
@@ -177,7 +180,7 @@ impl MemStore {
     /// Decompresses an entry into `buf` (its exact length) and verifies it.
     fn unpack(
         &self,
-        (data, raw, expected): (Arc<[u8]>, bool, u32),
+        (data, raw, expected): Image,
         gpa: u64,
         slot: SlotId,
         buf: &mut [u8],
@@ -333,6 +336,29 @@ impl Store for MemStore {
             .collect()
     }
 
+    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        if buf.len() != self.unit_bytes {
+            return Err(Self::wrong_length(gpa, slot, buf.len(), self.unit_bytes));
+        }
+        let images: Vec<Option<Image>> = self
+            .paged()
+            .get(&slot)
+            .ok_or(StoreError::BadSlot { gpa, slot })?
+            .iter()
+            .map(|e| e.as_ref().map(|e| (Arc::clone(&e.data), e.raw, e.crc)))
+            .collect();
+        for (page, (image, data)) in images
+            .into_iter()
+            .zip(buf.chunks_exact_mut(PAGE_BYTES))
+            .enumerate()
+        {
+            if let Some(image) = image {
+                self.unpack(image, gpa + (page * PAGE_BYTES) as u64, slot, data)?;
+            }
+        }
+        Ok(())
+    }
+
     fn read_page(
         &self,
         slot: SlotId,
@@ -421,7 +447,7 @@ impl Store for MemStore {
 mod tests {
     use super::*;
     use crate::store::test_support::{
-        check_concurrent, check_round_trip, check_slot_reuse, unit_image,
+        check_concurrent, check_paged, check_round_trip, check_slot_reuse, unit_image,
     };
     use blockio::AlignedBuf;
 
@@ -434,6 +460,12 @@ mod tests {
             check_round_trip(&MemStore::new(codec, MIB2, 64, None).unwrap(), 40);
             check_round_trip(&MemStore::new(codec, KIB4, 4096, None).unwrap(), 1000);
         }
+    }
+
+    #[test]
+    fn paged_slots_keep_a_split_chunks_pages() {
+        check_paged(&MemStore::new(Codec::Lz4, MIB2, 8, None).unwrap());
+        check_paged(&MemStore::new(Codec::Zstd, MIB2, 8, None).unwrap());
     }
 
     #[test]

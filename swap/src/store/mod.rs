@@ -231,6 +231,14 @@ pub trait Store: Send + Sync {
             .map(|p| Err(pages_unsupported(&self.describe(), p.gpa, slot)))
             .collect()
     }
+    /// Reads the whole paged `slot` into `buf` (one unit) in one go, and
+    /// verifies every page written to it against its checksum (the others'
+    /// bytes are unspecified): a collapse of a chunk with many stored pages
+    /// reads them in one I/O instead of one each. `gpa` is the chunk's.
+    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        let _ = buf;
+        Err(pages_unsupported(&self.describe(), gpa, slot))
+    }
     /// Reads page `page` of the paged `slot` into `buf` (4 KiB) and
     /// verifies its checksum. `gpa` (the page's) names it in errors.
     fn read_page(

@@ -156,3 +156,81 @@ pub(crate) fn check_concurrent(store: Arc<dyn Store>) {
     }
     assert_eq!(store.used_slots(), 48);
 }
+
+/// Paged slots (split chunks): a unit written whole, split by
+/// `read_and_split`, its pages rewritten and read one by one and all
+/// together; a fresh paged slot; corruption found per page with the page's
+/// address; `free` releases a paged slot.
+pub(crate) fn check_paged(store: &dyn Store) {
+    use super::{PageWrite, StoreError, PAGE_BYTES};
+    const GPA: u64 = 0x4000_0000;
+    assert!(store.supports_pages(), "{}", store.describe());
+    let unit = store.unit_bytes();
+    let image = unit_image(7, unit);
+    let slot = store
+        .write_batch(&[WriteRequest {
+            gpa: GPA,
+            data: &image,
+        }])
+        .remove(0)
+        .unwrap();
+    let mut whole = AlignedBuf::new(unit, 4096);
+    store.read_and_split(slot, GPA, &mut whole).unwrap();
+    assert_eq!(&whole[..], &image[..]);
+    assert!(
+        matches!(
+            store.read(slot, GPA, &mut whole),
+            Err(StoreError::BadSlot { .. })
+        ),
+        "a paged slot is read by page"
+    );
+    let new_page = unit_image(99, PAGE_BYTES);
+    let results = store.write_pages(
+        slot,
+        &[PageWrite {
+            page: 3,
+            gpa: GPA + 3 * PAGE_BYTES as u64,
+            data: &new_page,
+        }],
+    );
+    assert!(results.into_iter().all(|r| r.is_ok()));
+    let mut page = AlignedBuf::new(PAGE_BYTES, 4096);
+    store.read_page(slot, 3, GPA, &mut page).unwrap();
+    assert_eq!(&page[..], &new_page[..]);
+    store.read_page(slot, 4, GPA, &mut page).unwrap();
+    assert_eq!(&page[..], &image[4 * PAGE_BYTES..5 * PAGE_BYTES]);
+    store.read_paged_unit(slot, GPA, &mut whole).unwrap();
+    assert_eq!(&whole[3 * PAGE_BYTES..4 * PAGE_BYTES], &new_page[..]);
+    assert_eq!(&whole[5 * PAGE_BYTES..], &image[5 * PAGE_BYTES..]);
+    // A fresh paged slot: only written pages can be read.
+    let fresh = store.allocate_paged(GPA).unwrap();
+    assert!(store.read_page(fresh, 0, GPA, &mut page).is_err());
+    assert!(store
+        .write_pages(
+            fresh,
+            &[PageWrite {
+                page: 511,
+                gpa: GPA,
+                data: &new_page,
+            }],
+        )
+        .into_iter()
+        .all(|r| r.is_ok()));
+    store.read_page(fresh, 511, GPA, &mut page).unwrap();
+    assert_eq!(&page[..], &new_page[..]);
+    store.read_paged_unit(fresh, GPA, &mut whole).unwrap();
+    assert_eq!(&whole[511 * PAGE_BYTES..], &new_page[..]);
+    // Damage is found, naming a page of the chunk.
+    if store.corrupt_slot(fresh).is_ok() {
+        match store.read_paged_unit(fresh, GPA, &mut whole) {
+            Err(StoreError::Checksum { gpa, .. }) => {
+                assert!((GPA..GPA + unit as u64).contains(&gpa), "{gpa:#x}")
+            }
+            other => panic!("expected a checksum error, got {other:?}"),
+        }
+    }
+    let used = store.used_slots();
+    store.free(slot);
+    store.free(fresh);
+    assert_eq!(store.used_slots(), used - 2);
+}
