@@ -454,9 +454,19 @@ for family in text_string_to_metric_families(sys.stdin.read()):
 print(json.dumps(out))
 "#;
 
+/// The Python that Debian's python3-prometheus-client serves: the
+/// system's, not another one found first on PATH (pyenv's, say).
+fn python() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
 /// Whether python3 with `prometheus_client`'s OpenMetrics parser is here.
 pub fn have_openmetrics_parser() -> bool {
-    Command::new("python3")
+    Command::new(python())
         .args(["-c", "import prometheus_client.openmetrics.parser"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -468,7 +478,7 @@ pub fn have_openmetrics_parser() -> bool {
 /// python3-prometheus-client); panics with the parser's error otherwise.
 pub fn parse_openmetrics(text: &str) -> serde_json::Value {
     use std::io::Write;
-    let mut child = Command::new("python3")
+    let mut child = Command::new(python())
         .args(["-c", PARSE_OPENMETRICS])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

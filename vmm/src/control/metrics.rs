@@ -109,27 +109,30 @@ pub fn render(snapshot: &Snapshot, accept: Option<&str>) -> Result<(&'static str
     Ok((content_type, text))
 }
 
-/// The exported buckets of `h`: (upper bound in seconds, cumulative count).
-/// The engine records whole µs, truncated, so a recorded v stands for a
-/// time in [v, v + 1) µs and "at most 2^k µs" means v < 2^k: the engine
-/// buckets that end at or below 2^k.
+/// The exported buckets of `h`: (upper bound in seconds, count in the
+/// bucket alone; the encoder makes them cumulative). The engine records
+/// whole µs, truncated, so a recorded v stands for a time in [v, v + 1) µs
+/// and "at most 2^k µs" means v < 2^k: the engine buckets that end at or
+/// below 2^k.
 fn buckets(h: &LatencyHistogram) -> Vec<(f64, u64)> {
-    cumulative(&h.buckets(), h.count())
+    per_bound(&h.buckets())
 }
 
-/// [`buckets`] from the engine's `(low_us, high_us_exclusive, count)`.
-fn cumulative(engine: &[(u64, u64, u64)], count: u64) -> Vec<(f64, u64)> {
-    BOUNDS_LOG2_US
-        .map(|k| {
-            let bound_us = 1u64 << k;
-            let below: u64 = engine
-                .iter()
-                .filter(|(_, high, _)| *high <= bound_us)
-                .map(|(_, _, n)| n)
-                .sum();
-            (bound_us as f64 * 1e-6, below)
-        })
-        .chain(std::iter::once((f64::INFINITY, count)))
+/// [`buckets`] from the engine's `(low_us, high_us_exclusive, count)`:
+/// each engine bucket lands in the first bound it ends at or below, or in
+/// `+Inf`.
+fn per_bound(engine: &[(u64, u64, u64)]) -> Vec<(f64, u64)> {
+    let bounds: Vec<u64> = BOUNDS_LOG2_US.map(|k| 1u64 << k).collect();
+    let mut counts = vec![0u64; bounds.len() + 1];
+    for &(_, high, n) in engine {
+        let slot = bounds.iter().position(|&b| high <= b).unwrap_or(bounds.len());
+        counts[slot] += n;
+    }
+    bounds
+        .iter()
+        .map(|&b| b as f64 * 1e-6)
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(counts)
         .collect()
 }
 
@@ -373,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn buckets_are_cumulative_and_exact_at_powers_of_two() {
+    fn buckets_are_exact_at_powers_of_two() {
         let h = LatencyHistogram::default();
         let b = buckets(&h);
         assert_eq!(b.len(), BOUNDS_LOG2_US.count() + 1);
@@ -381,9 +384,30 @@ mod tests {
         assert_eq!(sum_seconds(&h), 0.0);
         // Engine buckets as the engine cuts them: [0,1) [1,2) ... [8,9)
         // ... [1024,1152) ... [2^25, 2^25 + 2^22) past the last bound.
-        let engine = [(0, 1, 3), (1, 2, 1), (8, 9, 2), (1024, 1152, 4), (1 << 25, (1 << 25) + (1 << 22), 1)];
-        let b = cumulative(&engine, 11);
-        let at = |us: u64| b.iter().find(|(s, _)| (*s - us as f64 * 1e-6).abs() < 1e-12).unwrap().1;
+        let engine = [
+            (0, 1, 3),
+            (1, 2, 1),
+            (8, 9, 2),
+            (1024, 1152, 4),
+            (1 << 25, (1 << 25) + (1 << 22), 1),
+        ];
+        let b = per_bound(&engine);
+        // What the encoder writes: running sums.
+        let mut total = 0;
+        let cumulative: Vec<(f64, u64)> = b
+            .iter()
+            .map(|&(bound, n)| {
+                total += n;
+                (bound, total)
+            })
+            .collect();
+        let at = |us: u64| {
+            cumulative
+                .iter()
+                .find(|(s, _)| (*s - us as f64 * 1e-6).abs() < 1e-12)
+                .unwrap()
+                .1
+        };
         assert_eq!(at(1), 3, "v < 1 us");
         assert_eq!(at(2), 4);
         assert_eq!(at(8), 4, "[8, 9) is not below 8 us");
@@ -391,8 +415,7 @@ mod tests {
         assert_eq!(at(1024), 6);
         assert_eq!(at(2048), 10);
         assert_eq!(at(1 << 24), 10);
-        assert_eq!(b.last(), Some(&(f64::INFINITY, 11)));
-        assert!(b.windows(2).all(|w| w[0].1 <= w[1].1), "cumulative");
+        assert_eq!(cumulative.last(), Some(&(f64::INFINITY, 11)));
         let sum = estimated_sum_seconds(&[(1024, 1152, 2)]);
         assert!((sum - 2.0 * 1088e-6).abs() < 1e-12, "{sum}");
     }
