@@ -398,16 +398,28 @@ pub struct CurlReply {
 impl CurlReply {
     /// The body as JSON (panics if it is not).
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 }
 
 /// One request with the real `curl` to `url` (over the Unix socket
 /// `socket` if given), with a JSON body if `body` is given.
-pub fn curl(socket: Option<&Path>, method: &str, url: &str, body: Option<&str>, headers: &[&str]) -> CurlReply {
+pub fn curl(
+    socket: Option<&Path>,
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    headers: &[&str],
+) -> CurlReply {
     let mut cmd = Command::new("curl");
-    cmd.args(["--silent", "--show-error", "--max-time", "120", "-X", method]);
+    cmd.args([
+        "--silent",
+        "--show-error",
+        "--max-time",
+        "120",
+        "-X",
+        method,
+    ]);
     if let Some(socket) = socket {
         cmd.arg("--unix-socket").arg(socket);
     }
@@ -433,7 +445,9 @@ pub fn curl(socket: Option<&Path>, method: &str, url: &str, body: Option<&str>, 
     let (body, last) = text.rsplit_once('\n').expect("curl's -w line");
     let (status, content_type) = last.split_once(' ').unwrap_or((last, ""));
     CurlReply {
-        status: status.parse().unwrap_or_else(|_| panic!("curl status {last:?}")),
+        status: status
+            .parse()
+            .unwrap_or_else(|_| panic!("curl status {last:?}")),
         content_type: content_type.to_string(),
         body: body.to_string(),
     }
@@ -485,7 +499,12 @@ pub fn parse_openmetrics(text: &str) -> serde_json::Value {
         .stderr(Stdio::piped())
         .spawn()
         .expect("python3");
-    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
     let output = child.wait_with_output().unwrap();
     assert!(
         output.status.success(),

@@ -49,7 +49,10 @@ impl Document {
         match schema.get("$ref").and_then(Value::as_str) {
             Some(reference) => {
                 let pointer = reference.strip_prefix('#').expect("a local $ref");
-                let target = self.root.pointer(pointer).unwrap_or_else(|| panic!("no {reference}"));
+                let target = self
+                    .root
+                    .pointer(pointer)
+                    .unwrap_or_else(|| panic!("no {reference}"));
                 self.resolve(target)
             }
             None => schema,
@@ -67,13 +70,17 @@ impl Document {
         let response = &self.operation(method, path)["responses"][status.to_string()];
         let response = self.resolve(response);
         if !response.is_object() {
-            return Err(format!("{method} {path}: status {status} is not documented"));
+            return Err(format!(
+                "{method} {path}: status {status} is not documented"
+            ));
         }
         let media = content_type.split(';').next().unwrap_or_default().trim();
         response["content"]
             .get(media)
             .map(|m| &m["schema"])
-            .ok_or_else(|| format!("{method} {path} {status}: content type {media} is not documented"))
+            .ok_or_else(|| {
+                format!("{method} {path} {status}: content type {media} is not documented")
+            })
     }
 
     /// The schema of the error object.
@@ -88,7 +95,9 @@ impl Document {
 
     fn check(&self, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
         let schema = self.resolve(schema);
-        let object = schema.as_object().ok_or_else(|| format!("{at}: schema is not an object"))?;
+        let object = schema
+            .as_object()
+            .ok_or_else(|| format!("{at}: schema is not an object"))?;
         for key in object.keys() {
             let known = [
                 "type",
@@ -101,7 +110,9 @@ impl Document {
                 "oneOf",
             ];
             if !known.contains(&key.as_str()) && !ANNOTATIONS.contains(&key.as_str()) {
-                return Err(format!("{at}: the validator does not know the keyword {key}"));
+                return Err(format!(
+                    "{at}: the validator does not know the keyword {key}"
+                ));
             }
         }
         if let Some(variants) = schema.get("oneOf") {
@@ -140,7 +151,10 @@ impl Document {
                 return Err(format!("{at}: {value} is not one of {allowed:?}"));
             }
         }
-        if let (Some(min), Some(n)) = (schema.get("minimum").and_then(Value::as_f64), value.as_f64()) {
+        if let (Some(min), Some(n)) = (
+            schema.get("minimum").and_then(Value::as_f64),
+            value.as_f64(),
+        ) {
             if n < min {
                 return Err(format!("{at}: {n} is below the minimum {min}"));
             }
@@ -161,7 +175,10 @@ impl Document {
             }
             for (name, field) in fields {
                 let here = format!("{at}.{name}");
-                match (properties.and_then(|p| p.get(name)), schema.get("additionalProperties")) {
+                match (
+                    properties.and_then(|p| p.get(name)),
+                    schema.get("additionalProperties"),
+                ) {
                     (Some(s), _) => self.check(s, field, &here)?,
                     (None, Some(Value::Bool(false))) => {
                         return Err(format!("{here}: not in the schema"))

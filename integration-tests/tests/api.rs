@@ -21,7 +21,13 @@ fn url(path: &str) -> String {
 }
 
 /// Calls `method path` and checks the body against the document.
-fn call_documented(doc: &Document, socket: &Path, method: &str, path: &str, body: Option<&Value>) -> CurlReply {
+fn call_documented(
+    doc: &Document,
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> CurlReply {
     let text = body.map(Value::to_string);
     let reply = curl(Some(socket), method, &url(path), text.as_deref(), &[]);
     let schema = doc
@@ -59,13 +65,18 @@ fn free_port() -> u16 {
 /// What a raw client gets back: the status line and the body.
 fn raw_exchange(socket: &Path, bytes: &[u8]) -> (String, String) {
     let mut stream = UnixStream::connect(socket).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
     stream.write_all(bytes).unwrap();
     let mut text = Vec::new();
     let _ = stream.read_to_end(&mut text);
     let text = String::from_utf8_lossy(&text).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    (head.lines().next().unwrap_or_default().to_string(), body.to_string())
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
 }
 
 /// A sample's value from the parsed metrics.
@@ -86,7 +97,11 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         return;
     }
     if !have_program("curl") {
-        skip(test, Resource::Curl, "curl is not installed (apt-get install curl)");
+        skip(
+            test,
+            Resource::Curl,
+            "curl is not installed (apt-get install curl)",
+        );
         return;
     }
     if !have_openmetrics_parser() {
@@ -115,7 +130,8 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         })
         .to_string(),
     );
-    let (vm, socket) = start_with_api_socket(&["run", "--config", config.to_str().unwrap(), "--vcpus", "2"]);
+    let (vm, socket) =
+        start_with_api_socket(&["run", "--config", config.to_str().unwrap(), "--vcpus", "2"]);
 
     // Silent from the start, for the whole test.
     let silent = UnixStream::connect(&socket).unwrap();
@@ -129,12 +145,18 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         assert_eq!(reply.status, 200, "{method} {path}: {}", reply.body);
     }
     let vm_info = call_documented(&doc, &socket, "GET", "/vm", None).json();
-    assert_eq!(vm_info["config"]["vcpus"], 2, "the flag overrides the file: {vm_info}");
+    assert_eq!(
+        vm_info["config"]["vcpus"], 2,
+        "the flag overrides the file: {vm_info}"
+    );
     assert_eq!(vm_info["config"]["mem"], 256 << 20, "{vm_info}");
     assert_eq!(vm_info["config"]["payload"], "verify", "{vm_info}");
     // The examples lifted the limit to all of RAM: back to 64M.
     let body = json!({ "mem_limit_bytes": 64 << 20 });
-    assert_eq!(call_documented(&doc, &socket, "PUT", "/mem-limit", Some(&body)).status, 200);
+    assert_eq!(
+        call_documented(&doc, &socket, "PUT", "/mem-limit", Some(&body)).status,
+        200
+    );
 
     // Nothing undocumented: other methods are 405s naming the right
     // ones, other paths 404s.
@@ -150,20 +172,35 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
             }
             let reply = curl(Some(&socket), method, &url(path), None, &[]);
             let message = expect_error(&doc, &reply, 405);
-            assert!(message.contains(documented[0]), "{method} {path}: {message}");
+            assert!(
+                message.contains(documented[0]),
+                "{method} {path}: {message}"
+            );
         }
     }
     for path in ["/nope", "/vm/extra", "/metrics/", "/shutdown"] {
-        let message = expect_error(&doc, &curl(Some(&socket), "GET", &url(path), None, &[]), 404);
+        let message = expect_error(
+            &doc,
+            &curl(Some(&socket), "GET", &url(path), None, &[]),
+            404,
+        );
         assert!(message.contains("GET /stats"), "{message}");
     }
 
     // Bad values: 400 with the reason.
     let bad = [
         ("/balloon", r#"{"target_bytes": 5000}"#, "multiple of 4 KiB"),
-        ("/balloon", r#"{"target_bytes": 1099511627776}"#, "more than the guest's RAM"),
+        (
+            "/balloon",
+            r#"{"target_bytes": 1099511627776}"#,
+            "more than the guest's RAM",
+        ),
         ("/balloon", r#"{"target": 4096}"#, "unknown field"),
-        ("/mem-limit", r#"{"mem_limit_bytes": 1048576}"#, "mem_limit_bytes"),
+        (
+            "/mem-limit",
+            r#"{"mem_limit_bytes": 1048576}"#,
+            "mem_limit_bytes",
+        ),
         ("/mem-limit", r#"{}"#, "missing field"),
         ("/actions", r#"{"action": "reboot"}"#, "pageout"),
         ("/actions", r#"{"action": "#, "bad body"),
@@ -175,7 +212,11 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
     }
     // An oversized body: 413, before it is read.
     let huge = format!(r#"{{"target_bytes": 0, "pad": "{}"}}"#, "x".repeat(100_000));
-    let message = expect_error(&doc, &curl(Some(&socket), "PUT", &url("/balloon"), Some(&huge), &[]), 413);
+    let message = expect_error(
+        &doc,
+        &curl(Some(&socket), "PUT", &url("/balloon"), Some(&huge), &[]),
+        413,
+    );
     assert!(message.contains("larger than"), "{message}");
     // A malformed request line: 400 with the reason, no crash.
     let (status, body) = raw_exchange(&socket, b"HELLO THERE\r\n\r\n");
@@ -184,7 +225,13 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
     let (status, _) = raw_exchange(&socket, b"\x00\xff\xfe garbage\r\n\r\n");
     assert!(status.starts_with("HTTP/1.1 400"), "{status}");
     // A metrics format nobody offers.
-    let reply = curl(Some(&socket), "GET", &url("/metrics"), None, &["Accept: application/json"]);
+    let reply = curl(
+        Some(&socket),
+        "GET",
+        &url("/metrics"),
+        None,
+        &["Accept: application/json"],
+    );
     expect_error(&doc, &reply, 406);
 
     // Several clients at once, curl and ctl, while the guest swaps (and
@@ -218,41 +265,100 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
     );
     // ctl's other words.
     assert_eq!(ctl(&socket, &["balloon", "4M"])["target_pages"], 1024);
-    assert_eq!(ctl(&socket, &["mem-limit", "64M"])["mem_limit_bytes"], 64 << 20);
-    assert_eq!(ctl(&socket, &["help"])["commands"][0]["command"], "balloon SIZE");
-    let bad = hugevmm(&["ctl", "--api-socket", socket.to_str().unwrap(), "mem-limit", "1M"], LIMIT);
+    assert_eq!(
+        ctl(&socket, &["mem-limit", "64M"])["mem_limit_bytes"],
+        64 << 20
+    );
+    assert_eq!(
+        ctl(&socket, &["help"])["commands"][0]["command"],
+        "balloon SIZE"
+    );
+    let bad = hugevmm(
+        &[
+            "ctl",
+            "--api-socket",
+            socket.to_str().unwrap(),
+            "mem-limit",
+            "1M",
+        ],
+        LIMIT,
+    );
     assert_eq!(bad.status, Some(1), "{}", bad.stderr);
     assert!(bad.stderr.contains("HTTP 400"), "{}", bad.stderr);
 
     // The silent client was dropped with a 408 (after 10 s), the others
     // served meanwhile.
     let mut silent_reply = String::new();
-    silent.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    silent
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
     let _ = (&silent).read_to_string(&mut silent_reply);
     assert!(silent_reply.starts_with("HTTP/1.1 408"), "{silent_reply}");
 
     // ctl --watch follows the VM until it ends.
-    let watch = Background::start(&["ctl", "--api-socket", socket.to_str().unwrap(), "--watch", "0.2", "stats"]);
+    let watch = Background::start(&[
+        "ctl",
+        "--api-socket",
+        socket.to_str().unwrap(),
+        "--watch",
+        "0.2",
+        "stats",
+    ]);
 
     // The metrics, over TCP (metrics only) and the socket, both through
     // the real parser; TCP serves nothing else.
-    let tcp_vm = curl(None, "GET", &format!("http://127.0.0.1:{port}/vm"), None, &[]);
+    let tcp_vm = curl(
+        None,
+        "GET",
+        &format!("http://127.0.0.1:{port}/vm"),
+        None,
+        &[],
+    );
     assert_eq!(tcp_vm.status, 404, "{}", tcp_vm.body);
     let quit_body = r#"{"action": "quit"}"#;
-    let tcp_quit = curl(None, "PUT", &format!("http://127.0.0.1:{port}/actions"), Some(quit_body), &[]);
+    let tcp_quit = curl(
+        None,
+        "PUT",
+        &format!("http://127.0.0.1:{port}/actions"),
+        Some(quit_body),
+        &[],
+    );
     assert_eq!(tcp_quit.status, 404, "{}", tcp_quit.body);
     let text_format = curl(None, "GET", &metrics_url, None, &["Accept: text/plain"]);
-    assert!(text_format.content_type.starts_with("text/plain; version=0.0.4"), "{}", text_format.content_type);
+    assert!(
+        text_format
+            .content_type
+            .starts_with("text/plain; version=0.0.4"),
+        "{}",
+        text_format.content_type
+    );
     let unix = curl(Some(&socket), "GET", &url("/metrics"), None, &[]);
-    assert!(unix.content_type.starts_with("application/openmetrics-text"), "{}", unix.content_type);
+    assert!(
+        unix.content_type
+            .starts_with("application/openmetrics-text"),
+        "{}",
+        unix.content_type
+    );
     parse_openmetrics(&unix.body);
     let stats_before = ctl(&socket, &["stats"]);
-    let scraped = curl(None, "GET", &metrics_url, None, &["Accept: application/openmetrics-text; version=1.0.0"]);
+    let scraped = curl(
+        None,
+        "GET",
+        &metrics_url,
+        None,
+        &["Accept: application/openmetrics-text; version=1.0.0"],
+    );
     assert_eq!(scraped.status, 200);
     let metrics = parse_openmetrics(&scraped.body);
 
     // quit, through the documented route.
-    let reply = call_documented(&doc, &socket, "PUT", "/actions", Some(&json!({ "action": "quit" })));
+    let reply = call_documented(
+        &doc,
+        &socket,
+        "PUT",
+        "/actions",
+        Some(&json!({ "action": "quit" })),
+    );
     assert_eq!(reply.json()["quitting"], true);
     let run = vm.finish(LIMIT);
     run.expect_status(0);
@@ -260,7 +366,11 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
     assert!(!socket.exists(), "the socket is removed");
     let watched = watch.finish(LIMIT);
     watched.expect_status(0);
-    assert!(watched.stdout.contains("resident_MiB"), "{}", watched.stdout);
+    assert!(
+        watched.stdout.contains("resident_MiB"),
+        "{}",
+        watched.stdout
+    );
     assert!(watched.stdout.lines().count() >= 2, "{}", watched.stdout);
 
     // The scrape lies between the stats read just before it and the
@@ -269,7 +379,10 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
     let none = json!({});
     let window = |family: &str, name: &str, labels: &Value, pointer: &str| {
         let value = sample(&metrics, family, name, labels);
-        let low = stats_before.pointer(pointer).and_then(Value::as_f64).unwrap();
+        let low = stats_before
+            .pointer(pointer)
+            .and_then(Value::as_f64)
+            .unwrap();
         let high = stats.pointer(pointer).and_then(Value::as_f64).unwrap();
         assert!(
             low <= value && value <= high,
@@ -290,11 +403,31 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
     }
     for source in ["store", "staging", "zero"] {
         let labels = json!({ "source": source });
-        window("hugevmm_swap_faults", "hugevmm_swap_faults_total", &labels, &format!("/swap/faults/{source}"));
+        window(
+            "hugevmm_swap_faults",
+            "hugevmm_swap_faults_total",
+            &labels,
+            &format!("/swap/faults/{source}"),
+        );
     }
-    window("hugevmm_swap_faults", "hugevmm_swap_faults_total", &json!({ "source": "wp" }), "/swap/wp_faults");
-    window("hugevmm_swap_restored_units", "hugevmm_swap_restored_units_total", &json!({ "mapping": "huge" }), "/swap/restored_huge");
-    window("hugevmm_swap_fault_latency_seconds", "hugevmm_swap_fault_latency_seconds_count", &none, "/swap/fault_latency_us/count");
+    window(
+        "hugevmm_swap_faults",
+        "hugevmm_swap_faults_total",
+        &json!({ "source": "wp" }),
+        "/swap/wp_faults",
+    );
+    window(
+        "hugevmm_swap_restored_units",
+        "hugevmm_swap_restored_units_total",
+        &json!({ "mapping": "huge" }),
+        "/swap/restored_huge",
+    );
+    window(
+        "hugevmm_swap_fault_latency_seconds",
+        "hugevmm_swap_fault_latency_seconds_count",
+        &none,
+        "/swap/fault_latency_us/count",
+    );
     // Figures that do not move agree exactly.
     for (family, pointer) in [
         ("hugevmm_guest_memory_bytes", "/mem_bytes"),
@@ -309,9 +442,21 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
             "{family} vs {pointer}"
         );
     }
-    assert!(sample(&metrics, "hugevmm_swap_resident_bytes", "hugevmm_swap_resident_bytes", &none) <= run.stat("/swap/resident_bytes_max") as f64);
+    assert!(
+        sample(
+            &metrics,
+            "hugevmm_swap_resident_bytes",
+            "hugevmm_swap_resident_bytes",
+            &none
+        ) <= run.stat("/swap/resident_bytes_max") as f64
+    );
     for size in ["4k", "2m", "1g"] {
-        sample(&metrics, "hugevmm_kvm_stage2_pages", "hugevmm_kvm_stage2_pages", &json!({ "size": size }));
+        sample(
+            &metrics,
+            "hugevmm_kvm_stage2_pages",
+            "hugevmm_kvm_stage2_pages",
+            &json!({ "size": size }),
+        );
     }
     // A real histogram: cumulative buckets ending in +Inf = _count.
     let latency = &metrics["hugevmm_swap_fault_latency_seconds"];
@@ -325,9 +470,17 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         .collect();
     assert!(buckets.len() > 10, "{latency}");
     assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "{latency}");
-    let count = sample(&metrics, "hugevmm_swap_fault_latency_seconds", "hugevmm_swap_fault_latency_seconds_count", &none);
+    let count = sample(
+        &metrics,
+        "hugevmm_swap_fault_latency_seconds",
+        "hugevmm_swap_fault_latency_seconds_count",
+        &none,
+    );
     assert_eq!(buckets.last(), Some(&count));
-    assert!(count > 0.0 && buckets[0] < count, "faults of some latency: {latency}");
+    assert!(
+        count > 0.0 && buckets[0] < count,
+        "faults of some latency: {latency}"
+    );
     let service = &metrics["hugevmm_swap_fault_service_seconds"];
     assert_eq!(service["type"], "histogram", "{service}");
 }

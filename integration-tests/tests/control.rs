@@ -33,7 +33,10 @@ fn last_words(stream: &UnixStream) -> String {
 fn assert_dropped_for_idling(stream: &UnixStream, who: &str) {
     let reply = last_words(stream);
     assert!(reply.starts_with("HTTP/1.1 408 "), "{who}: {reply}");
-    let body = reply.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
     let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
     assert!(
         body["error"]["message"]
@@ -90,7 +93,9 @@ fn silent_and_trickling_clients_block_nobody() {
     let trickle_done = done.clone();
     let trickler = std::thread::spawn(move || {
         let mut bytes = b"GET /stats HTTP/1.1\r\n".iter().cycle();
-        while !trickle_done.load(Ordering::Relaxed) && writer.write_all(&[*bytes.next().unwrap()]).is_ok() {
+        while !trickle_done.load(Ordering::Relaxed)
+            && writer.write_all(&[*bytes.next().unwrap()]).is_ok()
+        {
             std::thread::sleep(Duration::from_millis(500));
         }
     });

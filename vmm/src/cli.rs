@@ -9,10 +9,10 @@ use crate::linux::LinuxBootConfig;
 use crate::machine_devices::DeviceOptions;
 use crate::outputs::{self, OutputFile};
 use crate::payload::layout::MAX_VCPUS;
+use crate::run_options::{self, RunArgs, RunFlags};
 use crate::signals::StopSignals;
 use crate::stats;
 use crate::swap_setup::{self, SwapOptions};
-use crate::run_options::{self, RunArgs, RunFlags};
 use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -135,7 +135,11 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     Layout::new(args.mem).context("invalid --mem")?;
     let is_linux = args.flags.kernel.is_some();
     let for_kernels = "applies to --kernel only: drop it (a payload has no kernel command line, initrd or serial console; its output goes to stdout)";
-    not_applicable(!is_linux && args.flags.initrd.is_some(), "--initrd", for_kernels)?;
+    not_applicable(
+        !is_linux && args.flags.initrd.is_some(),
+        "--initrd",
+        for_kernels,
+    )?;
     not_applicable(
         !is_linux && args.flags.cmdline.is_some(),
         "--cmdline",
@@ -193,7 +197,10 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     if !(1..=MAX_FAULT_THREADS).contains(&fault_threads) {
         bail!("--fault-threads {fault_threads} is out of range: give 1 to {MAX_FAULT_THREADS}");
     }
-    let fault_thread_nice = args.flags.fault_thread_nice.unwrap_or(DEFAULT_FAULT_THREAD_NICE);
+    let fault_thread_nice = args
+        .flags
+        .fault_thread_nice
+        .unwrap_or(DEFAULT_FAULT_THREAD_NICE);
     if !(-20..=19).contains(&fault_thread_nice) {
         bail!("--fault-thread-nice {fault_thread_nice} is out of range: give -20 (first served) to 19");
     }
@@ -307,7 +314,11 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
         timeout: args.flags.timeout.map(Duration::from_secs_f64),
         swap,
         sample_interval: args.flags.stats_timeline.as_ref().map(|_| {
-            Duration::from_millis(args.flags.stats_interval.unwrap_or(DEFAULT_STATS_INTERVAL_MS))
+            Duration::from_millis(
+                args.flags
+                    .stats_interval
+                    .unwrap_or(DEFAULT_STATS_INTERVAL_MS),
+            )
         }),
         pageout_at_exit: args.pageout(),
         api_socket: args.flags.api_socket.clone(),

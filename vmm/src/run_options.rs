@@ -402,7 +402,9 @@ mod announce {
         }
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<VirtioAnnounce>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<VirtioAnnounce>, D::Error> {
         match Option::<String>::deserialize(d)? {
             Some(text) => VirtioAnnounce::from_str(&text, false)
                 .map(Some)
@@ -460,14 +462,54 @@ mod tests {
     #[test]
     fn every_flag_has_a_key_and_round_trips() {
         let all = flags(&[
-            "--mem", "1G", "--vcpus", "2", "--backing", "hugetlb", "--kernel", "/k",
-            "--initrd", "/i", "--cmdline", "console=ttyS0", "--virtio-announce", "acpi",
-            "--disk", "/d1", "--disk", "/d2,readonly", "--balloon", "--balloon-target", "4M",
-            "--api-socket", "/s", "--metrics-addr", "127.0.0.1:9800", "--console-log", "/c",
-            "--stats-json", "/j", "--status-file", "/f", "--timeout", "5",
-            "--mem-limit", "256M", "--swap-store", "mem:lz4", "--swap-unit", "4k",
-            "--fault-threads", "2", "--fault-thread-nice", "-5", "--stats-timeline", "/t",
-            "--stats-interval", "50", "--pageout",
+            "--mem",
+            "1G",
+            "--vcpus",
+            "2",
+            "--backing",
+            "hugetlb",
+            "--kernel",
+            "/k",
+            "--initrd",
+            "/i",
+            "--cmdline",
+            "console=ttyS0",
+            "--virtio-announce",
+            "acpi",
+            "--disk",
+            "/d1",
+            "--disk",
+            "/d2,readonly",
+            "--balloon",
+            "--balloon-target",
+            "4M",
+            "--api-socket",
+            "/s",
+            "--metrics-addr",
+            "127.0.0.1:9800",
+            "--console-log",
+            "/c",
+            "--stats-json",
+            "/j",
+            "--status-file",
+            "/f",
+            "--timeout",
+            "5",
+            "--mem-limit",
+            "256M",
+            "--swap-store",
+            "mem:lz4",
+            "--swap-unit",
+            "4k",
+            "--fault-threads",
+            "2",
+            "--fault-thread-nice",
+            "-5",
+            "--stats-timeline",
+            "/t",
+            "--stats-interval",
+            "50",
+            "--pageout",
         ]);
         let json = serde_json::to_value(&all).unwrap();
         // Every flag but --config (a file cannot name another) and the
@@ -489,13 +531,19 @@ mod tests {
         assert_eq!(serde_json::to_value(&again).unwrap(), json);
         let payload = flags(&["--payload", "hello", "--payload-args", "a=1"]);
         let json = serde_json::to_value(&payload).unwrap();
-        assert_eq!(json, serde_json::json!({ "payload": "hello", "payload-args": "a=1" }));
+        assert_eq!(
+            json,
+            serde_json::json!({ "payload": "hello", "payload-args": "a=1" })
+        );
     }
 
     #[test]
     fn unknown_keys_and_bad_values_are_named() {
         let err = file(r#"{"memory": "1G"}"#).unwrap_err().to_string();
-        assert!(err.contains("unknown field `memory`") && err.contains("`mem`"), "{err}");
+        assert!(
+            err.contains("unknown field `memory`") && err.contains("`mem`"),
+            "{err}"
+        );
         let err = file(r#"{"mem": "lots"}"#).unwrap_err().to_string();
         assert!(err.contains("lots"), "{err}");
         let err = file(r#"{"backing": "huge"}"#).unwrap_err().to_string();
@@ -527,7 +575,10 @@ mod tests {
     #[test]
     fn defaults_and_the_guest_choice() {
         let args = resolve(flags(&["--payload", "hello"])).unwrap();
-        assert_eq!((args.mem, args.vcpus, args.backing), (512 << 20, 1, Backing::Thp));
+        assert_eq!(
+            (args.mem, args.vcpus, args.backing),
+            (512 << 20, 1, Backing::Thp)
+        );
         assert!(!args.balloon() && !args.pageout());
         assert_eq!(args.given, serde_json::json!({ "payload": "hello" }));
         let err = resolve(flags(&[])).err().unwrap().to_string();

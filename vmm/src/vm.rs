@@ -200,10 +200,7 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         .as_deref()
         .map(ControlSocket::bind)
         .transpose()?;
-    let metrics_listener = config
-        .metrics_addr
-        .map(MetricsListener::bind)
-        .transpose()?;
+    let metrics_listener = config.metrics_addr.map(MetricsListener::bind).transpose()?;
 
     let (kvm, ram, vm, stats, events_tx, events_rx, engine, machine) =
         build_machine(&mut config, &layout, kind)?;

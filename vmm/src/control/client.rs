@@ -181,7 +181,13 @@ fn parse_response(bytes: &[u8]) -> Result<Reply> {
         .headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-        .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok());
+        .and_then(|h| {
+            std::str::from_utf8(h.value)
+                .ok()?
+                .trim()
+                .parse::<usize>()
+                .ok()
+        });
     let rest = &bytes[head..];
     let body = match length {
         Some(n) if n <= rest.len() => &rest[..n],
@@ -204,7 +210,8 @@ mod tests {
     #[test]
     fn responses_parse() {
         let reply =
-            parse_response(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 12\r\n\r\n{\"error\":{}}").unwrap();
+            parse_response(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 12\r\n\r\n{\"error\":{}}")
+                .unwrap();
         assert_eq!(reply.status, 400);
         assert!(reply.body["error"].is_object());
         assert!(parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n{}").is_err());

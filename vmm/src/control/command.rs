@@ -428,7 +428,10 @@ mod tests {
             }
         }
         let request = parse("mem-limit 64M").unwrap().request().unwrap();
-        assert_eq!(request.body.as_deref(), Some(r#"{"mem_limit_bytes":67108864}"#));
+        assert_eq!(
+            request.body.as_deref(),
+            Some(r#"{"mem_limit_bytes":67108864}"#)
+        );
         let request = parse("mem-limit none").unwrap().request().unwrap();
         assert_eq!(request.body.as_deref(), Some(r#"{"mem_limit_bytes":null}"#));
         assert_eq!(help()["commands"].as_array().unwrap().len(), COMMANDS.len());

@@ -304,7 +304,10 @@ pub(crate) mod tests {
             ctx.set_mem_limit(None).unwrap_err(),
         ] {
             assert_eq!(refusal.status, 409);
-            assert!(refusal.message.contains("--mem-limit or --swap-store"), "{refusal}");
+            assert!(
+                refusal.message.contains("--mem-limit or --swap-store"),
+                "{refusal}"
+            );
         }
         assert_eq!(ctx.quit().unwrap_err().status, 409);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -337,7 +340,10 @@ pub(crate) mod tests {
         assert!(ctx.set_balloon(MEM_BYTES).is_ok());
         let refusal = ctx.set_balloon(MEM_BYTES + PAGE_BYTES).unwrap_err();
         assert_eq!(refusal.status, 400);
-        assert!(refusal.message.contains("more than the guest's RAM"), "{refusal}");
+        assert!(
+            refusal.message.contains("more than the guest's RAM"),
+            "{refusal}"
+        );
         let refusal = ctx.set_balloon(5000).unwrap_err();
         assert_eq!(refusal.status, 400);
         assert!(refusal.message.contains("multiple of 4 KiB"), "{refusal}");
@@ -348,7 +354,10 @@ pub(crate) mod tests {
     #[test]
     fn without_a_balloon_balloon_requests_say_how_to_get_one() {
         let ctx = context(false);
-        for refusal in [ctx.set_balloon(8 << 20).unwrap_err(), ctx.balloon().unwrap_err()] {
+        for refusal in [
+            ctx.set_balloon(8 << 20).unwrap_err(),
+            ctx.balloon().unwrap_err(),
+        ] {
             assert_eq!(refusal.status, 409);
             assert!(refusal.message.contains("--balloon"), "{refusal}");
         }

@@ -115,7 +115,11 @@ pub fn parse(buf: &[u8]) -> Result<Parsed, HttpError> {
             shorten(target)
         )));
     }
-    let path = target.split(['?', '#']).next().unwrap_or(target).to_string();
+    let path = target
+        .split(['?', '#'])
+        .next()
+        .unwrap_or(target)
+        .to_string();
     let http_10 = request.version == Some(0);
     let mut accept = None;
     let mut content_type = None;
@@ -316,7 +320,10 @@ mod tests {
             parse(b"GET / HTTP/2.0\r\n\r\n").unwrap_err(),
             HttpError::Version
         );
-        let big = format!("PUT /balloon HTTP/1.1\r\nContent-Length: {}\r\n\r\n", MAX_BODY_BYTES + 1);
+        let big = format!(
+            "PUT /balloon HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+            MAX_BODY_BYTES + 1
+        );
         assert_eq!(parse(big.as_bytes()).unwrap_err().status(), 413);
         let chunked = b"PUT /balloon HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
         assert_eq!(parse(chunked).unwrap_err().status(), 411);

@@ -81,7 +81,10 @@ fn choose(accept: Option<&str>) -> Option<Format> {
 
 /// The metrics text for `snapshot` in the format `accept` asks for, with
 /// its content type; 406 if it asks for neither format.
-pub fn render(snapshot: &Snapshot, accept: Option<&str>) -> Result<(&'static str, String), Refusal> {
+pub fn render(
+    snapshot: &Snapshot,
+    accept: Option<&str>,
+) -> Result<(&'static str, String), Refusal> {
     let format = choose(accept).ok_or_else(|| Refusal {
         status: 406,
         message: format!(
@@ -125,7 +128,10 @@ fn per_bound(engine: &[(u64, u64, u64)]) -> Vec<(f64, u64)> {
     let bounds: Vec<u64> = BOUNDS_LOG2_US.map(|k| 1u64 << k).collect();
     let mut counts = vec![0u64; bounds.len() + 1];
     for &(_, high, n) in engine {
-        let slot = bounds.iter().position(|&b| high <= b).unwrap_or(bounds.len());
+        let slot = bounds
+            .iter()
+            .position(|&b| high <= b)
+            .unwrap_or(bounds.len());
         counts[slot] += n;
     }
     bounds
@@ -165,7 +171,8 @@ struct Family<'a> {
 
 impl Family<'_> {
     fn counter(self, encoder: &mut DescriptorEncoder, value: u64) -> std::fmt::Result {
-        let mut metric = encoder.encode_descriptor(self.name, self.help, self.unit.as_ref(), self.kind)?;
+        let mut metric =
+            encoder.encode_descriptor(self.name, self.help, self.unit.as_ref(), self.kind)?;
         metric.encode_counter::<NoLabelSet, _, f64>(&value, None)
     }
 
@@ -174,7 +181,8 @@ impl Family<'_> {
         encoder: &mut DescriptorEncoder,
         value: V,
     ) -> std::fmt::Result {
-        let mut metric = encoder.encode_descriptor(self.name, self.help, self.unit.as_ref(), self.kind)?;
+        let mut metric =
+            encoder.encode_descriptor(self.name, self.help, self.unit.as_ref(), self.kind)?;
         metric.encode_gauge(&value)
     }
 }
@@ -201,8 +209,12 @@ impl Collector for Figures {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         let s = &self.0;
         let e = &mut encoder;
-        gauge("uptime", "Time since the vCPUs started.", Some(Unit::Seconds))
-            .gauge(e, s.uptime.as_secs_f64())?;
+        gauge(
+            "uptime",
+            "Time since the vCPUs started.",
+            Some(Unit::Seconds),
+        )
+        .gauge(e, s.uptime.as_secs_f64())?;
         gauge("vcpus", "vCPUs of the VM.", None).gauge(e, s.vcpus)?;
         gauge("guest_memory", "Guest RAM size.", Some(Unit::Bytes)).gauge(e, s.mem_bytes)?;
         if let Some(stage2) = &s.stage2 {
@@ -217,7 +229,9 @@ impl Collector for Figures {
                 ("2m", stage2.pages_2m),
                 ("1g", stage2.pages_1g),
             ] {
-                metric.encode_family(&[("size", size)])?.encode_gauge(&pages)?;
+                metric
+                    .encode_family(&[("size", size)])?
+                    .encode_gauge(&pages)?;
             }
         }
         if let Some(swap) = &s.swap {
@@ -243,21 +257,34 @@ impl Collector for Figures {
                 None,
             )
             .counter(e, swap.faults.total)?;
-            counter("swap_evictions", "Chunks evicted from guest RAM.", None).counter(e, swap.evictions)?;
+            counter("swap_evictions", "Chunks evicted from guest RAM.", None)
+                .counter(e, swap.evictions)?;
             counter(
                 "swap_clean_drops",
                 "Evictions of chunks unchanged since they were read from the store: dropped without a write.",
                 None,
             )
             .counter(e, swap.clean_drops)?;
-            counter("swap_zero_chunks", "Evictions of all-zero chunks: dropped without a write.", None)
-                .counter(e, swap.zero_chunks)?;
-            counter("swap_evict_waits", "Faults that waited for the evictor to make room.", None)
-                .counter(e, swap.evict_waits)?;
+            counter(
+                "swap_zero_chunks",
+                "Evictions of all-zero chunks: dropped without a write.",
+                None,
+            )
+            .counter(e, swap.zero_chunks)?;
+            counter(
+                "swap_evict_waits",
+                "Faults that waited for the evictor to make room.",
+                None,
+            )
+            .counter(e, swap.evict_waits)?;
             counter("swap_read", "Bytes read from the store.", Some(Unit::Bytes))
                 .counter(e, swap.bytes_read)?;
-            counter("swap_written", "Bytes written to the store.", Some(Unit::Bytes))
-                .counter(e, swap.bytes_written)?;
+            counter(
+                "swap_written",
+                "Bytes written to the store.",
+                Some(Unit::Bytes),
+            )
+            .counter(e, swap.bytes_written)?;
             let mut metric = e.encode_descriptor(
                 "swap_restored_units",
                 "Units restored, by the mapping they got: huge (one 2 MiB mapping) or split.",
@@ -269,17 +296,33 @@ impl Collector for Figures {
                     .encode_family(&[("mapping", mapping)])?
                     .encode_counter::<NoLabelSet, _, f64>(&n, None)?;
             }
-            gauge("swap_resident", "Guest RAM resident in host memory.", Some(Unit::Bytes))
-                .gauge(e, swap.resident_bytes)?;
-            gauge("swap_resident_max", "Most guest RAM resident at once so far.", Some(Unit::Bytes))
-                .gauge(e, swap.resident_bytes_max)?;
+            gauge(
+                "swap_resident",
+                "Guest RAM resident in host memory.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, swap.resident_bytes)?;
+            gauge(
+                "swap_resident_max",
+                "Most guest RAM resident at once so far.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, swap.resident_bytes_max)?;
             if let Some(limit) = swap.mem_limit_bytes {
-                gauge("swap_limit", "The cap on resident guest RAM (absent when there is none).", Some(Unit::Bytes))
-                    .gauge(e, limit)?;
+                gauge(
+                    "swap_limit",
+                    "The cap on resident guest RAM (absent when there is none).",
+                    Some(Unit::Bytes),
+                )
+                .gauge(e, limit)?;
             }
             gauge("swap_unit", "The swap unit.", Some(Unit::Bytes)).gauge(e, swap.unit_bytes)?;
-            gauge("swap_metadata", "Host memory the engine's own tables use.", Some(Unit::Bytes))
-                .gauge(e, swap.metadata_bytes)?;
+            gauge(
+                "swap_metadata",
+                "Host memory the engine's own tables use.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, swap.metadata_bytes)?;
             let h = &swap.fault_latency;
             let mut metric = e.encode_descriptor(
                 "swap_fault_latency",
@@ -303,16 +346,36 @@ impl Collector for Figures {
         }
         if let Some(b) = &s.balloon {
             let page = guestmem::PAGE_BYTES;
-            gauge("balloon_target", "Guest RAM the guest is asked to give back.", Some(Unit::Bytes))
-                .gauge(e, u64::from(b.target_pages) * page)?;
-            gauge("balloon_actual", "Guest RAM the guest's balloon driver says it holds.", Some(Unit::Bytes))
-                .gauge(e, u64::from(b.actual_pages) * page)?;
-            gauge("balloon_inflated", "Pages inflated minus pages deflated on the queues, as bytes.", Some(Unit::Bytes))
-                .gauge(e, b.inflated_pages * page)?;
-            gauge("balloon_driver_active", "1 when a guest driver runs the balloon.", None)
-                .gauge(e, u64::from(b.driver_active))?;
-            counter("balloon_stats_reports", "Statistics reports the guest sent.", None)
-                .counter(e, b.stats_reports)?;
+            gauge(
+                "balloon_target",
+                "Guest RAM the guest is asked to give back.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, u64::from(b.target_pages) * page)?;
+            gauge(
+                "balloon_actual",
+                "Guest RAM the guest's balloon driver says it holds.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, u64::from(b.actual_pages) * page)?;
+            gauge(
+                "balloon_inflated",
+                "Pages inflated minus pages deflated on the queues, as bytes.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, b.inflated_pages * page)?;
+            gauge(
+                "balloon_driver_active",
+                "1 when a guest driver runs the balloon.",
+                None,
+            )
+            .gauge(e, u64::from(b.driver_active))?;
+            counter(
+                "balloon_stats_reports",
+                "Statistics reports the guest sent.",
+                None,
+            )
+            .counter(e, b.stats_reports)?;
         }
         Ok(())
     }
@@ -353,7 +416,9 @@ mod tests {
         let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
         assert_eq!(choose(Some(prometheus)), Some(Format::OpenMetrics));
         assert_eq!(
-            choose(Some("text/plain;version=0.0.4, application/openmetrics-text;q=0.2")),
+            choose(Some(
+                "text/plain;version=0.0.4, application/openmetrics-text;q=0.2"
+            )),
             Some(Format::PrometheusText)
         );
         assert_eq!(choose(Some("application/json")), None);
@@ -367,12 +432,21 @@ mod tests {
         assert_eq!(ct, OPENMETRICS);
         assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(text.contains("hugevmm_vcpus 2\n"), "{text}");
-        assert!(text.contains("hugevmm_balloon_target_bytes 4194304\n"), "{text}");
-        assert!(text.contains("hugevmm_balloon_stats_reports_total 0\n"), "{text}");
+        assert!(
+            text.contains("hugevmm_balloon_target_bytes 4194304\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hugevmm_balloon_stats_reports_total 0\n"),
+            "{text}"
+        );
         let (ct, text) = render(&snapshot(), Some("text/plain")).unwrap();
         assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
         assert!(!text.contains("# EOF"), "{text}");
-        assert!(text.contains("hugevmm_guest_memory_bytes 67108864\n"), "{text}");
+        assert!(
+            text.contains("hugevmm_guest_memory_bytes 67108864\n"),
+            "{text}"
+        );
     }
 
     #[test]

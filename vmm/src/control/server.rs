@@ -186,7 +186,14 @@ impl ControlSocket {
     }
 
     fn serve_with(self, context: Arc<ControlContext>, limits: Limits) -> Result<ControlServer> {
-        start(self.listener, Some(self.file), context, Service::Api, limits, "api")
+        start(
+            self.listener,
+            Some(self.file),
+            context,
+            Service::Api,
+            limits,
+            "api",
+        )
     }
 }
 
@@ -216,7 +223,14 @@ impl MetricsListener {
 
     /// Starts the threads that serve `GET /metrics` with `context`.
     pub fn serve(self, context: Arc<ControlContext>) -> Result<ControlServer> {
-        start(self.listener, None, context, Service::MetricsOnly, Limits::DEFAULT, "metrics")
+        start(
+            self.listener,
+            None,
+            context,
+            Service::MetricsOnly,
+            Limits::DEFAULT,
+            "metrics",
+        )
     }
 }
 
@@ -270,9 +284,8 @@ fn start<L: Listen>(
     limits: Limits,
     name: &str,
 ) -> Result<ControlServer> {
-    let stop = Arc::new(
-        EventFd::new(libc::EFD_NONBLOCK).context("cannot create the API's stop eventfd")?,
-    );
+    let stop =
+        Arc::new(EventFd::new(libc::EFD_NONBLOCK).context("cannot create the API's stop eventfd")?);
     let shared = Arc::new(Shared {
         stop: stop.clone(),
         context,
@@ -508,7 +521,12 @@ fn send<S: Connection>(stream: &S, bytes: &[u8], shared: &Shared) -> io::Result<
             Ok(n) => rest = &rest[n..],
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                match wait_for(stream.as_raw_fd(), libc::POLLOUT, &shared.stop, Some(deadline))? {
+                match wait_for(
+                    stream.as_raw_fd(),
+                    libc::POLLOUT,
+                    &shared.stop,
+                    Some(deadline),
+                )? {
                     Wake::Ready => {}
                     Wake::Stop => return Ok(Some(ClientEnd::Stop)),
                     Wake::TimedOut => return Err(ErrorKind::TimedOut.into()),
@@ -530,7 +548,12 @@ fn linger<S: Connection>(stream: &S, shared: &Shared) {
     let mut dropped = 0;
     let mut chunk = [0u8; 4096];
     while dropped < LINGER_BYTES {
-        match wait_for(stream.as_raw_fd(), libc::POLLIN, &shared.stop, Some(deadline)) {
+        match wait_for(
+            stream.as_raw_fd(),
+            libc::POLLIN,
+            &shared.stop,
+            Some(deadline),
+        ) {
             Ok(Wake::Ready) => {}
             _ => return,
         }
@@ -581,7 +604,12 @@ fn serve_client<S: Connection>(stream: &S, shared: &Shared) -> io::Result<Client
                 }
             }
         }
-        match wait_for(stream.as_raw_fd(), libc::POLLIN, &shared.stop, Some(deadline))? {
+        match wait_for(
+            stream.as_raw_fd(),
+            libc::POLLIN,
+            &shared.stop,
+            Some(deadline),
+        )? {
             Wake::Ready => {}
             Wake::Stop => return Ok(ClientEnd::Stop),
             Wake::TimedOut => {
@@ -668,14 +696,21 @@ mod tests {
                 }
                 let mut chunk = [0u8; 4096];
                 let n = self.stream.read(&mut chunk).expect("a response");
-                assert!(n > 0, "closed before a whole response: {:?}", String::from_utf8_lossy(&self.buffered));
+                assert!(
+                    n > 0,
+                    "closed before a whole response: {:?}",
+                    String::from_utf8_lossy(&self.buffered)
+                );
                 self.buffered.extend_from_slice(&chunk[..n]);
             }
         }
         fn ask(&mut self, method: &str, path: &str, body: &str) -> (u16, Value) {
             self.send(
-                format!("{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len())
-                    .as_bytes(),
+                format!(
+                    "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
             );
             self.response()
         }
@@ -726,12 +761,24 @@ mod tests {
         c.send(b"stats\n\r\n\r\n");
         let (status, r) = c.response();
         assert_eq!(status, 400, "{r}");
-        assert!(r["error"]["message"].as_str().unwrap().contains("malformed"), "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("malformed"),
+            "{r}"
+        );
         c.closed();
 
         // An oversized body: 413 before any of it is read.
         let mut c = Client::connect(&path);
-        c.send(format!("PUT /balloon HTTP/1.1\r\nContent-Length: {}\r\n\r\n", MAX_BODY_BYTES + 1).as_bytes());
+        c.send(
+            format!(
+                "PUT /balloon HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+                MAX_BODY_BYTES + 1
+            )
+            .as_bytes(),
+        );
         c.send(&vec![b' '; 4096]);
         assert_eq!(c.response().0, 413);
         c.closed();
@@ -774,7 +821,12 @@ mod tests {
         let mut partial = Client::connect(&path);
         partial.send(b"GET /ballo");
         let mut other = Client::connect(&path);
-        assert_eq!(other.ask("PUT", "/balloon", r#"{"target_bytes": 4194304}"#).0, 200);
+        assert_eq!(
+            other
+                .ask("PUT", "/balloon", r#"{"target_bytes": 4194304}"#)
+                .0,
+            200
+        );
         assert_eq!(idle.ask("GET", "/balloon", "").1["target_pages"], 1024);
         partial.send(b"on HTTP/1.1\r\n\r\n");
         assert_eq!(partial.response().1["target_pages"], 1024);
@@ -791,7 +843,10 @@ mod tests {
         let mut silent = Client::connect(&path);
         let (status, r) = silent.response();
         assert_eq!(status, 408, "{r}");
-        assert!(r["error"]["message"].as_str().unwrap().contains("no complete request"));
+        assert!(r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no complete request"));
         silent.closed();
 
         let mut trickling = Client::connect(&path);
