@@ -484,3 +484,46 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
     let service = &metrics["hugevmm_swap_fault_service_seconds"];
     assert_eq!(service["type"], "histogram", "{service}");
 }
+
+/// A config file that is not a VM description is refused before anything
+/// starts, naming the key or value and saying what is accepted; no
+/// /dev/kvm needed.
+#[test]
+fn bad_config_files_are_refused_by_name() {
+    let run_with = |json: &str, extra: &[&str]| {
+        let config = temp_file("bad-vm.json", json);
+        let mut args = vec!["run", "--config", config.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        hugevmm(&args, LIMIT)
+    };
+    let run = run_with(r#"{"payload": "hello", "memory": "1G"}"#, &[]);
+    assert_eq!(run.status, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("unknown field `memory`") && run.stderr.contains("`mem`"),
+        "{}",
+        run.stderr
+    );
+    let run = run_with(r#"{"payload": "hello", "vcpus": 0}"#, &[]);
+    assert_eq!(run.status, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("--vcpus 0 is out of range"),
+        "{}",
+        run.stderr
+    );
+    // The flag overrides the file's bad value, so the check passes on to
+    // the next one: the missing guest.
+    let run = run_with(r#"{"vcpus": 0}"#, &["--vcpus", "1"]);
+    assert_eq!(run.status, Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("nothing to run"), "{}", run.stderr);
+    let run = run_with("mem = 1G", &[]);
+    assert_eq!(run.status, Some(1), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("is not a VM description"),
+        "{}",
+        run.stderr
+    );
+    let missing = temp_path("missing.json");
+    let run = hugevmm(&["run", "--config", missing.to_str().unwrap()], LIMIT);
+    assert_eq!(run.status, Some(1), "{}", run.stderr);
+    assert!(run.stderr.contains("--config"), "{}", run.stderr);
+}
