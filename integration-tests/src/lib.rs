@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 pub mod cpio;
+pub mod openapi;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -372,17 +373,145 @@ pub fn assert_mostly_huge(pages_2m: u64, chunks: u64, what: &str) {
     );
 }
 
-/// Sends one command through `hugevmm ctl` to the control socket at
-/// `socket` and returns its reply, which must be a success.
+/// Sends one command through `hugevmm ctl` to the API socket at `socket`
+/// and returns the body of the response, which must be a success (ctl
+/// exits 0 for a 2xx only).
 pub fn ctl(socket: &Path, words: &[&str]) -> serde_json::Value {
     let mut args = vec!["ctl", "--api-socket", socket.to_str().unwrap()];
     args.extend_from_slice(words);
     let run = hugevmm(&args, Duration::from_secs(120));
     run.expect_status(0);
-    let reply: serde_json::Value = serde_json::from_str(run.stdout.trim())
-        .unwrap_or_else(|e| panic!("{words:?}: reply is not JSON ({e}): {}", run.stdout));
-    assert_eq!(reply["ok"], true, "{words:?}: {reply}");
-    reply
+    serde_json::from_str(run.stdout.trim())
+        .unwrap_or_else(|e| panic!("{words:?}: reply is not JSON ({e}): {}", run.stdout))
+}
+
+/// What `curl` got back.
+pub struct CurlReply {
+    /// HTTP status.
+    pub status: u16,
+    /// `Content-Type`.
+    pub content_type: String,
+    /// The body.
+    pub body: String,
+}
+
+impl CurlReply {
+    /// The body as JSON (panics if it is not).
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// One request with the real `curl` to `url` (over the Unix socket
+/// `socket` if given), with a JSON body if `body` is given.
+pub fn curl(
+    socket: Option<&Path>,
+    method: &str,
+    url: &str,
+    body: Option<&str>,
+    headers: &[&str],
+) -> CurlReply {
+    let mut cmd = Command::new("curl");
+    cmd.args([
+        "--silent",
+        "--show-error",
+        "--max-time",
+        "120",
+        "-X",
+        method,
+    ]);
+    if let Some(socket) = socket {
+        cmd.arg("--unix-socket").arg(socket);
+    }
+    if let Some(body) = body {
+        // From a file: curl sends a large one as it is, framed by its length.
+        let file = temp_file("curl-body.json", body);
+        cmd.args(["-H", "Content-Type: application/json", "--data-binary"])
+            .arg(format!("@{}", file.display()));
+    }
+    for header in headers {
+        cmd.args(["-H", header]);
+    }
+    // The status and content type after the body, on a line of their own.
+    cmd.args(["-w", "\n%{http_code} %{content_type}"]).arg(url);
+    let output = run_with_limit(cmd, Duration::from_secs(180));
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "curl -X {method} {url} failed ({}): {}{text}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (body, last) = text.rsplit_once('\n').expect("curl's -w line");
+    let (status, content_type) = last.split_once(' ').unwrap_or((last, ""));
+    CurlReply {
+        status: status
+            .parse()
+            .unwrap_or_else(|_| panic!("curl status {last:?}")),
+        content_type: content_type.to_string(),
+        body: body.to_string(),
+    }
+}
+
+/// The Python that parses metrics with the real OpenMetrics parser and
+/// prints every sample as JSON: {family: {"type": T, "samples": [[name,
+/// labels, value]]}}; it fails (non-zero exit) on text it cannot parse.
+const PARSE_OPENMETRICS: &str = r#"
+import json, math, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+out = {}
+for family in text_string_to_metric_families(sys.stdin.read()):
+    out[family.name] = {
+        "type": family.type,
+        "samples": [[s.name, s.labels, s.value if math.isfinite(s.value) else str(s.value)] for s in family.samples],
+    }
+print(json.dumps(out))
+"#;
+
+/// The Python that Debian's python3-prometheus-client serves: the
+/// system's, not another one found first on PATH (pyenv's, say).
+fn python() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+/// Whether python3 with `prometheus_client`'s OpenMetrics parser is here.
+pub fn have_openmetrics_parser() -> bool {
+    Command::new(python())
+        .args(["-c", "import prometheus_client.openmetrics.parser"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Parses OpenMetrics text with Python's `prometheus_client` (Debian's
+/// python3-prometheus-client); panics with the parser's error otherwise.
+pub fn parse_openmetrics(text: &str) -> serde_json::Value {
+    use std::io::Write;
+    let mut child = Command::new(python())
+        .args(["-c", PARSE_OPENMETRICS])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the OpenMetrics parser refused the text: {}\n--- text\n{text}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// Starts `hugevmm run ARGS --api-socket <a fresh path>` in the background

@@ -1,9 +1,9 @@
-//! The control socket under a real VM: clients that connect and say
-//! nothing, or trickle a byte at a time, block neither other clients nor
-//! the VM, and are dropped; commands from several clients run at once.
+//! The API socket under a real VM: clients that connect and say nothing,
+//! or trickle a byte at a time, block neither other clients nor the VM,
+//! and are dropped with a 408; requests from several clients run at once.
 
 use integration_tests::*;
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,29 +16,34 @@ const LIMIT: Duration = Duration::from_secs(600);
 /// timeout is 10 s).
 const GUARD: Duration = Duration::from_secs(120);
 
-/// The line the server sends before closing a connection, or None if it
-/// closed without one.
-fn last_words(stream: &UnixStream) -> Option<serde_json::Value> {
+/// The response the server sends before closing a connection (empty if
+/// it closed without one).
+fn last_words(stream: &UnixStream) -> String {
     stream.set_read_timeout(Some(GUARD)).unwrap();
-    let mut line = String::new();
-    match BufReader::new(stream).read_line(&mut line) {
+    let mut text = Vec::new();
+    match (&*stream).read_to_end(&mut text) {
         Ok(_) => {}
         // Closed with our bytes unread: Linux reports a reset.
         Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
         Err(e) => panic!("the server never dropped the client: {e}"),
     }
-    (!line.is_empty()).then(|| serde_json::from_str(&line).expect("a JSON line"))
+    String::from_utf8_lossy(&text).into_owned()
 }
 
 fn assert_dropped_for_idling(stream: &UnixStream, who: &str) {
-    let reply = last_words(stream).unwrap_or_else(|| panic!("{who}: closed without a word"));
-    assert_eq!(reply["ok"], false, "{who}: {reply}");
+    let reply = last_words(stream);
+    assert!(reply.starts_with("HTTP/1.1 408 "), "{who}: {reply}");
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    let body: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
     assert!(
-        reply["error"]
+        body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("no complete command line"),
-        "{who}: {reply}"
+            .contains("no complete request"),
+        "{who}: {body}"
     );
 }
 
@@ -75,23 +80,26 @@ fn silent_and_trickling_clients_block_nobody() {
             std::thread::spawn(move || ctl(&socket, &["pageout"]))
         })
         .collect();
-    assert_eq!(ctl(&socket, &["stats"])["ok"], true);
+    assert!(ctl(&socket, &["stats"])["elapsed_s"].is_f64());
     for pageout in pageouts {
         let reply = pageout.join().unwrap();
         assert!(reply["written_bytes"].as_u64().is_some(), "{reply}");
     }
 
-    // A byte every half second, never a newline.
+    // A byte every half second, never a whole request.
     let trickling = UnixStream::connect(&socket).unwrap();
     let mut writer = trickling.try_clone().unwrap();
     let done = Arc::new(AtomicBool::new(false));
     let trickle_done = done.clone();
     let trickler = std::thread::spawn(move || {
-        while !trickle_done.load(Ordering::Relaxed) && writer.write_all(b"s").is_ok() {
+        let mut bytes = b"GET /stats HTTP/1.1\r\n".iter().cycle();
+        while !trickle_done.load(Ordering::Relaxed)
+            && writer.write_all(&[*bytes.next().unwrap()]).is_ok()
+        {
             std::thread::sleep(Duration::from_millis(500));
         }
     });
-    assert_eq!(ctl(&socket, &["stats"])["ok"], true);
+    assert!(ctl(&socket, &["stats"])["elapsed_s"].is_f64());
     assert_dropped_for_idling(&trickling, "trickling client");
     done.store(true, Ordering::Relaxed);
     trickler.join().unwrap();

@@ -138,8 +138,6 @@ fn devices_need_a_version_2_payload() {
     .expect_status(0);
 }
 
-/// `hugevmm ctl --api-socket SOCKET <words>`: the JSON reply (the test
-/// fails unless it is one object with `"ok": true`).
 #[test]
 fn balloon_target_changes_at_run_time() {
     if skip_without_kvm("balloon_target_changes_at_run_time") {

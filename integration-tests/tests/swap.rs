@@ -393,7 +393,7 @@ fn pageout_and_quit_through_the_control_socket() {
     let run = vm.finish(LIMIT);
     run.expect_status(0);
     assert!(
-        run.stderr.contains("quit through the control socket"),
+        run.stderr.contains("quit through the API socket"),
         "{}",
         run.stderr
     );

@@ -62,11 +62,14 @@ pub enum Resource {
     QemuNbd,
     /// `curl` (Debian: curl).
     Curl,
+    /// Python's `prometheus_client` with its OpenMetrics parser (Debian:
+    /// python3-prometheus-client).
+    PrometheusParser,
 }
 
 impl Resource {
     /// Every resource, for `all` and for checking names.
-    pub const ALL: [Resource; 16] = [
+    pub const ALL: [Resource; 17] = [
         Resource::Kvm,
         Resource::Hugetlb,
         Resource::Kernel,
@@ -83,6 +86,7 @@ impl Resource {
         Resource::Nbdkit,
         Resource::QemuNbd,
         Resource::Curl,
+        Resource::PrometheusParser,
     ];
 
     /// The name used in `HUGEVMM_REQUIRE_RESOURCES` and in messages.
@@ -104,6 +108,7 @@ impl Resource {
             Resource::Nbdkit => "nbdkit",
             Resource::QemuNbd => "qemu-nbd",
             Resource::Curl => "curl",
+            Resource::PrometheusParser => "python3-prometheus-client",
         }
     }
 }

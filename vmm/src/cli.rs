@@ -5,23 +5,22 @@ use crate::console::ConsoleSink;
 use crate::exit::{ExitKind, RunEnd, EXIT_CONFIG};
 use crate::image_kind::{recognize, ImageKind};
 use crate::input_file::{open_checked, read_bounded};
-use crate::linux::{LinuxBootConfig, VirtioAnnounce};
+use crate::linux::LinuxBootConfig;
 use crate::machine_devices::DeviceOptions;
 use crate::outputs::{self, OutputFile};
 use crate::payload::layout::MAX_VCPUS;
+use crate::run_options::{self, RunArgs, RunFlags};
 use crate::signals::StopSignals;
 use crate::stats;
 use crate::swap_setup::{self, SwapOptions};
 use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use devices::virtio::DiskSpec;
-use guestmem::{format_size, parse_size, Backing, Layout};
+use guestmem::{format_size, Layout};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use swap::engine::SwapUnit;
 use swap::store::StoreSpec;
 
 #[derive(Parser)]
@@ -38,141 +37,14 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a payload (a guest program following docs/PAYLOAD_PROTOCOL.md).
-    Run(Box<RunArgs>),
-    /// Send one command to a running VM's control socket (see
-    /// `hugevmm run --api-socket`) and print the JSON reply.
+    Run(Box<RunFlags>),
+    /// Send one command to a running VM's API (see `hugevmm run
+    /// --api-socket`) and print the JSON body of the response.
     Ctl(crate::control::client::CtlArgs),
     /// List the built-in payloads.
     Payloads,
     /// Run a benchmark suite (see README, "Results").
     Bench(bench::BenchArgs),
-}
-
-#[derive(clap::Args)]
-struct RunArgs {
-    /// Guest RAM size, a multiple of 2 MiB (e.g. 512M, 4G).
-    #[arg(long, default_value = "512M", value_parser = parse_size_arg)]
-    mem: u64,
-    /// Number of vCPUs (one host thread each).
-    #[arg(long, default_value_t = 1)]
-    vcpus: u32,
-    /// Host backing of guest RAM: thp (2 MiB transparent huge pages),
-    /// hugetlb (2 MiB hugetlbfs pages, needs /proc/sys/vm/nr_hugepages) or
-    /// 4k (small pages, the baseline).
-    #[arg(long, default_value = "thp")]
-    backing: Backing,
-    /// Built-in payload to run (see `hugevmm payloads`).
-    #[arg(
-        long,
-        conflicts_with_all = ["payload_file", "kernel"],
-        required_unless_present_any = ["payload_file", "kernel"]
-    )]
-    payload: Option<String>,
-    /// Payload ELF file to run.
-    #[arg(long, conflicts_with = "kernel")]
-    payload_file: Option<PathBuf>,
-    /// Linux kernel to boot: a bzImage (decompressed on the host) or an ELF
-    /// vmlinux.
-    #[arg(long)]
-    kernel: Option<PathBuf>,
-    /// Initial ramdisk for --kernel (a regular file, at most --mem).
-    #[arg(long)]
-    initrd: Option<PathBuf>,
-    /// Kernel command line for --kernel (virtio_mmio.device= words for the
-    /// devices are appended, see --virtio-announce) [default: console=ttyS0
-    /// earlyprintk=serial,ttyS0,115200 panic=-1].
-    #[arg(long)]
-    cmdline: Option<String>,
-    /// How a Linux guest learns about the --disk and --balloon devices:
-    /// ACPI DSDT entries (what stock distribution kernels read),
-    /// virtio_mmio.device= words on the command line (kernels built with
-    /// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES), or both.
-    /// [default: both]
-    #[arg(long, value_enum)]
-    virtio_announce: Option<VirtioAnnounce>,
-    /// virtio-blk disk: a raw image, PATH[,readonly]; repeat for more.
-    #[arg(long = "disk")]
-    disks: Vec<DiskSpec>,
-    /// Add a virtio-balloon device (free page reporting drops whole free
-    /// 2 MiB chunks).
-    #[arg(long)]
-    balloon: bool,
-    /// Initial balloon target: how much guest RAM the guest is asked to
-    /// give back (a multiple of 4K, at most --mem; e.g. 256M). Change it
-    /// later with `hugevmm ctl ... balloon SIZE`.
-    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
-    balloon_target: Option<u64>,
-    /// Serve a control socket at PATH while the VM runs (one JSON reply
-    /// line per command line: `balloon SIZE`, `balloon-stats`, `stats`,
-    /// `mem-limit SIZE|none`, `pageout`, `quit`, `help`); talk to it with
-    /// `hugevmm ctl --api-socket PATH`. A stale
-    /// socket there is replaced; the file is removed when the VM ends.
-    #[arg(long, value_name = "PATH")]
-    api_socket: Option<PathBuf>,
-    /// Write the Linux serial console to this file instead of stdout.
-    #[arg(long)]
-    console_log: Option<PathBuf>,
-    /// Argument string passed verbatim to the payload (`key=value` words).
-    #[arg(long)]
-    payload_args: Option<String>,
-    /// Write run statistics as a JSON object to this file.
-    #[arg(long)]
-    stats_json: Option<PathBuf>,
-    /// Write how the run ended to this file, as one JSON object:
-    /// `{"exit_status":N,"exit_kind":"payload|quit|config|timeout|vm-failure|signal","message":...}`
-    /// (a payload can exit with any status, so the number alone cannot say).
-    #[arg(long, value_name = "PATH")]
-    status_file: Option<PathBuf>,
-    /// End the run (exit 124) if the payload has not finished after this many seconds.
-    #[arg(long)]
-    timeout: Option<f64>,
-    /// Cap resident guest RAM at SIZE, swapping the rest to --swap-store
-    /// (starts the swap engine). A multiple of the swap unit, at least
-    /// 8 MiB per vCPU + 8 MiB; changeable at run time through
-    /// --api-socket (`hugevmm ctl ... mem-limit SIZE`).
-    #[arg(long, value_parser = parse_size_arg)]
-    mem_limit: Option<u64>,
-    /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
-    /// $TMPDIR or /var/tmp), file:PATH[,size=SIZE], mem:lz4[,size=SIZE],
-    /// mem:zstd[,size=SIZE]. Giving a store starts the swap engine.
-    #[arg(long)]
-    swap_store: Option<StoreSpec>,
-    /// Swap unit: 2m (whole 2 MiB chunks, restored as huge mappings) or 4k
-    /// (per-page baseline) [default: 2m].
-    #[arg(long)]
-    swap_unit: Option<SwapUnit>,
-    /// Threads serving guest memory faults (swap engine), 1 to 32
-    /// [default: 1].
-    #[arg(long)]
-    fault_threads: Option<usize>,
-    /// Nice value of the fault threads, -20 to 19; below 0 they are served
-    /// before the vCPU threads when vCPUs outnumber cores (needs root; 0 =
-    /// same as vCPUs) [default: -10].
-    #[arg(long, allow_hyphen_values = true)]
-    fault_thread_nice: Option<i32>,
-    /// Test knob (docs/SPLIT_CHUNKS.md): every Nth restore of a huge chunk
-    /// splits it into 4 KiB pages and every Nth page fault on a split chunk
-    /// tries to collapse it again, 1 to 1000000. Needs --swap-unit 2m and
-    /// --backing thp.
-    #[arg(long, hide = true)]
-    force_split_every: Option<u32>,
-    /// Write a sample of the run's figures (resident memory, faults, KVM
-    /// mappings) every --stats-interval milliseconds to this file, one JSON
-    /// object per line.
-    #[arg(long)]
-    stats_timeline: Option<PathBuf>,
-    /// Sampling interval for --stats-timeline, in milliseconds, 1 to
-    /// 3600000 [default: 100].
-    #[arg(long)]
-    stats_interval: Option<u64>,
-    /// After the payload finished, evict all guest RAM to the store and
-    /// report how long it took (`pageout` in --stats-json).
-    #[arg(long)]
-    pageout: bool,
-}
-
-fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| e.to_string())
 }
 
 /// Serial console with early output, and a reboot (ending the VM) on panic.
@@ -201,7 +73,7 @@ fn not_applicable(given: bool, option: &str, why: &str) -> Result<()> {
 
 /// The payload to run, read and checked.
 fn load_payload(args: &RunArgs) -> Result<Payload> {
-    if let Some(path) = &args.payload_file {
+    if let Some(path) = &args.flags.payload_file {
         let elf = read_bounded("--payload-file", path, args.mem, MUST_FIT_IN_RAM)?;
         if matches!(recognize(&elf), ImageKind::BzImage | ImageKind::Vmlinux) {
             bail!(
@@ -214,7 +86,7 @@ fn load_payload(args: &RunArgs) -> Result<Payload> {
             elf,
         });
     }
-    let name = args.payload.as_deref().unwrap_or_default();
+    let name = args.flags.payload.as_deref().unwrap_or_default();
     let builtin = payloads::find(name).with_context(|| {
         let names: Vec<&str> = payloads::all().iter().map(|p| p.name).collect();
         format!(
@@ -261,112 +133,121 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         );
     }
     Layout::new(args.mem).context("invalid --mem")?;
-    let is_linux = args.kernel.is_some();
+    let is_linux = args.flags.kernel.is_some();
     let for_kernels = "applies to --kernel only: drop it (a payload has no kernel command line, initrd or serial console; its output goes to stdout)";
-    not_applicable(!is_linux && args.initrd.is_some(), "--initrd", for_kernels)?;
     not_applicable(
-        !is_linux && args.cmdline.is_some(),
+        !is_linux && args.flags.initrd.is_some(),
+        "--initrd",
+        for_kernels,
+    )?;
+    not_applicable(
+        !is_linux && args.flags.cmdline.is_some(),
         "--cmdline",
         for_kernels,
     )?;
     not_applicable(
-        !is_linux && args.virtio_announce.is_some(),
+        !is_linux && args.flags.virtio_announce.is_some(),
         "--virtio-announce",
         for_kernels,
     )?;
     not_applicable(
-        !is_linux && args.console_log.is_some(),
+        !is_linux && args.flags.console_log.is_some(),
         "--console-log",
         for_kernels,
     )?;
     not_applicable(
-        is_linux && args.payload_args.is_some(),
+        is_linux && args.flags.payload_args.is_some(),
         "--payload-args",
         "applies to payloads only: a kernel's arguments go in --cmdline",
     )?;
     not_applicable(
-        args.balloon_target.is_some() && !args.balloon,
+        args.flags.balloon_target.is_some() && !args.balloon(),
         "--balloon-target",
         "needs --balloon: add it or drop the target",
     )?;
-    let engine = args.mem_limit.is_some() || args.swap_store.is_some();
+    let engine = args.flags.mem_limit.is_some() || args.flags.swap_store.is_some();
     let for_engine = "configures the swap engine, which runs only with --mem-limit or --swap-store: add one of them or drop this option";
     not_applicable(
-        !engine && args.swap_unit.is_some(),
+        !engine && args.flags.swap_unit.is_some(),
         "--swap-unit",
         for_engine,
     )?;
     not_applicable(
-        !engine && args.fault_threads.is_some(),
+        !engine && args.flags.fault_threads.is_some(),
         "--fault-threads",
         for_engine,
     )?;
     not_applicable(
-        !engine && args.fault_thread_nice.is_some(),
+        !engine && args.flags.fault_thread_nice.is_some(),
         "--fault-thread-nice",
         for_engine,
     )?;
-    not_applicable(!engine && args.pageout, "--pageout", for_engine)?;
+    not_applicable(!engine && args.pageout(), "--pageout", for_engine)?;
     not_applicable(
-        !engine && args.force_split_every.is_some(),
+        !engine && args.flags.force_split_every.is_some(),
         "--force-split-every",
         for_engine,
     )?;
-    if let Some(n) = args.force_split_every {
+    if let Some(n) = args.flags.force_split_every {
         if !(1..=1_000_000).contains(&n) {
             bail!(
                 "--force-split-every {n} is out of range: give 1 (split every restore) to 1000000"
             );
         }
-        if args.swap_unit == Some(SwapUnit::Small4K) || args.backing != Backing::Thp {
+        if args.flags.swap_unit == Some(swap::engine::SwapUnit::Small4K)
+            || args.backing != guestmem::Backing::Thp
+        {
             bail!("--force-split-every splits 2 MiB chunks of THP memory: use --swap-unit 2m and --backing thp");
         }
     }
     not_applicable(
-        args.stats_interval.is_some() && args.stats_timeline.is_none(),
+        args.flags.stats_interval.is_some() && args.flags.stats_timeline.is_none(),
         "--stats-interval",
         "sets the sampling of --stats-timeline: add --stats-timeline PATH or drop it",
     )?;
-    if let Some(ms) = args.stats_interval {
+    if let Some(ms) = args.flags.stats_interval {
         if !(1..=MAX_STATS_INTERVAL_MS).contains(&ms) {
             bail!("--stats-interval {ms} is out of range: give 1 to {MAX_STATS_INTERVAL_MS} milliseconds");
         }
     }
-    let fault_threads = args.fault_threads.unwrap_or(1);
+    let fault_threads = args.flags.fault_threads.unwrap_or(1);
     if !(1..=MAX_FAULT_THREADS).contains(&fault_threads) {
         bail!("--fault-threads {fault_threads} is out of range: give 1 to {MAX_FAULT_THREADS}");
     }
-    let fault_thread_nice = args.fault_thread_nice.unwrap_or(DEFAULT_FAULT_THREAD_NICE);
+    let fault_thread_nice = args
+        .flags
+        .fault_thread_nice
+        .unwrap_or(DEFAULT_FAULT_THREAD_NICE);
     if !(-20..=19).contains(&fault_thread_nice) {
         bail!("--fault-thread-nice {fault_thread_nice} is out of range: give -20 (first served) to 19");
     }
-    if let Some(secs) = args.timeout {
+    if let Some(secs) = args.flags.timeout {
         if !(secs.is_finite() && secs > 0.0) {
             bail!("--timeout must be a positive number of seconds");
         }
     }
-    let swap_unit = args.swap_unit.unwrap_or_default();
-    if let Some(limit_bytes) = args.mem_limit {
+    let swap_unit = args.flags.swap_unit.unwrap_or_default();
+    if let Some(limit_bytes) = args.flags.mem_limit {
         swap_setup::check_mem_limit(limit_bytes, swap_unit.bytes(), args.vcpus, args.mem)
             .context("invalid --mem-limit")?;
     }
-    let balloon_target_pages = match args.balloon_target {
+    let balloon_target_pages = match args.flags.balloon_target {
         Some(bytes) => {
             balloon_handle::target_pages(bytes, args.mem).context("invalid --balloon-target")?
         }
         None => 0,
     };
     for (option, path) in [
-        ("--stats-json", &args.stats_json),
-        ("--stats-timeline", &args.stats_timeline),
-        ("--status-file", &args.status_file),
-        ("--console-log", &args.console_log),
+        ("--stats-json", &args.flags.stats_json),
+        ("--stats-timeline", &args.flags.stats_timeline),
+        ("--status-file", &args.flags.status_file),
+        ("--console-log", &args.flags.console_log),
     ] {
         if let Some(path) = path {
             outputs::check_output_path(option, path)?;
         }
     }
-    if let Some(socket) = &args.api_socket {
+    if let Some(socket) = &args.flags.api_socket {
         // The socket itself is created (replacing a stale one) when the VM
         // is built; its directory must exist.
         let parent = socket.parent().filter(|p| !p.as_os_str().is_empty());
@@ -380,31 +261,32 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
             }
         }
     }
-    let guest = match &args.kernel {
+    let guest = match &args.flags.kernel {
         Some(kernel) => {
-            check_kernel_inputs(kernel, args.initrd.as_deref(), args.mem)?;
+            check_kernel_inputs(kernel, args.flags.initrd.as_deref(), args.mem)?;
             Guest::Linux(LinuxBootConfig {
                 kernel: kernel.clone(),
-                initrd: args.initrd.clone(),
+                initrd: args.flags.initrd.clone(),
                 cmdline: args
+                    .flags
                     .cmdline
                     .clone()
                     .unwrap_or_else(|| DEFAULT_CMDLINE.into()),
-                virtio_announce: args.virtio_announce.unwrap_or_default(),
+                virtio_announce: args.flags.virtio_announce.unwrap_or_default(),
             })
         }
         None => Guest::Payload {
             payload: load_payload(args)?,
-            args: args.payload_args.clone().unwrap_or_default(),
+            args: args.flags.payload_args.clone().unwrap_or_default(),
         },
     };
     let swap = engine.then(|| SwapOptions {
-        mem_limit_bytes: args.mem_limit,
-        store: args.swap_store.clone().unwrap_or(StoreSpec::Default),
+        mem_limit_bytes: args.flags.mem_limit,
+        store: args.flags.swap_store.clone().unwrap_or(StoreSpec::Default),
         unit: swap_unit,
         fault_threads,
         fault_thread_nice,
-        force_split_every: args.force_split_every,
+        force_split_every: args.flags.force_split_every,
     });
     Ok((guest, swap, balloon_target_pages))
 }
@@ -424,8 +306,8 @@ impl Outputs {
                 .transpose()
         };
         Ok(Self {
-            stats_json: open("--stats-json", &args.stats_json)?,
-            stats_timeline: open("--stats-timeline", &args.stats_timeline)?,
+            stats_json: open("--stats-json", &args.flags.stats_json)?,
+            stats_timeline: open("--stats-timeline", &args.flags.stats_timeline)?,
         })
     }
 }
@@ -442,18 +324,24 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
         vcpus: args.vcpus,
         guest,
         devices: DeviceOptions {
-            disks: args.disks.clone(),
-            balloon: args.balloon,
+            disks: args.flags.disks.clone(),
+            balloon: args.balloon(),
             balloon_target_pages,
-            console_log: args.console_log.clone(),
+            console_log: args.flags.console_log.clone(),
         },
-        timeout: args.timeout.map(Duration::from_secs_f64),
+        timeout: args.flags.timeout.map(Duration::from_secs_f64),
         swap,
-        sample_interval: args.stats_timeline.as_ref().map(|_| {
-            Duration::from_millis(args.stats_interval.unwrap_or(DEFAULT_STATS_INTERVAL_MS))
+        sample_interval: args.flags.stats_timeline.as_ref().map(|_| {
+            Duration::from_millis(
+                args.flags
+                    .stats_interval
+                    .unwrap_or(DEFAULT_STATS_INTERVAL_MS),
+            )
         }),
-        pageout_at_exit: args.pageout,
-        api_socket: args.api_socket.clone(),
+        pageout_at_exit: args.pageout(),
+        api_socket: args.flags.api_socket.clone(),
+        metrics_addr: args.flags.metrics_addr,
+        options_json: args.given.clone(),
         stop_signals: Some(stop_signals),
     };
     let console: ConsoleSink = Arc::new(Mutex::new(Box::new(std::io::stdout())));
@@ -555,19 +443,30 @@ fn print_summary(args: &RunArgs, payload_name: &str, outcome: &vm::RunOutcome) {
     }
 }
 
+/// A configuration error as the run's end.
+fn config_end(e: anyhow::Error) -> RunEnd {
+    eprintln!("hugevmm: error: {e:#}");
+    RunEnd {
+        status: EXIT_CONFIG,
+        kind: ExitKind::Config,
+        message: Some(format!("{e:#}")),
+    }
+}
+
 /// `hugevmm run`: the process exit status, with `--status-file` written.
-fn run_command(args: RunArgs) -> i32 {
-    let end = run_checked(&args).unwrap_or_else(|e| {
-        eprintln!("hugevmm: error: {e:#}");
-        RunEnd {
-            status: EXIT_CONFIG,
-            kind: ExitKind::Config,
-            message: Some(format!("{e:#}")),
-        }
-    });
+fn run_command(flags: RunFlags) -> i32 {
+    // A --config that cannot be read still gets the flag's status file.
+    let status_file_flag = flags.status_file.clone();
+    let (end, status_file) = match run_options::resolve(flags) {
+        Ok(args) => (
+            run_checked(&args).unwrap_or_else(config_end),
+            args.flags.status_file.clone(),
+        ),
+        Err(e) => (config_end(e), status_file_flag),
+    };
     // Written on configuration errors too: telling those apart from a
     // payload's status 1 is what the file is for.
-    if let Some(path) = &args.status_file {
+    if let Some(path) = &status_file {
         let written = OutputFile::open("--status-file", path)
             .and_then(|f| f.replace_with(&end.status_file_text()));
         if let Err(e) = written {

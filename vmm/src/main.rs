@@ -14,6 +14,7 @@ mod logger;
 mod machine_devices;
 mod outputs;
 mod payload;
+mod run_options;
 mod signals;
 mod stats;
 mod swap_setup;

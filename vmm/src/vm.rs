@@ -4,7 +4,7 @@
 use crate::balloon_handle::BalloonSnapshot;
 use crate::console::ConsoleSink;
 use crate::control::server::ControlServer;
-use crate::control::{ControlContext, ControlSocket};
+use crate::control::{ControlContext, ControlSocket, MetricsListener};
 use crate::cpu::{self, EntryState};
 use crate::exit::ExitKind;
 use crate::linux::{self, console_input, LinuxBootConfig, MachineInfo};
@@ -86,8 +86,12 @@ pub struct RunConfig {
     pub sample_interval: Option<Duration>,
     /// After the payload finished, evict all guest RAM and time it.
     pub pageout_at_exit: bool,
-    /// Serve the control socket here while the guest runs.
+    /// Serve the API here while the guest runs.
     pub api_socket: Option<PathBuf>,
+    /// Serve `GET /metrics` on this TCP address while the guest runs.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The run's options as given (flags over `--config`), for `GET /vm`.
+    pub options_json: serde_json::Value,
     /// Handlers for SIGTERM/SIGINT/SIGHUP, installed before the run so
     /// that none of them kills it uncleanly; None leaves the defaults.
     pub stop_signals: Option<StopSignals>,
@@ -196,6 +200,7 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         .as_deref()
         .map(ControlSocket::bind)
         .transpose()?;
+    let metrics_listener = config.metrics_addr.map(MetricsListener::bind).transpose()?;
 
     let (kvm, ram, vm, stats, events_tx, events_rx, engine, machine) =
         build_machine(&mut config, &layout, kind)?;
@@ -215,6 +220,7 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let started = Instant::now();
     let control = serve_control(
         control_socket,
+        metrics_listener,
         &config,
         &machine,
         &engine,
@@ -413,33 +419,43 @@ fn create_vcpus(
     Ok((vcpus, tsc_khz))
 }
 
-/// Starts the control socket's threads, if `--api-socket` was given.
+/// Starts the API's threads, for `--api-socket` and `--metrics-addr`.
+#[allow(clippy::too_many_arguments)]
 fn serve_control(
     control_socket: Option<ControlSocket>,
+    metrics_listener: Option<MetricsListener>,
     config: &RunConfig,
     machine: &MachineDevices,
     engine: &Option<Arc<SwapEngine>>,
     vm: &VmFd,
     started: Instant,
     events_tx: &mpsc::Sender<VcpuEvent>,
-) -> Result<Option<ControlServer>> {
-    let control = match control_socket {
-        Some(socket) => Some(socket.serve(ControlContext {
-            payload: config.guest.name(),
-            vcpus: config.vcpus,
-            mem_bytes: config.mem_bytes,
-            backing: config.backing,
-            started,
-            balloon: machine.balloon.clone(),
-            engine: engine.clone(),
-            // Its own descriptor: the run loop keeps reading `stats`.
-            kvm_stats: KvmStats::open(vm).ok(),
-            events: events_tx.clone(),
-            pageout_lock: Default::default(),
-        })?),
-        None => None,
-    };
-    Ok(control)
+) -> Result<Vec<ControlServer>> {
+    if control_socket.is_none() && metrics_listener.is_none() {
+        return Ok(Vec::new());
+    }
+    let context = Arc::new(ControlContext {
+        payload: config.guest.name(),
+        vcpus: config.vcpus,
+        mem_bytes: config.mem_bytes,
+        backing: config.backing,
+        config: config.options_json.clone(),
+        started,
+        balloon: machine.balloon.clone(),
+        engine: engine.clone(),
+        // Its own descriptor: the run loop keeps reading `stats`.
+        kvm_stats: KvmStats::open(vm).ok(),
+        events: events_tx.clone(),
+        pageout_lock: Default::default(),
+    });
+    let mut servers = Vec::new();
+    if let Some(socket) = control_socket {
+        servers.push(socket.serve(context.clone())?);
+    }
+    if let Some(listener) = metrics_listener {
+        servers.push(listener.serve(context)?);
+    }
+    Ok(servers)
 }
 
 /// Installs the kick signal handler and starts one thread per vCPU;
@@ -604,7 +620,7 @@ fn finish(
     engine: Option<Arc<SwapEngine>>,
     machine: MachineDevices,
     _console_input: Option<console_input::ConsoleInput>,
-    control: Option<ControlServer>,
+    control: Vec<ControlServer>,
     stop: crate::vcpu_stop::StopFlag,
     mut vcpu_threads: Vec<JoinHandle<()>>,
 ) -> Result<RunOutcome> {
@@ -634,10 +650,10 @@ fn finish(
         );
     }
     let vcpus_still_running = still_running > 0;
-    if let Some(control) = control {
-        // After a failure a command may be stuck on guest memory nobody
+    for server in control {
+        // After a failure a request may be stuck on guest memory nobody
         // will serve any more: do not wait for it then.
-        control.shutdown(failure.is_none());
+        server.shutdown(failure.is_none());
     }
     let pageout = match (&engine, config.pageout_at_exit && failure.is_none()) {
         (Some(engine), true) => {

@@ -1,12 +1,8 @@
-//! The control socket's command language: one line of whitespace-separated
-//! words per command.
+//! `hugevmm ctl`'s words (the control socket's commands from before it
+//! spoke HTTP, unchanged) and the API request each one stands for.
 
 use guestmem::{parse_size, PAGE_BYTES};
-
-/// Longest command line accepted, newline excluded. Real commands are a
-/// few dozen bytes; the cap bounds what a confused client can make the
-/// VMM buffer.
-pub const MAX_LINE_BYTES: usize = 4096;
+use serde_json::json;
 
 /// A parsed command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,7 +32,7 @@ pub enum Command {
 }
 
 /// Every command with its arguments and what it does, for `help` and for
-/// error replies.
+/// error messages.
 pub const COMMANDS: [(&str, &str); 7] = [
     (
         "balloon SIZE",
@@ -71,15 +67,6 @@ pub enum CommandError {
     /// Nothing but whitespace.
     #[error("empty command; commands: {}", command_list())]
     Empty,
-    /// Bytes that are not UTF-8 text.
-    #[error("the command is not UTF-8 text; commands: {}", command_list())]
-    NotText,
-    /// The line is longer than [`MAX_LINE_BYTES`].
-    #[error(
-        "command line longer than {MAX_LINE_BYTES} bytes; commands: {}",
-        command_list()
-    )]
-    TooLong,
     /// The first word names no command.
     #[error("unknown command '{word}'; commands: {}", command_list())]
     Unknown {
@@ -160,13 +147,66 @@ fn parse_size_word(word: &str) -> Result<u64, (String, String)> {
     })
 }
 
-/// Parses one line (without its newline; a trailing `\r` is ignored).
-pub fn parse_line(line: &[u8]) -> Result<Command, CommandError> {
-    if line.len() > MAX_LINE_BYTES {
-        return Err(CommandError::TooLong);
+/// An API request: method, path and JSON body (if any).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiRequest {
+    /// `GET` or `PUT`.
+    pub method: &'static str,
+    /// The route.
+    pub path: &'static str,
+    /// The JSON body of a `PUT`.
+    pub body: Option<String>,
+}
+
+impl Command {
+    /// The API request this command stands for; None for `help`, which
+    /// `hugevmm ctl` answers itself.
+    pub fn request(&self) -> Option<ApiRequest> {
+        let get = |path| ApiRequest {
+            method: "GET",
+            path,
+            body: None,
+        };
+        let put = |path, body: serde_json::Value| ApiRequest {
+            method: "PUT",
+            path,
+            body: Some(body.to_string()),
+        };
+        Some(match self {
+            Command::Balloon { target_bytes } => {
+                put("/balloon", json!({ "target_bytes": target_bytes }))
+            }
+            Command::BalloonStats => get("/balloon"),
+            Command::Stats => get("/stats"),
+            Command::MemLimit { limit_bytes } => {
+                put("/mem-limit", json!({ "mem_limit_bytes": limit_bytes }))
+            }
+            Command::Pageout => put("/actions", json!({ "action": "pageout" })),
+            Command::Quit => put("/actions", json!({ "action": "quit" })),
+            Command::Help => return None,
+        })
     }
-    let text = std::str::from_utf8(line).map_err(|_| CommandError::NotText)?;
-    parse_words(&text.split_whitespace().collect::<Vec<_>>())
+}
+
+/// The command each word list stands for, with its HTTP request, for
+/// `hugevmm ctl help`.
+pub fn help() -> serde_json::Value {
+    let http = [
+        "PUT /balloon {\"target_bytes\": N}",
+        "GET /balloon",
+        "GET /stats",
+        "PUT /mem-limit {\"mem_limit_bytes\": N|null}",
+        "PUT /actions {\"action\": \"pageout\"}",
+        "PUT /actions {\"action\": \"quit\"}",
+        "(answered by hugevmm ctl itself)",
+    ];
+    json!({
+        "commands": COMMANDS
+            .iter()
+            .zip(http)
+            .map(|((usage, does), http)| json!({ "command": usage, "does": does, "http": http }))
+            .collect::<Vec<_>>(),
+    })
 }
 
 /// Parses a command given as words (`hugevmm ctl` passes its arguments).
@@ -237,7 +277,7 @@ mod tests {
     use super::*;
 
     fn parse(line: &str) -> Result<Command, CommandError> {
-        parse_line(line.as_bytes())
+        parse_words(&line.split_whitespace().collect::<Vec<_>>())
     }
 
     #[test]
@@ -362,26 +402,38 @@ mod tests {
     }
 
     #[test]
-    fn garbage_never_panics() {
-        assert_eq!(parse_line(b"\xff\xfe balloon"), Err(CommandError::NotText));
-        assert_eq!(
-            parse_line(b"stats\0"),
-            Err(CommandError::Unknown {
-                word: "stats\0".into()
-            })
-        );
-        let long = vec![b'a'; MAX_LINE_BYTES + 1];
-        assert_eq!(parse_line(&long), Err(CommandError::TooLong));
-        // A long word is echoed shortened.
-        let word = "x".repeat(MAX_LINE_BYTES);
-        let err = parse(&word).unwrap_err();
-        assert!(err.to_string().len() < 400, "{err}");
-        let err = parse(&format!("balloon {}", "9".repeat(1000))).unwrap_err();
-        assert!(err.to_string().len() < 400, "{err}");
-        // Every byte value alone, and a mix, parse to some result.
-        for b in 0..=255u8 {
-            let _ = parse_line(&[b]);
-            let _ = parse_line(&[b'b', b, b' ', b'1', b]);
+    fn every_command_but_help_is_a_route() {
+        let routes: Vec<(&str, &str)> = crate::control::api::ROUTES
+            .iter()
+            .map(|(m, p, _)| (*m, *p))
+            .collect();
+        for (usage, _) in COMMANDS {
+            let words: Vec<&str> = usage
+                .split_whitespace()
+                .map(|w| match w {
+                    "SIZE" => "64M",
+                    "SIZE|none" => "none",
+                    other => other,
+                })
+                .collect();
+            let command = parse_words(&words).unwrap();
+            match command.request() {
+                Some(request) => {
+                    assert!(routes.contains(&(request.method, request.path)), "{usage}");
+                    if let Some(body) = &request.body {
+                        let _: serde_json::Value = serde_json::from_str(body).unwrap();
+                    }
+                }
+                None => assert_eq!(command, Command::Help),
+            }
         }
+        let request = parse("mem-limit 64M").unwrap().request().unwrap();
+        assert_eq!(
+            request.body.as_deref(),
+            Some(r#"{"mem_limit_bytes":67108864}"#)
+        );
+        let request = parse("mem-limit none").unwrap().request().unwrap();
+        assert_eq!(request.body.as_deref(), Some(r#"{"mem_limit_bytes":null}"#));
+        assert_eq!(help()["commands"].as_array().unwrap().len(), COMMANDS.len());
     }
 }

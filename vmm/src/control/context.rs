@@ -1,33 +1,35 @@
-//! Carrying out control commands against the running VM, and the JSON
-//! replies.
+//! Carrying out API requests against the running VM: each operation
+//! returns its JSON body, or a [`Refusal`] with the status code and a
+//! message that says what to do.
 
-use super::command::{parse_line, Command, COMMANDS};
 use crate::balloon_handle::{target_pages, BalloonHandle};
 use crate::stats::{balloon_json, LiveSummary};
 use crate::swap_setup::check_mem_limit;
 use crate::vcpu::VcpuEvent;
-use guestmem::{Backing, KvmStats, PAGE_BYTES};
+use guestmem::{Backing, KvmStats, StageTwoPages, PAGE_BYTES};
 use serde_json::{json, Value};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
-use swap::engine::SwapEngine;
+use std::time::{Duration, Instant};
+use swap::engine::{SwapEngine, SwapStats};
 
-/// What the control socket's threads can reach of the VM.
+use crate::balloon_handle::BalloonSnapshot;
+
+/// What the API's threads can reach of the VM.
 ///
-/// One context serves every client at once, so commands from two clients
+/// One context serves every client at once, so requests from two clients
 /// may run together. Each part is safe for that: the balloon's transport
-/// is behind its own mutex, the one the vCPUs take for MMIO (`balloon-stats`
+/// is behind its own mutex, the one the vCPUs take for MMIO (`GET /balloon`
 /// writes the used ring in guest memory under it, as a vCPU does; a fault
 /// there is served by the swap engine's fault threads, which never take
 /// it); the swap engine's run-time calls are built for concurrent callers
 /// (its background evictor and faulting vCPUs already are); the KVM
 /// statistics are read with `pread`; the event channel's sender is `Sync`
 /// (two `quit`s send two events, the run loop ends at the first). The one
-/// lock of the control socket's own, `pageout_lock`, is taken with no
-/// other held and by nothing else, so it adds no lock-order cycle.
+/// lock of the API's own, `pageout_lock`, is taken with no other held and
+/// by nothing else, so it adds no lock-order cycle.
 pub struct ControlContext {
-    /// Payload name or kernel path, for `stats`.
+    /// Payload name or kernel path, for `GET /stats`.
     pub payload: String,
     /// vCPU count.
     pub vcpus: u32,
@@ -35,13 +37,15 @@ pub struct ControlContext {
     pub mem_bytes: u64,
     /// Guest RAM backing.
     pub backing: Backing,
+    /// The run's options as given (flags over `--config`), for `GET /vm`.
+    pub config: Value,
     /// When the vCPUs started.
     pub started: Instant,
     /// The balloon, if the VM has one.
     pub balloon: Option<BalloonHandle>,
     /// The swap engine, if it runs.
     pub engine: Option<Arc<SwapEngine>>,
-    /// The VM's KVM statistics (a descriptor of the control thread's own).
+    /// The VM's KVM statistics (a descriptor of the API's own).
     pub kvm_stats: Option<KvmStats>,
     /// Where `quit` asks the run loop to end the VM.
     pub events: Sender<VcpuEvent>,
@@ -50,16 +54,36 @@ pub struct ControlContext {
     pub pageout_lock: Mutex<()>,
 }
 
-/// An error reply: `{"ok": false, "error": ...}`.
-pub fn error_reply(message: impl Into<String>) -> Value {
-    json!({ "ok": false, "error": message.into() })
+/// Why a request was not carried out: the status code and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    /// HTTP status code.
+    pub status: u16,
+    /// What went wrong and what to do instead.
+    pub message: String,
 }
 
-/// A success reply: `object` with `"ok": true` added.
-fn ok_reply(mut object: Value) -> Value {
-    object["ok"] = Value::Bool(true);
-    object
+impl Refusal {
+    /// A request the VM cannot carry out as it is configured (409).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self {
+            status: 409,
+            message: message.into(),
+        }
+    }
+
+    /// A value out of range or malformed (400).
+    pub fn bad_value(message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            message: message.into(),
+        }
+    }
 }
+
+/// The result of an operation: its JSON body or why not.
+pub type Outcome = Result<Value, Refusal>;
 
 const NO_ENGINE: &str =
     "the swap engine is not running: start `hugevmm run` with --mem-limit or --swap-store";
@@ -67,144 +91,162 @@ const NO_ENGINE: &str =
 const NO_BALLOON: &str =
     "this VM has no balloon: start `hugevmm run` with --balloon to change its size";
 
+/// Everything `GET /metrics` reports, read at one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Since the vCPUs started.
+    pub uptime: Duration,
+    /// vCPU count.
+    pub vcpus: u32,
+    /// Guest RAM size.
+    pub mem_bytes: u64,
+    /// KVM stage-2 mapping counts, if they could be read.
+    pub stage2: Option<StageTwoPages>,
+    /// Swap engine counters, if the engine runs.
+    pub swap: Option<SwapStats>,
+    /// The balloon, if there is one.
+    pub balloon: Option<BalloonSnapshot>,
+}
+
 impl ControlContext {
-    /// The reply to one line of a client.
-    pub fn respond(&self, line: &[u8]) -> Value {
-        match parse_line(line) {
-            Ok(command) => self.execute(command),
-            Err(e) => error_reply(e.to_string()),
-        }
+    /// `GET /vm`: state, uptime and the configuration as given.
+    pub fn vm_info(&self) -> Value {
+        json!({
+            "state": "running",
+            "uptime_s": self.started.elapsed().as_secs_f64(),
+            "config": self.config,
+        })
     }
 
-    /// Carries out `command`.
-    pub fn execute(&self, command: Command) -> Value {
-        match command {
-            Command::Help => ok_reply(json!({
-                "commands": COMMANDS
-                    .iter()
-                    .map(|(usage, does)| json!({ "command": usage, "does": does }))
-                    .collect::<Vec<_>>(),
-            })),
-            Command::Balloon { target_bytes } => self.set_balloon(target_bytes),
-            Command::BalloonStats => self.balloon_stats(),
-            Command::Stats => ok_reply(self.live_summary()),
-            Command::MemLimit { limit_bytes } => self.set_mem_limit(limit_bytes),
-            Command::Pageout => self.pageout(),
-            Command::Quit => match self.events.send(VcpuEvent::Quit {
-                how: "quit through the control socket",
-            }) {
-                Ok(()) => ok_reply(json!({ "quitting": true })),
-                Err(_) => error_reply("the VM is already ending"),
-            },
-        }
-    }
-
-    /// Evicts everything, one pageout at a time: two at once would each
-    /// wait on the other's writes and report only part of the pass, with a
-    /// `resident_bytes_before` taken halfway through the other's. The
-    /// second waits, then finds little left and says so. The lock is only
-    /// ever taken here, with no other held, so holding it across the
-    /// engine's waits cannot deadlock; a pageout stuck on a failed VM
-    /// holds it for good, but the server is then no longer waited for.
-    ///
-    /// `mem-limit` takes no lock: setting the limit is one atomic store
-    /// (the last of two concurrent changes wins, as if they had come in
-    /// turn), and it must not wait behind a pageout of seconds.
-    fn pageout(&self) -> Value {
-        let Some(engine) = &self.engine else {
-            return error_reply(NO_ENGINE);
-        };
-        // A poisoned lock guards nothing: the engine keeps its own state.
-        let _one_pageout = self.pageout_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let resident_bytes_before = engine.stats().resident_bytes;
-        let started = Instant::now();
-        match engine.evict_all() {
-            Ok(report) => ok_reply(json!({
-                "elapsed_ms": started.elapsed().as_secs_f64() * 1e3,
-                "resident_bytes_before": resident_bytes_before,
-                // The guest runs on and faults memory back meanwhile.
-                "resident_bytes_after": engine.stats().resident_bytes,
-                "written_units": report.written_units,
-                "written_bytes": report.written_bytes,
-                "clean_dropped_units": report.clean_dropped_units,
-                "zero_units": report.zero_units,
-                "busy_units": report.busy_units,
-            })),
-            Err(e) => error_reply(format!("pageout failed: {e}")),
-        }
-    }
-
-    fn set_mem_limit(&self, limit_bytes: Option<u64>) -> Value {
-        let Some(engine) = &self.engine else {
-            return error_reply(NO_ENGINE);
-        };
-        if let Some(bytes) = limit_bytes {
-            if let Err(e) = check_mem_limit(bytes, engine.unit_bytes(), self.vcpus, self.mem_bytes)
-            {
-                return error_reply(format!("mem-limit: {e}"));
-            }
-        }
-        engine.set_mem_limit_bytes(limit_bytes);
-        let stats = engine.stats();
-        ok_reply(json!({
-            "mem_limit_bytes": limit_bytes,
-            // Lowering the limit evicts in the background: watch `stats`.
-            "resident_bytes": stats.resident_bytes,
-        }))
-    }
-
-    fn set_balloon(&self, target_bytes: u64) -> Value {
-        let Some(balloon) = &self.balloon else {
-            return error_reply(NO_BALLOON);
-        };
-        let pages = match target_pages(target_bytes, self.mem_bytes) {
-            Ok(pages) => pages,
-            Err(e) => return error_reply(format!("balloon: {e}")),
-        };
-        if let Err(e) = balloon.set_target_pages(pages) {
-            // The target is set; only the guest's nudge failed, and the
-            // driver still sees the new value on its next configuration read.
-            return error_reply(format!(
-                "balloon: the target is set to {pages} pages but the guest could not be interrupted: {e}"
-            ));
-        }
-        ok_reply(json!({
-            "target_pages": pages,
-            "target_bytes": u64::from(pages) * PAGE_BYTES,
-        }))
-    }
-
-    fn balloon_stats(&self) -> Value {
-        let Some(balloon) = &self.balloon else {
-            return error_reply(NO_BALLOON);
-        };
-        // Asked before the snapshot: the fresh report arrives later (the
-        // guest answers on its own time), so this reply carries the
-        // previous one and the next `balloon-stats` the new one.
-        let stats_requested = match balloon.request_stats() {
-            Ok(requested) => requested,
-            Err(e) => {
-                eprintln!("hugevmm: control socket: cannot ask the guest for statistics: {e}");
-                false
-            }
-        };
-        let mut value = balloon_json(&balloon.snapshot());
-        value["stats_requested"] = Value::Bool(stats_requested);
-        ok_reply(value)
-    }
-
-    fn live_summary(&self) -> Value {
+    /// `GET /stats`: the `--stats-json` fields known while the VM runs.
+    pub fn stats(&self) -> Value {
         LiveSummary {
             payload: &self.payload,
             vcpus: self.vcpus,
             mem_bytes: self.mem_bytes,
             backing: self.backing,
             elapsed: self.started.elapsed(),
-            stage2: self.kvm_stats.as_ref().and_then(|s| s.read().ok()),
+            stage2: self.read_stage2(),
             swap: self.engine.as_ref().map(|e| e.stats()),
             balloon: self.balloon.as_ref().map(BalloonHandle::snapshot),
         }
         .to_json()
+    }
+
+    /// The figures of `GET /metrics`.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            uptime: self.started.elapsed(),
+            vcpus: self.vcpus,
+            mem_bytes: self.mem_bytes,
+            stage2: self.read_stage2(),
+            swap: self.engine.as_ref().map(|e| e.stats()),
+            balloon: self.balloon.as_ref().map(BalloonHandle::snapshot),
+        }
+    }
+
+    fn read_stage2(&self) -> Option<StageTwoPages> {
+        self.kvm_stats.as_ref().and_then(|s| s.read().ok())
+    }
+
+    /// `PUT /actions {"action": "quit"}`: ends the VM with status 0, as
+    /// Ctrl-A x does.
+    pub fn quit(&self) -> Outcome {
+        match self.events.send(VcpuEvent::Quit {
+            how: "quit through the API socket",
+        }) {
+            Ok(()) => Ok(json!({ "quitting": true })),
+            Err(_) => Err(Refusal::conflict("the VM is already ending")),
+        }
+    }
+
+    /// `PUT /actions {"action": "pageout"}`: evicts everything, one pageout
+    /// at a time: two at once would each wait on the other's writes and
+    /// report only part of the pass, with a `resident_bytes_before` taken
+    /// halfway through the other's. The second waits, then finds little
+    /// left and says so. The lock is only ever taken here, with no other
+    /// held, so holding it across the engine's waits cannot deadlock; a
+    /// pageout stuck on a failed VM holds it for good, but the server is
+    /// then no longer waited for.
+    ///
+    /// `PUT /mem-limit` takes no lock: setting the limit is one atomic
+    /// store (the last of two concurrent changes wins, as if they had come
+    /// in turn), and it must not wait behind a pageout of seconds.
+    pub fn pageout(&self) -> Outcome {
+        let engine = self.engine.as_ref().ok_or(Refusal::conflict(NO_ENGINE))?;
+        // A poisoned lock guards nothing: the engine keeps its own state.
+        let _one_pageout = self.pageout_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let resident_bytes_before = engine.stats().resident_bytes;
+        let started = Instant::now();
+        let report = engine.evict_all().map_err(|e| Refusal {
+            status: 500,
+            message: format!("pageout failed: {e}"),
+        })?;
+        Ok(json!({
+            "elapsed_ms": started.elapsed().as_secs_f64() * 1e3,
+            "resident_bytes_before": resident_bytes_before,
+            // The guest runs on and faults memory back meanwhile.
+            "resident_bytes_after": engine.stats().resident_bytes,
+            "written_units": report.written_units,
+            "written_bytes": report.written_bytes,
+            "clean_dropped_units": report.clean_dropped_units,
+            "zero_units": report.zero_units,
+            "busy_units": report.busy_units,
+        }))
+    }
+
+    /// `PUT /mem-limit`: changes the engine's cap; None lifts it.
+    pub fn set_mem_limit(&self, limit_bytes: Option<u64>) -> Outcome {
+        let engine = self.engine.as_ref().ok_or(Refusal::conflict(NO_ENGINE))?;
+        if let Some(bytes) = limit_bytes {
+            check_mem_limit(bytes, engine.unit_bytes(), self.vcpus, self.mem_bytes)
+                .map_err(|e| Refusal::bad_value(format!("mem_limit_bytes: {e}")))?;
+        }
+        engine.set_mem_limit_bytes(limit_bytes);
+        let stats = engine.stats();
+        Ok(json!({
+            "mem_limit_bytes": limit_bytes,
+            // Lowering the limit evicts in the background: watch /stats.
+            "resident_bytes": stats.resident_bytes,
+        }))
+    }
+
+    /// `PUT /balloon`: sets the balloon target.
+    pub fn set_balloon(&self, target_bytes: u64) -> Outcome {
+        let balloon = self.balloon.as_ref().ok_or(Refusal::conflict(NO_BALLOON))?;
+        let pages = target_pages(target_bytes, self.mem_bytes)
+            .map_err(|e| Refusal::bad_value(format!("target_bytes: {e}")))?;
+        balloon.set_target_pages(pages).map_err(|e| Refusal {
+            // The target is set; only the guest's nudge failed, and the
+            // driver still sees the new value on its next configuration read.
+            status: 500,
+            message: format!(
+                "the balloon target is set to {pages} pages but the guest could not be interrupted: {e}"
+            ),
+        })?;
+        Ok(json!({
+            "target_pages": pages,
+            "target_bytes": u64::from(pages) * PAGE_BYTES,
+        }))
+    }
+
+    /// `GET /balloon`: the balloon's figures; asks the guest for fresh
+    /// statistics.
+    pub fn balloon(&self) -> Outcome {
+        let balloon = self.balloon.as_ref().ok_or(Refusal::conflict(NO_BALLOON))?;
+        // Asked before the snapshot: the fresh report arrives later (the
+        // guest answers on its own time), so this reply carries the
+        // previous one and the next request the new one.
+        let stats_requested = match balloon.request_stats() {
+            Ok(requested) => requested,
+            Err(e) => {
+                eprintln!("hugevmm: API: cannot ask the guest for statistics: {e}");
+                false
+            }
+        };
+        let mut value = balloon_json(&balloon.snapshot());
+        value["stats_requested"] = Value::Bool(stats_requested);
+        Ok(value)
     }
 }
 
@@ -242,6 +284,7 @@ pub(crate) mod tests {
             vcpus: 2,
             mem_bytes: MEM_BYTES,
             backing: Backing::Small4k,
+            config: json!({ "mem": MEM_BYTES, "vcpus": 2 }),
             started: Instant::now(),
             balloon,
             engine: None,
@@ -252,87 +295,76 @@ pub(crate) mod tests {
         }
     }
 
-    fn reply(ctx: &ControlContext, line: &str) -> Value {
-        let value = ctx.respond(line.as_bytes());
-        assert!(value["ok"].is_boolean(), "{value}");
-        value
-    }
-
     #[test]
-    fn engine_commands_need_the_engine_and_quit_needs_a_run_loop() {
+    fn engine_operations_need_the_engine_and_quit_needs_a_run_loop() {
         let ctx = context(false);
-        for line in ["pageout", "mem-limit 64M", "mem-limit none"] {
-            let r = reply(&ctx, line);
-            assert_eq!(r["ok"], false, "{line}: {r}");
+        for refusal in [
+            ctx.pageout().unwrap_err(),
+            ctx.set_mem_limit(Some(64 << 20)).unwrap_err(),
+            ctx.set_mem_limit(None).unwrap_err(),
+        ] {
+            assert_eq!(refusal.status, 409);
             assert!(
-                r["error"]
-                    .as_str()
-                    .unwrap()
-                    .contains("--mem-limit or --swap-store"),
-                "{line}: {r}"
+                refusal.message.contains("--mem-limit or --swap-store"),
+                "{refusal}"
             );
         }
-        let r = reply(&ctx, "quit");
-        assert_eq!(r["ok"], false, "{r}");
+        assert_eq!(ctx.quit().unwrap_err().status, 409);
         let (tx, rx) = std::sync::mpsc::channel();
         let ctx = ControlContext {
             events: tx,
             ..context(false)
         };
-        assert_eq!(reply(&ctx, "quit")["quitting"], true);
+        assert_eq!(ctx.quit().unwrap()["quitting"], true);
         assert!(matches!(rx.try_recv(), Ok(VcpuEvent::Quit { .. })));
     }
 
     #[test]
     fn balloon_target_round_trip() {
         let ctx = context(true);
-        let r = reply(&ctx, "balloon 8M");
-        assert_eq!(r["ok"], true, "{r}");
+        let r = ctx.set_balloon(8 << 20).unwrap();
         assert_eq!(r["target_pages"], 2048);
         assert_eq!(r["target_bytes"], 8 << 20);
-        let r = reply(&ctx, "balloon-stats");
-        assert_eq!(r["ok"], true, "{r}");
+        let r = ctx.balloon().unwrap();
         assert_eq!(r["target_pages"], 2048);
         assert_eq!(r["actual_pages"], 0);
         assert_eq!(r["driver_active"], false);
         assert_eq!(r["stats_requested"], false, "no driver to ask");
         assert!(r["guest_stats"].is_null());
-        let r = reply(&ctx, "stats");
-        assert_eq!(r["ok"], true, "{r}");
+        let r = ctx.stats();
         assert_eq!(r["balloon"]["target_pages"], 2048);
         assert_eq!(r["mem_bytes"], MEM_BYTES);
         assert!(r["elapsed_s"].as_f64().is_some());
         assert!(r.get("swap").is_none() && r.get("kvm").is_none());
-        // The whole of RAM is allowed, more is not.
-        assert_eq!(reply(&ctx, "balloon 64M")["ok"], true);
-        let r = reply(&ctx, "balloon 65M");
-        assert_eq!(r["ok"], false);
+        // The whole of RAM is allowed, more is not, nor part of a page.
+        assert!(ctx.set_balloon(MEM_BYTES).is_ok());
+        let refusal = ctx.set_balloon(MEM_BYTES + PAGE_BYTES).unwrap_err();
+        assert_eq!(refusal.status, 400);
         assert!(
-            r["error"]
-                .as_str()
-                .unwrap()
-                .contains("more than the guest's RAM"),
-            "{r}"
+            refusal.message.contains("more than the guest's RAM"),
+            "{refusal}"
         );
-        assert_eq!(reply(&ctx, "balloon-stats")["target_pages"], 16384);
-        assert_eq!(reply(&ctx, "balloon 0")["target_pages"], 0);
+        let refusal = ctx.set_balloon(5000).unwrap_err();
+        assert_eq!(refusal.status, 400);
+        assert!(refusal.message.contains("multiple of 4 KiB"), "{refusal}");
+        assert_eq!(ctx.balloon().unwrap()["target_pages"], 16384);
+        assert_eq!(ctx.set_balloon(0).unwrap()["target_pages"], 0);
     }
 
     #[test]
-    fn errors_are_replies() {
+    fn without_a_balloon_balloon_requests_say_how_to_get_one() {
         let ctx = context(false);
-        for line in ["balloon 8M", "balloon-stats"] {
-            let r = reply(&ctx, line);
-            assert_eq!(r["ok"], false);
-            assert!(r["error"].as_str().unwrap().contains("--balloon"), "{r}");
+        for refusal in [
+            ctx.set_balloon(8 << 20).unwrap_err(),
+            ctx.balloon().unwrap_err(),
+        ] {
+            assert_eq!(refusal.status, 409);
+            assert!(refusal.message.contains("--balloon"), "{refusal}");
         }
-        let r = reply(&ctx, "frobnicate");
-        assert_eq!(r["ok"], false);
-        assert!(r["error"].as_str().unwrap().contains("balloon SIZE"), "{r}");
-        let r = reply(&ctx, "help");
-        assert_eq!(r["ok"], true);
-        assert_eq!(r["commands"].as_array().unwrap().len(), COMMANDS.len());
-        assert_eq!(reply(&ctx, "stats")["ok"], true);
-        assert_eq!(ctx.respond(b"\xc3\x28")["ok"], false);
+        let vm = ctx.vm_info();
+        assert_eq!(vm["state"], "running");
+        assert_eq!(vm["config"]["vcpus"], 2);
+        let snapshot = ctx.snapshot();
+        assert!(snapshot.swap.is_none() && snapshot.balloon.is_none());
     }
 }

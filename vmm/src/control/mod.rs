@@ -1,17 +1,25 @@
-//! Changing a running VM from outside: the control socket
-//! (`hugevmm run --api-socket PATH`) and its client (`hugevmm ctl`).
+//! Changing and watching a running VM from outside: the HTTP/1.1 API on
+//! the Unix socket of `hugevmm run --api-socket PATH`, the metrics-only
+//! TCP listener of `--metrics-addr`, and the API's client (`hugevmm ctl`).
+//! The API is written down in `docs/api.yaml`.
 //!
-//! - [`command`]: the line protocol's commands and their parser.
-//! - [`context`]: carrying a command out against the VM, JSON replies.
-//! - [`server`]: the socket and the thread that serves it.
+//! - [`http`]: requests cut out of a connection's bytes, responses written.
+//! - [`api`]: the routes, request bodies and their checks.
+//! - [`context`]: carrying a request out against the VM.
+//! - [`metrics`]: `GET /metrics` (Prometheus / OpenMetrics).
+//! - [`server`]: the listeners and the threads that serve them.
+//! - [`command`]: `hugevmm ctl`'s words and the request each stands for.
 //! - [`client`]: `hugevmm ctl`.
 //! - [`watch`]: `hugevmm ctl --watch` lines of rates.
 
+pub mod api;
 pub mod client;
 pub mod command;
 pub mod context;
+pub mod http;
+pub mod metrics;
 pub mod server;
 pub mod watch;
 
 pub use context::ControlContext;
-pub use server::ControlSocket;
+pub use server::{ControlSocket, MetricsListener};

@@ -1,31 +1,49 @@
-//! The control socket (`hugevmm run --api-socket PATH`): a Unix stream
-//! socket, one JSON reply line per command line.
+//! The API's listeners: the Unix socket of `hugevmm run --api-socket
+//! PATH` (every route) and the TCP socket of `--metrics-addr` (`GET
+//! /metrics` only), both speaking HTTP/1.1 (`http.rs` frames, `api.rs`
+//! routes).
+//!
+//! Why not an HTTP server crate: the limits below are the point of this
+//! file, and the crates that serve Unix sockets without an async runtime
+//! do not give them. tiny_http (0.12, the one suggested) hands each
+//! connection to a pool that grows a thread per connection without bound
+//! and sets no read timeout on Unix sockets, so silent clients pile up
+//! threads for ever; it answers a malformed request line with an empty
+//! 400 (no reason), and cannot be woken out of its client threads when
+//! the VM ends. hyper needs tokio, a second runtime in a VMM of plain
+//! threads. So the connections are ours, and the parsing is `httparse`
+//! (hyper's own request parser, no I/O, no unsafe in our use).
 //!
 //! The socket is bound before the VM is built, so that a path in use fails
 //! the run before anything is allocated, and served once the vCPUs start;
 //! a client that connects in between waits in the listen backlog.
 //!
-//! One `control` thread accepts connections and hands each to a thread of
-//! its own (`control-client`), so that a client that is slow, silent or
-//! stuck in a long command (`pageout`) never delays another. The limits
+//! One accepting thread per listener hands each connection to a thread of
+//! its own, so that a client that is slow, silent or stuck in a long
+//! request (`pageout`) never delays another, nor the VM (no lock of the
+//! vCPUs is held while a client is read from or written to). The limits
 //! keep any one client, or many, from holding the VMM:
-//! - at most [`MAX_CLIENTS`] connections are served at once; one more gets
-//!   a single error line and is closed;
-//! - a client has [`IDLE_TIMEOUT`] from connecting, or from its last reply,
-//!   to send a complete line (timed over the whole line, so that trickling
-//!   a byte at a time does not extend it), or it gets an error line and is
+//! - at most [`MAX_CLIENTS`] connections per listener are served at once;
+//!   one more gets a 503 and is closed;
+//! - a client has [`IDLE_TIMEOUT`] from connecting, or from its last
+//!   response, to send a complete request (timed over the whole request,
+//!   so that trickling a byte at a time does not extend it), or it gets a
+//!   408 and is dropped;
+//! - a response must be taken within [`WRITE_TIMEOUT`], or the client is
 //!   dropped;
-//! - a reply must be taken within [`WRITE_TIMEOUT`], or the client is
-//!   dropped.
+//! - request heads and bodies are bounded (`http.rs`); past a bound the
+//!   client gets a 431 or 413 and is closed.
 //!
 //! Every thread sleeps in `poll` on its socket and one stop eventfd, so
-//! the VM's end wakes them all at once; a command in progress is finished
-//! first. Joining the `control` thread joins the client threads.
+//! the VM's end wakes them all at once; a request in progress is finished
+//! first. Joining the accepting thread joins the client threads.
 
-use super::command::MAX_LINE_BYTES;
-use super::context::{error_reply, ControlContext};
+use super::api::{self, Service};
+use super::context::ControlContext;
+use super::http::{self, Parsed, Response};
 use anyhow::{bail, Context, Result};
 use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -36,20 +54,27 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
 
-/// Most clients served at once. Each holds a thread (and, in a command, a
-/// share of the VMM's attention); a few people or scripts watching one VM
-/// need far fewer.
+/// Most clients served at once per listener. Each holds a thread (and, in
+/// a request, a share of the VMM's attention); a few people, scripts and a
+/// Prometheus server watching one VM need far fewer.
 pub const MAX_CLIENTS: usize = 16;
 
-/// How long a client may take to send a complete command line, from
-/// connecting or from its last reply; past it the client is dropped, so
-/// that connections left open by crashed or hostile clients do not use up
-/// [`MAX_CLIENTS`]. `hugevmm ctl` sends its line at once.
+/// How long a client may take to send a complete request, from connecting
+/// or from its last response; past it the client is dropped, so that
+/// connections left open by crashed or hostile clients do not use up
+/// [`MAX_CLIENTS`]. `hugevmm ctl` and curl send their request at once.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a reply may wait for a client that does not read; past it
+/// How long a response may wait for a client that does not read; past it
 /// the client is dropped so that its thread does not wait for ever.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// After an error that closes the connection, how long the rest of what
+/// the client sends (an oversized body, say) is read and dropped, so that
+/// the close does not reset the connection before the client has read the
+/// error, and how much of it at most.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 1 << 20;
 
 /// The server's limits; tests shorten them.
 #[derive(Debug, Clone, Copy)]
@@ -94,12 +119,6 @@ impl Drop for SocketFile {
     }
 }
 
-/// A bound control socket, not served yet.
-pub struct ControlSocket {
-    listener: UnixListener,
-    file: SocketFile,
-}
-
 /// Makes room for the socket at `path`: nothing there is fine, a socket
 /// nobody listens on (left by a VM that was killed) is removed, anything
 /// else is refused.
@@ -129,6 +148,12 @@ fn clear_stale(path: &Path) -> Result<()> {
     }
 }
 
+/// A bound API socket, not served yet.
+pub struct ControlSocket {
+    listener: UnixListener,
+    file: SocketFile,
+}
+
 impl ControlSocket {
     /// Creates the socket at `path` (mode 0600: whoever can connect can
     /// resize the guest's memory), replacing a stale one.
@@ -136,7 +161,7 @@ impl ControlSocket {
         clear_stale(path)?;
         let shown = path.display();
         let listener = UnixListener::bind(path)
-            .with_context(|| format!("cannot create the control socket --api-socket {shown}"))?;
+            .with_context(|| format!("cannot create the API socket --api-socket {shown}"))?;
         let meta = std::fs::symlink_metadata(path)
             .with_context(|| format!("--api-socket {shown}: the socket vanished"))?;
         let file = SocketFile {
@@ -151,42 +176,139 @@ impl ControlSocket {
         // gave up in between.
         listener
             .set_nonblocking(true)
-            .context("cannot make the control socket non-blocking")?;
+            .context("cannot make the API socket non-blocking")?;
         Ok(Self { listener, file })
     }
 
-    /// Starts the threads that serve the socket with `context`.
-    pub fn serve(self, context: ControlContext) -> Result<ControlServer> {
+    /// Starts the threads that serve every route with `context`.
+    pub fn serve(self, context: Arc<ControlContext>) -> Result<ControlServer> {
         self.serve_with(context, Limits::DEFAULT)
     }
 
-    fn serve_with(self, context: ControlContext, limits: Limits) -> Result<ControlServer> {
-        let stop = Arc::new(
-            EventFd::new(libc::EFD_NONBLOCK)
-                .context("cannot create the control socket's eventfd")?,
-        );
-        let listener = self.listener;
-        let shared = Arc::new(Shared {
-            stop: stop.clone(),
+    fn serve_with(self, context: Arc<ControlContext>, limits: Limits) -> Result<ControlServer> {
+        start(
+            self.listener,
+            Some(self.file),
             context,
+            Service::Api,
             limits,
-        });
-        let thread = std::thread::Builder::new()
-            .name("control".into())
-            .spawn(move || accept_loop(&listener, &shared))
-            .context("cannot spawn the control socket thread")?;
-        Ok(ControlServer {
-            stop,
-            thread: Some(thread),
-            _file: self.file,
-        })
+            "api",
+        )
     }
+}
+
+/// A bound `--metrics-addr` listener, not served yet.
+pub struct MetricsListener {
+    listener: TcpListener,
+}
+
+impl MetricsListener {
+    /// Listens on `addr` (bound before the VM is built, so that a port in
+    /// use fails the run before anything is allocated).
+    pub fn bind(addr: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind(addr).with_context(|| {
+            format!("--metrics-addr {addr}: cannot listen there (in use? give another port, e.g. 127.0.0.1:9800)")
+        })?;
+        listener
+            .set_nonblocking(true)
+            .context("cannot make the metrics socket non-blocking")?;
+        Ok(Self { listener })
+    }
+
+    /// The address bound (the port the kernel chose for port 0).
+    #[cfg(test)]
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Starts the threads that serve `GET /metrics` with `context`.
+    pub fn serve(self, context: Arc<ControlContext>) -> Result<ControlServer> {
+        start(
+            self.listener,
+            None,
+            context,
+            Service::MetricsOnly,
+            Limits::DEFAULT,
+            "metrics",
+        )
+    }
+}
+
+/// What the listeners and streams of both kinds have in common.
+trait Listen: AsRawFd + Send + 'static {
+    type Stream: Connection;
+    fn accept_one(&self) -> io::Result<Self::Stream>;
+}
+
+/// A client's connection, used through `&self` as `UnixStream` and
+/// `TcpStream` allow.
+trait Connection: AsRawFd + Send + 'static {
+    fn set_nonblocking(&self, on: bool) -> io::Result<()>;
+    fn read_some(&self, buf: &mut [u8]) -> io::Result<usize>;
+    fn write_some(&self, buf: &[u8]) -> io::Result<usize>;
+    fn shutdown_write(&self);
+}
+
+macro_rules! connection {
+    ($listener:ty, $stream:ty) => {
+        impl Listen for $listener {
+            type Stream = $stream;
+            fn accept_one(&self) -> io::Result<$stream> {
+                self.accept().map(|(stream, _)| stream)
+            }
+        }
+        impl Connection for $stream {
+            fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+                <$stream>::set_nonblocking(self, on)
+            }
+            fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
+                (&*self).read(buf)
+            }
+            fn write_some(&self, buf: &[u8]) -> io::Result<usize> {
+                (&*self).write(buf)
+            }
+            fn shutdown_write(&self) {
+                let _ = self.shutdown(std::net::Shutdown::Write);
+            }
+        }
+    };
+}
+connection!(UnixListener, UnixStream);
+connection!(TcpListener, TcpStream);
+
+fn start<L: Listen>(
+    listener: L,
+    file: Option<SocketFile>,
+    context: Arc<ControlContext>,
+    service: Service,
+    limits: Limits,
+    name: &str,
+) -> Result<ControlServer> {
+    let stop =
+        Arc::new(EventFd::new(libc::EFD_NONBLOCK).context("cannot create the API's stop eventfd")?);
+    let shared = Arc::new(Shared {
+        stop: stop.clone(),
+        context,
+        service,
+        limits,
+    });
+    let client_name = format!("{name}-client");
+    let thread = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || accept_loop(&listener, &shared, &client_name))
+        .with_context(|| format!("cannot spawn the {name} listener's thread"))?;
+    Ok(ControlServer {
+        stop,
+        thread: Some(thread),
+        _file: file,
+    })
 }
 
 /// What the accepting thread and every client thread share.
 struct Shared {
     stop: Arc<EventFd>,
-    context: ControlContext,
+    context: Arc<ControlContext>,
+    service: Service,
     limits: Limits,
 }
 
@@ -195,13 +317,13 @@ struct Shared {
 pub struct ControlServer {
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
-    _file: SocketFile,
+    _file: Option<SocketFile>,
 }
 
 impl ControlServer {
     /// Stops serving and removes the socket file. `wait` joins the threads
-    /// (finishing the commands in progress); without it they are left to
-    /// end on their own, for when a command might be stuck on guest memory
+    /// (finishing the requests in progress); without it they are left to
+    /// end on their own, for when a request might be stuck on guest memory
     /// that will never be served (a failed VM). Threads left so do not keep
     /// the process alive: it ends when `main` returns.
     pub fn shutdown(mut self, wait: bool) {
@@ -211,7 +333,7 @@ impl ControlServer {
     fn stop_threads(&mut self, wait: bool) {
         // Never read, so it stays readable and every later poll sees it.
         if let Err(e) = self.stop.write(1) {
-            eprintln!("hugevmm: control socket: cannot stop its threads: {e}");
+            eprintln!("hugevmm: API: cannot stop its threads: {e}");
             return;
         }
         if let Some(thread) = self.thread.take() {
@@ -299,7 +421,7 @@ impl Drop for Served {
     }
 }
 
-fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
+fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str) {
     let served = Arc::new(AtomicUsize::new(0));
     let mut clients: Vec<JoinHandle<()>> = Vec::new();
     loop {
@@ -307,12 +429,12 @@ fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
             Ok(Wake::Ready) => {}
             Ok(Wake::Stop) | Ok(Wake::TimedOut) => break,
             Err(e) => {
-                eprintln!("hugevmm: control socket: poll failed, no more commands: {e}");
+                eprintln!("hugevmm: API: poll failed, no more requests: {e}");
                 break;
             }
         }
-        let stream = match listener.accept() {
-            Ok((stream, _)) => stream,
+        let stream = match listener.accept_one() {
+            Ok(stream) => stream,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -322,7 +444,7 @@ fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
                 continue
             }
             Err(e) => {
-                eprintln!("hugevmm: control socket: accept failed, no more commands: {e}");
+                eprintln!("hugevmm: API: accept failed, no more requests: {e}");
                 break;
             }
         };
@@ -332,8 +454,9 @@ fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
         if served.load(Ordering::Acquire) >= max_clients {
             say_and_close(
                 &stream,
-                &format!(
-                    "too many control clients ({max_clients}) are connected; try again when one has disconnected"
+                &Response::error(
+                    503,
+                    format!("too many API clients ({max_clients}) are connected; try again when one has disconnected"),
                 ),
             );
             continue;
@@ -342,15 +465,15 @@ fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
         let guard = Served(served.clone());
         let thread_shared = shared.clone();
         let spawned = std::thread::Builder::new()
-            .name("control-client".into())
+            .name(client_name.into())
             .spawn(move || {
                 let _guard = guard;
                 client_thread(stream, &thread_shared);
             });
         match spawned {
             Ok(client) => clients.push(client),
-            // The client sees its connection closed without a reply.
-            Err(e) => eprintln!("hugevmm: control socket: cannot start a thread for a client: {e}"),
+            // The client sees its connection closed without a response.
+            Err(e) => eprintln!("hugevmm: API: cannot start a thread for a client: {e}"),
         }
     }
     // Every client thread sees the same stop. Joined here so that when
@@ -361,7 +484,7 @@ fn accept_loop(listener: &UnixListener, shared: &Arc<Shared>) {
     }
 }
 
-fn client_thread(stream: UnixStream, shared: &Shared) {
+fn client_thread<S: Connection>(stream: S, shared: &Shared) {
     match serve_client(&stream, shared) {
         Ok(ClientEnd::Disconnected | ClientEnd::Stop) => {}
         // A client that goes away or stops reading is its own problem.
@@ -370,17 +493,15 @@ fn client_thread(stream: UnixStream, shared: &Shared) {
                 e.kind(),
                 ErrorKind::BrokenPipe | ErrorKind::ConnectionReset | ErrorKind::TimedOut
             ) => {}
-        Err(e) => eprintln!("hugevmm: control socket: client dropped: {e}"),
+        Err(e) => eprintln!("hugevmm: API: client dropped: {e}"),
     }
 }
 
-/// Sends one error line to a client about to be closed, without waiting:
+/// Sends one response to a client about to be closed, without waiting:
 /// a client that does not read loses it.
-fn say_and_close(stream: &UnixStream, message: &str) {
-    let mut line = error_reply(message).to_string();
-    line.push('\n');
+fn say_and_close<S: Connection>(stream: &S, response: &Response) {
     if stream.set_nonblocking(true).is_ok() {
-        let _ = (&*stream).write(line.as_bytes());
+        let _ = stream.write_some(&response.to_bytes(true));
     }
 }
 
@@ -389,19 +510,13 @@ enum ClientEnd {
     Stop,
 }
 
-/// Writes one reply line; the whole line gets `timeout`. Stops early (the
-/// reply lost) if the VM ends meanwhile.
-fn send(
-    stream: &UnixStream,
-    reply: &serde_json::Value,
-    shared: &Shared,
-) -> io::Result<Option<ClientEnd>> {
-    let mut line = reply.to_string();
-    line.push('\n');
+/// Writes `bytes`; the whole response gets the write timeout. Stops early
+/// (the response lost) if the VM ends meanwhile.
+fn send<S: Connection>(stream: &S, bytes: &[u8], shared: &Shared) -> io::Result<Option<ClientEnd>> {
     let deadline = Instant::now() + shared.limits.write_timeout;
-    let mut rest = line.as_bytes();
+    let mut rest = bytes;
     while !rest.is_empty() {
-        match (&*stream).write(rest) {
+        match stream.write_some(rest) {
             Ok(0) => return Err(ErrorKind::WriteZero.into()),
             Ok(n) => rest = &rest[n..],
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -423,55 +538,95 @@ fn send(
     Ok(None)
 }
 
-/// Answers one client's lines until it disconnects, idles past the
-/// timeout or the VM ends. A last line without its newline is not run:
-/// the client may have died mid-command, and half of `balloon 64M` is a
-/// different target.
-fn serve_client(stream: &UnixStream, shared: &Shared) -> io::Result<ClientEnd> {
+/// After a response that ends the connection: says no more, then reads
+/// and drops what the client still sends, for a bounded time and amount,
+/// so that closing with its bytes unread does not reset the connection
+/// before it has read the response.
+fn linger<S: Connection>(stream: &S, shared: &Shared) {
+    stream.shutdown_write();
+    let deadline = Instant::now() + LINGER;
+    let mut dropped = 0;
+    let mut chunk = [0u8; 4096];
+    while dropped < LINGER_BYTES {
+        match wait_for(
+            stream.as_raw_fd(),
+            libc::POLLIN,
+            &shared.stop,
+            Some(deadline),
+        ) {
+            Ok(Wake::Ready) => {}
+            _ => return,
+        }
+        match stream.read_some(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => dropped += n,
+            Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+/// Answers one client's requests until it disconnects, idles past the
+/// timeout, asks to close, sends something that is no request, or the VM
+/// ends. A request cut short by a disconnect is not run: half of a body
+/// is a different value, or none.
+fn serve_client<S: Connection>(stream: &S, shared: &Shared) -> io::Result<ClientEnd> {
     // Non-blocking, so that every wait is a poll that also watches `stop`.
     stream.set_nonblocking(true)?;
     let idle_timeout = shared.limits.idle_timeout;
-    // The whole line is timed, not each read: a byte every so often must
-    // not keep the connection for ever.
-    let mut line_deadline = Instant::now() + idle_timeout;
+    // The whole request is timed, not each read: a byte every so often
+    // must not keep the connection for ever.
+    let mut deadline = Instant::now() + idle_timeout;
     let mut pending: Vec<u8> = Vec::new();
-    let mut chunk = [0u8; 1024];
+    let mut chunk = [0u8; 4096];
     loop {
-        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
-            let reply = shared.context.respond(&pending[..end]);
-            pending.drain(..=end);
-            if let Some(end) = send(stream, &reply, shared)? {
-                return Ok(end);
+        loop {
+            match http::parse(&pending) {
+                Ok(Parsed::Complete(request, used)) => {
+                    pending.drain(..used);
+                    let response = api::handle(&shared.context, shared.service, &request);
+                    if let Some(end) = send(stream, &response.to_bytes(request.close), shared)? {
+                        return Ok(end);
+                    }
+                    if request.close {
+                        linger(stream, shared);
+                        return Ok(ClientEnd::Disconnected);
+                    }
+                    deadline = Instant::now() + idle_timeout;
+                }
+                Ok(Parsed::Partial) => break,
+                Err(e) => {
+                    // Nobody knows where the next request would start.
+                    let response = Response::error(e.status(), e.to_string());
+                    let end = send(stream, &response.to_bytes(true), shared)?;
+                    linger(stream, shared);
+                    return Ok(end.unwrap_or(ClientEnd::Disconnected));
+                }
             }
-            line_deadline = Instant::now() + idle_timeout;
-        }
-        if pending.len() > MAX_LINE_BYTES {
-            // Nothing sensible follows a runaway line; say why and hang up.
-            let reply = error_reply(format!(
-                "command line longer than {MAX_LINE_BYTES} bytes; closing the connection"
-            ));
-            return Ok(send(stream, &reply, shared)?.unwrap_or(ClientEnd::Disconnected));
         }
         match wait_for(
             stream.as_raw_fd(),
             libc::POLLIN,
             &shared.stop,
-            Some(line_deadline),
+            Some(deadline),
         )? {
             Wake::Ready => {}
             Wake::Stop => return Ok(ClientEnd::Stop),
             Wake::TimedOut => {
                 say_and_close(
                     stream,
-                    &format!(
-                        "no complete command line within {} s; closing the connection (send one line per command, ended by a newline)",
-                        idle_timeout.as_secs_f64()
+                    &Response::error(
+                        408,
+                        format!(
+                            "no complete request within {} s; closing the connection (send the whole request at once, as curl and `hugevmm ctl` do)",
+                            idle_timeout.as_secs_f64()
+                        ),
                     ),
                 );
                 return Ok(ClientEnd::Disconnected);
             }
         }
-        match (&*stream).read(&mut chunk) {
+        match stream.read_some(&mut chunk) {
             Ok(0) => return Ok(ClientEnd::Disconnected),
             Ok(n) => pending.extend_from_slice(&chunk[..n]),
             Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::WouldBlock) => {}
@@ -484,13 +639,14 @@ fn serve_client(stream: &UnixStream, shared: &Shared) -> io::Result<ClientEnd> {
 mod tests {
     use super::*;
     use crate::control::context::tests::context;
-    use std::io::{BufRead, BufReader};
+    use crate::control::http::{MAX_BODY_BYTES, MAX_HEAD_BYTES};
+    use serde_json::Value;
 
     fn temp_path(tag: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("hugevmm-ctl-{}-{tag}.sock", std::process::id()))
+        std::env::temp_dir().join(format!("hugevmm-api-{}-{tag}.sock", std::process::id()))
     }
 
-    /// How long a test client waits for a reply or the end of its
+    /// How long a test client waits for a response or the end of its
     /// connection before the test fails: not a measurement, only a bound
     /// so that a server that blocks fails the test instead of hanging it.
     const GUARD: Duration = Duration::from_secs(60);
@@ -502,43 +658,72 @@ mod tests {
     };
 
     struct Client {
-        reader: BufReader<UnixStream>,
-        writer: UnixStream,
+        stream: UnixStream,
+        buffered: Vec<u8>,
     }
 
     impl Client {
         fn connect(path: &Path) -> Self {
-            let writer = UnixStream::connect(path).unwrap();
-            writer.set_read_timeout(Some(GUARD)).unwrap();
+            let stream = UnixStream::connect(path).unwrap();
+            stream.set_read_timeout(Some(GUARD)).unwrap();
             Self {
-                reader: BufReader::new(writer.try_clone().unwrap()),
-                writer,
+                stream,
+                buffered: Vec::new(),
             }
         }
         fn send(&mut self, bytes: &[u8]) {
-            self.writer.write_all(bytes).unwrap();
+            self.stream.write_all(bytes).unwrap();
         }
-        fn reply(&mut self) -> serde_json::Value {
-            let mut line = String::new();
-            self.reader.read_line(&mut line).unwrap();
-            assert!(line.ends_with('\n'), "{line:?}");
-            serde_json::from_str(&line).unwrap()
+        /// The next response: status and JSON body.
+        fn response(&mut self) -> (u16, Value) {
+            loop {
+                let mut headers = [httparse::EMPTY_HEADER; 16];
+                let mut parsed = httparse::Response::new(&mut headers);
+                if let Ok(httparse::Status::Complete(head)) = parsed.parse(&self.buffered) {
+                    let length: usize = parsed
+                        .headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                        .map(|h| std::str::from_utf8(h.value).unwrap().parse().unwrap())
+                        .unwrap();
+                    if self.buffered.len() >= head + length {
+                        let status = parsed.code.unwrap();
+                        let body: Value =
+                            serde_json::from_slice(&self.buffered[head..head + length]).unwrap();
+                        self.buffered.drain(..head + length);
+                        return (status, body);
+                    }
+                }
+                let mut chunk = [0u8; 4096];
+                let n = self.stream.read(&mut chunk).expect("a response");
+                assert!(
+                    n > 0,
+                    "closed before a whole response: {:?}",
+                    String::from_utf8_lossy(&self.buffered)
+                );
+                self.buffered.extend_from_slice(&chunk[..n]);
+            }
         }
-        fn ask(&mut self, line: &str) -> serde_json::Value {
-            self.send(format!("{line}\n").as_bytes());
-            self.reply()
+        fn ask(&mut self, method: &str, path: &str, body: &str) -> (u16, Value) {
+            self.send(
+                format!(
+                    "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            );
+            self.response()
         }
-        /// Asserts that the server closed the connection, returning what
-        /// came before the end. A server closing with unread bytes from us
-        /// makes Linux report a reset rather than the end: both count.
-        fn closed(&mut self) -> Vec<u8> {
+        /// Asserts that the server closed the connection. A server closing
+        /// with unread bytes from us makes Linux report a reset rather
+        /// than the end: both count.
+        fn closed(&mut self) {
             let mut rest = Vec::new();
-            match self.reader.read_to_end(&mut rest) {
+            match self.stream.read_to_end(&mut rest) {
                 Ok(_) => {}
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
                 Err(e) => panic!("the connection stayed open: {e}"),
             }
-            rest
         }
     }
 
@@ -547,91 +732,105 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let server = ControlSocket::bind(&path)
             .unwrap()
-            .serve_with(context(true), limits)
+            .serve_with(Arc::new(context(true)), limits)
             .unwrap();
         (server, path)
     }
 
     #[test]
-    fn serves_clients_in_turn_and_survives_garbage() {
-        let path = temp_path("serve");
-        let _ = std::fs::remove_file(&path);
-        let server = ControlSocket::bind(&path)
-            .unwrap()
-            .serve(context(true))
-            .unwrap();
+    fn serves_requests_in_turn_and_survives_garbage() {
+        let (server, path) = serve("serve", Limits::DEFAULT);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
 
         let mut c = Client::connect(&path);
-        assert_eq!(c.ask("help")["ok"], true);
-        assert_eq!(c.ask("balloon 4M")["target_pages"], 1024);
-        // Two commands in one write, split across writes, with CRLF.
-        c.send(b"balloon-stats\r\nsta");
-        assert_eq!(c.reply()["target_pages"], 1024);
-        c.send(b"ts\n");
-        assert_eq!(c.reply()["balloon"]["target_pages"], 1024);
-        // Garbage gets error replies and the connection stays usable.
-        for garbage in [&b"\xff\xfe\x00\x01"[..], b"", b"balloon", b"balloon -5"] {
-            c.send(garbage);
-            c.send(b"\n");
-            let r = c.reply();
-            assert_eq!(r["ok"], false, "{garbage:?}: {r}");
-            assert!(r["error"].is_string());
-        }
-        // A runaway line is refused and the connection closed.
-        c.send(&vec![b'x'; MAX_LINE_BYTES + 10]);
-        let r = c.reply();
-        assert_eq!(r["ok"], false);
-        assert!(c.closed().is_empty());
+        assert_eq!(c.ask("GET", "/vm", "").0, 200);
+        let (status, r) = c.ask("PUT", "/balloon", r#"{"target_bytes": 4194304}"#);
+        assert_eq!((status, r["target_pages"].as_u64()), (200, Some(1024)));
+        // Two requests in one write, one split across writes.
+        c.send(b"GET /balloon HTTP/1.1\r\n\r\nGET /sta");
+        assert_eq!(c.response().1["target_pages"], 1024);
+        c.send(b"ts HTTP/1.1\r\n\r\n");
+        assert_eq!(c.response().1["balloon"]["target_pages"], 1024);
+        // Bad values and unknown routes keep the connection.
+        assert_eq!(c.ask("PUT", "/balloon", "{}").0, 400);
+        assert_eq!(c.ask("GET", "/nope", "").0, 404);
+        assert_eq!(c.ask("POST", "/vm", "").0, 405);
+        assert_eq!(c.ask("GET", "/vm", "").0, 200);
+        // A malformed request gets a 400 with a reason and the close.
+        c.send(b"stats\n\r\n\r\n");
+        let (status, r) = c.response();
+        assert_eq!(status, 400, "{r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("malformed"),
+            "{r}"
+        );
+        c.closed();
 
-        // A client that dies mid-line changes nothing.
+        // An oversized body: 413 before any of it is read.
         let mut c = Client::connect(&path);
-        c.send(b"balloon 6");
+        c.send(
+            format!(
+                "PUT /balloon HTTP/1.1\r\nContent-Length: {}\r\n\r\n",
+                MAX_BODY_BYTES + 1
+            )
+            .as_bytes(),
+        );
+        c.send(&vec![b' '; 4096]);
+        assert_eq!(c.response().0, 413);
+        c.closed();
+        // A runaway head: 431.
+        let mut c = Client::connect(&path);
+        c.send(format!("GET /{} HTTP/1.1\r\n", "a".repeat(MAX_HEAD_BYTES)).as_bytes());
+        assert_eq!(c.response().0, 431);
+        c.closed();
+
+        // A client that dies mid-request changes nothing.
+        let mut c = Client::connect(&path);
+        c.send(b"PUT /balloon HTTP/1.1\r\nContent-Length: 30\r\n\r\n{\"target_bytes\": 8");
         drop(c);
-        // One that never reads its replies does not stop the next one.
+        // One that never reads its responses does not stop the next one.
         let mut c = Client::connect(&path);
-        c.send(b"stats\nstats\n");
-        c.writer.shutdown(std::net::Shutdown::Both).unwrap();
+        c.send(b"GET /stats HTTP/1.1\r\n\r\nGET /stats HTTP/1.1\r\n\r\n");
+        c.stream.shutdown(std::net::Shutdown::Both).unwrap();
         drop(c);
         let mut c = Client::connect(&path);
-        assert_eq!(c.ask("balloon-stats")["target_pages"], 1024);
+        assert_eq!(c.ask("GET", "/balloon", "").1["target_pages"], 1024);
+        // Connection: close is honoured.
+        c.send(b"GET /vm HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert_eq!(c.response().0, 200);
+        c.closed();
 
         // The VM's end wakes the thread while this client stays connected.
+        let mut c = Client::connect(&path);
+        assert_eq!(c.ask("GET", "/vm", "").0, 200);
         server.shutdown(true);
         assert!(!path.exists(), "the socket file is removed");
-        assert!(c.closed().is_empty());
+        c.closed();
     }
 
     #[test]
     fn an_idle_client_does_not_block_another() {
         let (server, path) = serve("idle", PATIENT);
-        // Served (it has had a reply), then silent.
         let mut idle = Client::connect(&path);
-        assert_eq!(idle.ask("help")["ok"], true);
-        // Silent from the start, and one stopped mid-line.
+        assert_eq!(idle.ask("GET", "/vm", "").0, 200);
         let _silent = Client::connect(&path);
         let mut partial = Client::connect(&path);
-        partial.send(b"balloon-st");
+        partial.send(b"GET /ballo");
         let mut other = Client::connect(&path);
-        assert_eq!(other.ask("balloon 4M")["target_pages"], 1024);
-        // Each of them is still served, and sees the other's change.
-        assert_eq!(idle.ask("balloon-stats")["target_pages"], 1024);
-        partial.send(b"ats\n");
-        assert_eq!(partial.reply()["target_pages"], 1024);
-        server.shutdown(true);
-    }
-
-    /// The reply a client gets when it is dropped for sending no line.
-    fn assert_idle_error(r: &serde_json::Value) {
-        assert_eq!(r["ok"], false, "{r}");
-        assert!(
-            r["error"]
-                .as_str()
-                .unwrap()
-                .contains("no complete command line"),
-            "{r}"
+        assert_eq!(
+            other
+                .ask("PUT", "/balloon", r#"{"target_bytes": 4194304}"#)
+                .0,
+            200
         );
+        assert_eq!(idle.ask("GET", "/balloon", "").1["target_pages"], 1024);
+        partial.send(b"on HTTP/1.1\r\n\r\n");
+        assert_eq!(partial.response().1["target_pages"], 1024);
+        server.shutdown(true);
     }
 
     #[test]
@@ -642,57 +841,56 @@ mod tests {
         };
         let (server, path) = serve("trickle", limits);
         let mut silent = Client::connect(&path);
-        let r = silent.reply();
-        assert_idle_error(&r);
-        assert!(silent.closed().is_empty());
+        let (status, r) = silent.response();
+        assert_eq!(status, 408, "{r}");
+        assert!(r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no complete request"));
+        silent.closed();
 
-        // One byte at a time, each well within the timeout, never a whole
-        // line: the line's time runs from the last reply, not each byte.
         let mut trickling = Client::connect(&path);
-        assert_eq!(trickling.ask("help")["ok"], true);
-        let mut writer = trickling.writer.try_clone().unwrap();
+        assert_eq!(trickling.ask("GET", "/vm", "").0, 200);
+        let mut writer = trickling.stream.try_clone().unwrap();
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let trickle_done = done.clone();
         let trickler = std::thread::spawn(move || {
-            while !trickle_done.load(Ordering::Relaxed) && writer.write_all(b"s").is_ok() {
+            while !trickle_done.load(Ordering::Relaxed) && writer.write_all(b"G").is_ok() {
                 std::thread::sleep(Duration::from_millis(20));
             }
         });
-        let r = trickling.reply();
+        let (status, _) = trickling.response();
         done.store(true, Ordering::Relaxed);
-        assert_idle_error(&r);
-        assert!(trickling.closed().is_empty());
+        // Either the head grew past its bound first or the time ran out.
+        assert!(matches!(status, 408 | 431 | 400), "{status}");
+        trickling.closed();
         trickler.join().unwrap();
 
-        // A client that sends its line gets its reply.
         let mut prompt = Client::connect(&path);
-        assert_eq!(prompt.ask("help")["ok"], true);
+        assert_eq!(prompt.ask("GET", "/vm", "").0, 200);
         server.shutdown(true);
     }
 
     #[test]
-    fn past_max_clients_one_more_gets_an_error_line() {
+    fn past_max_clients_one_more_gets_a_503() {
         let (server, path) = serve("max", PATIENT);
-        // Each has had a reply, so each has its thread.
         let mut clients: Vec<Client> = (0..MAX_CLIENTS)
             .map(|_| {
                 let mut c = Client::connect(&path);
-                assert_eq!(c.ask("help")["ok"], true);
+                assert_eq!(c.ask("GET", "/vm", "").0, 200);
                 c
             })
             .collect();
         let mut extra = Client::connect(&path);
-        let r = extra.reply();
-        assert_eq!(r["ok"], false, "{r}");
-        let error = r["error"].as_str().unwrap();
-        assert!(
-            error.contains(&format!("too many control clients ({MAX_CLIENTS})")),
-            "{r}"
-        );
-        assert!(extra.closed().is_empty());
-        // The others are still served.
+        let (status, r) = extra.response();
+        assert_eq!(status, 503, "{r}");
+        assert!(r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("too many API clients ({MAX_CLIENTS})")));
+        extra.closed();
         for c in &mut clients {
-            assert_eq!(c.ask("balloon-stats")["ok"], true);
+            assert_eq!(c.ask("GET", "/balloon", "").0, 200);
         }
         // Once one leaves, a new client is served again (its thread ends
         // a moment after the disconnect: retry, counting tries, not time).
@@ -700,8 +898,8 @@ mod tests {
         let mut tries = 0;
         loop {
             let mut c = Client::connect(&path);
-            c.send(b"help\n");
-            if c.reply()["ok"] == true {
+            c.send(b"GET /vm HTTP/1.1\r\n\r\n");
+            if c.response().0 == 200 {
                 break;
             }
             tries += 1;
@@ -715,15 +913,12 @@ mod tests {
     fn stop_ends_every_client() {
         let (server, path) = serve("stop", PATIENT);
         let mut idle = Client::connect(&path);
-        assert_eq!(idle.ask("help")["ok"], true);
+        assert_eq!(idle.ask("GET", "/vm", "").0, 200);
         let mut partial = Client::connect(&path);
-        partial.send(b"sta");
-        // Never reads: its thread ends up waiting to write a reply.
+        partial.send(b"GET /st");
+        // Never reads: its thread ends up waiting to write a response.
         let mut flooding = Client::connect(&path);
-        flooding.send(&b"help\n".repeat(4000));
-        let mut served = Client::connect(&path);
-        assert_eq!(served.ask("help")["ok"], true);
-
+        flooding.send(&b"GET /stats HTTP/1.1\r\n\r\n".repeat(4000));
         let (joined_tx, joined) = std::sync::mpsc::channel();
         let stopper = std::thread::spawn(move || {
             server.shutdown(true);
@@ -734,11 +929,35 @@ mod tests {
             .expect("shutdown(wait=true) returns while clients are connected");
         stopper.join().unwrap();
         assert!(!path.exists());
-        // Every client thread has ended, and so its connection.
-        assert!(idle.closed().is_empty());
-        assert!(partial.closed().is_empty());
-        assert!(served.closed().is_empty());
+        idle.closed();
+        partial.closed();
         flooding.closed();
+    }
+
+    #[test]
+    fn the_metrics_listener_serves_metrics_only() {
+        let listener = MetricsListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = listener.serve(Arc::new(context(true))).unwrap();
+        let get = |request: &str| {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            stream.set_read_timeout(Some(GUARD)).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            let mut text = String::new();
+            let _ = stream.read_to_string(&mut text);
+            text
+        };
+        let metrics = get("GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(metrics.starts_with("HTTP/1.1 200 OK\r\n"), "{metrics}");
+        assert!(metrics.contains("hugevmm_vcpus 2"), "{metrics}");
+        for request in [
+            "GET /vm HTTP/1.1\r\nConnection: close\r\n\r\n",
+            "PUT /actions HTTP/1.1\r\nConnection: close\r\nContent-Length: 17\r\n\r\n{\"action\":\"quit\"}",
+        ] {
+            let reply = get(request);
+            assert!(reply.starts_with("HTTP/1.1 404 Not Found\r\n"), "{reply}");
+        }
+        server.shutdown(true);
     }
 
     #[test]

@@ -1,0 +1,496 @@
+//! `GET /metrics`: the VM's figures as Prometheus metrics, encoded by the
+//! official client library (`prometheus-client`).
+//!
+//! The figures live in the swap engine's counters, the balloon and KVM;
+//! each scrape reads them once ([`Snapshot`]) and a collector hands them
+//! to the encoder, so nothing is counted twice and no metric can drift
+//! from `GET /stats`. Names follow Prometheus' rules: one `hugevmm_`
+//! prefix, base units (bytes, seconds), `_total` on counters.
+//!
+//! Format: OpenMetrics 1.0 text unless the `Accept` header prefers the
+//! Prometheus text format 0.0.4 (`text/plain`), which older parsers need
+//! (they read OpenMetrics' counter family `x` with samples `x_total` as
+//! two metrics).
+
+use super::context::{Refusal, Snapshot};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use swap::engine::{FaultSource, LatencyHistogram};
+
+/// OpenMetrics' media type, as `prometheus-client` writes it.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds of the exported latency buckets, µs: powers of two from
+/// 1 µs to 2^24 µs (16.8 s). The engine's own buckets are log-linear
+/// (8 per power of two), so each of these bounds is one of its bucket
+/// edges and the cumulative counts are exact; 8 buckets per octave would
+/// be 200 series per histogram, more than a scrape is worth.
+const BOUNDS_LOG2_US: std::ops::RangeInclusive<u32> = 0..=24;
+
+/// Which format a client gets, from its `Accept` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    OpenMetrics,
+    PrometheusText,
+}
+
+/// The quality a media range gives a format (0 when it does not match).
+fn quality(range: &str, format: Format) -> f64 {
+    let mut parts = range.split(';');
+    let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+    let q = parts
+        .filter_map(|p| p.trim().strip_prefix("q="))
+        .find_map(|q| q.trim().parse::<f64>().ok())
+        .unwrap_or(1.0);
+    let matches = match media.as_str() {
+        "*/*" => true,
+        "application/*" | "application/openmetrics-text" => format == Format::OpenMetrics,
+        "text/*" | "text/plain" => format == Format::PrometheusText,
+        _ => false,
+    };
+    if matches {
+        q
+    } else {
+        0.0
+    }
+}
+
+/// OpenMetrics when nothing says otherwise (the library's own format);
+/// the Prometheus text format when `Accept` rates it higher.
+fn choose(accept: Option<&str>) -> Option<Format> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Some(Format::OpenMetrics);
+    };
+    let best = |format| {
+        accept
+            .split(',')
+            .map(|range| quality(range, format))
+            .fold(0.0, f64::max)
+    };
+    let (open, text) = (best(Format::OpenMetrics), best(Format::PrometheusText));
+    if open <= 0.0 && text <= 0.0 {
+        None
+    } else if text > open {
+        Some(Format::PrometheusText)
+    } else {
+        Some(Format::OpenMetrics)
+    }
+}
+
+/// The metrics text for `snapshot` in the format `accept` asks for, with
+/// its content type; 406 if it asks for neither format.
+pub fn render(
+    snapshot: &Snapshot,
+    accept: Option<&str>,
+) -> Result<(&'static str, String), Refusal> {
+    let format = choose(accept).ok_or_else(|| Refusal {
+        status: 406,
+        message: format!(
+            "Accept {:?} allows neither metrics format: ask for application/openmetrics-text or text/plain (Prometheus 0.0.4), or send no Accept",
+            super::http::shorten(accept.unwrap_or_default())
+        ),
+    })?;
+    let mut registry = Registry::with_prefix("hugevmm");
+    registry.register_collector(Box::new(Figures(snapshot.clone())));
+    let mut text = String::new();
+    let encoded = match format {
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &registry),
+        Format::PrometheusText => {
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)
+        }
+    };
+    encoded.map_err(|e| Refusal {
+        status: 500,
+        message: format!("cannot encode the metrics: {e}"),
+    })?;
+    let content_type = match format {
+        Format::OpenMetrics => OPENMETRICS,
+        Format::PrometheusText => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+    };
+    Ok((content_type, text))
+}
+
+/// The exported buckets of `h`: (upper bound in seconds, count in the
+/// bucket alone; the encoder makes them cumulative). The engine records
+/// whole µs, truncated, so a recorded v stands for a time in [v, v + 1) µs
+/// and "at most 2^k µs" means v < 2^k: the engine buckets that end at or
+/// below 2^k.
+fn buckets(h: &LatencyHistogram) -> Vec<(f64, u64)> {
+    per_bound(&h.buckets())
+}
+
+/// [`buckets`] from the engine's `(low_us, high_us_exclusive, count)`:
+/// each engine bucket lands in the first bound it ends at or below, or in
+/// `+Inf`.
+fn per_bound(engine: &[(u64, u64, u64)]) -> Vec<(f64, u64)> {
+    let bounds: Vec<u64> = BOUNDS_LOG2_US.map(|k| 1u64 << k).collect();
+    let mut counts = vec![0u64; bounds.len() + 1];
+    for &(_, high, n) in engine {
+        let slot = bounds
+            .iter()
+            .position(|&b| high <= b)
+            .unwrap_or(bounds.len());
+        counts[slot] += n;
+    }
+    bounds
+        .iter()
+        .map(|&b| b as f64 * 1e-6)
+        .chain(std::iter::once(f64::INFINITY))
+        .zip(counts)
+        .collect()
+}
+
+/// The histogram's sum in seconds, estimated from the engine's buckets
+/// (each sample at its bucket's middle: within 6.25 % of the true value,
+/// the engine's bucket width), because the engine keeps no exact sum.
+fn sum_seconds(h: &LatencyHistogram) -> f64 {
+    estimated_sum_seconds(&h.buckets())
+}
+
+fn estimated_sum_seconds(engine: &[(u64, u64, u64)]) -> f64 {
+    engine
+        .iter()
+        .map(|&(low, high, n)| (low + high) as f64 / 2.0 * n as f64)
+        .sum::<f64>()
+        * 1e-6
+}
+
+/// The snapshot as a collector: the registry calls it once per encoding.
+#[derive(Debug)]
+struct Figures(Snapshot);
+
+/// One metric: name (without prefix, unit and `_total`), help, unit, type.
+struct Family<'a> {
+    name: &'a str,
+    help: &'a str,
+    unit: Option<Unit>,
+    kind: MetricType,
+}
+
+impl Family<'_> {
+    fn counter(self, encoder: &mut DescriptorEncoder, value: u64) -> std::fmt::Result {
+        let mut metric =
+            encoder.encode_descriptor(self.name, self.help, self.unit.as_ref(), self.kind)?;
+        metric.encode_counter::<NoLabelSet, _, f64>(&value, None)
+    }
+
+    fn gauge<V: prometheus_client::encoding::EncodeGaugeValue>(
+        self,
+        encoder: &mut DescriptorEncoder,
+        value: V,
+    ) -> std::fmt::Result {
+        let mut metric =
+            encoder.encode_descriptor(self.name, self.help, self.unit.as_ref(), self.kind)?;
+        metric.encode_gauge(&value)
+    }
+}
+
+fn counter<'a>(name: &'a str, help: &'a str, unit: Option<Unit>) -> Family<'a> {
+    Family {
+        name,
+        help,
+        unit,
+        kind: MetricType::Counter,
+    }
+}
+
+fn gauge<'a>(name: &'a str, help: &'a str, unit: Option<Unit>) -> Family<'a> {
+    Family {
+        name,
+        help,
+        unit,
+        kind: MetricType::Gauge,
+    }
+}
+
+impl Collector for Figures {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let s = &self.0;
+        let e = &mut encoder;
+        gauge(
+            "uptime",
+            "Time since the vCPUs started.",
+            Some(Unit::Seconds),
+        )
+        .gauge(e, s.uptime.as_secs_f64())?;
+        gauge("vcpus", "vCPUs of the VM.", None).gauge(e, s.vcpus)?;
+        gauge("guest_memory", "Guest RAM size.", Some(Unit::Bytes)).gauge(e, s.mem_bytes)?;
+        if let Some(stage2) = &s.stage2 {
+            let mut metric = e.encode_descriptor(
+                "kvm_stage2_pages",
+                "KVM stage-2 (EPT/NPT) mappings of guest RAM, by page size.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (size, pages) in [
+                ("4k", stage2.pages_4k),
+                ("2m", stage2.pages_2m),
+                ("1g", stage2.pages_1g),
+            ] {
+                metric
+                    .encode_family(&[("size", size)])?
+                    .encode_gauge(&pages)?;
+            }
+        }
+        if let Some(swap) = &s.swap {
+            let mut metric = e.encode_descriptor(
+                "swap_faults",
+                "Guest memory faults served by the swap engine, by what served them (wp: a write to a clean, write-protected chunk).",
+                None,
+                MetricType::Counter,
+            )?;
+            for (source, n) in [
+                ("store", swap.faults.store),
+                ("staging", swap.faults.staging),
+                ("zero", swap.faults.zero),
+                ("wp", swap.wp_faults),
+            ] {
+                metric
+                    .encode_family(&[("source", source)])?
+                    .encode_counter::<NoLabelSet, _, f64>(&n, None)?;
+            }
+            counter(
+                "swap_fault_messages",
+                "Every userfault message handled, including those for units another thread had already restored.",
+                None,
+            )
+            .counter(e, swap.faults.total)?;
+            counter("swap_evictions", "Chunks evicted from guest RAM.", None)
+                .counter(e, swap.evictions)?;
+            counter(
+                "swap_clean_drops",
+                "Evictions of chunks unchanged since they were read from the store: dropped without a write.",
+                None,
+            )
+            .counter(e, swap.clean_drops)?;
+            counter(
+                "swap_zero_chunks",
+                "Evictions of all-zero chunks: dropped without a write.",
+                None,
+            )
+            .counter(e, swap.zero_chunks)?;
+            counter(
+                "swap_evict_waits",
+                "Faults that waited for the evictor to make room.",
+                None,
+            )
+            .counter(e, swap.evict_waits)?;
+            counter("swap_read", "Bytes read from the store.", Some(Unit::Bytes))
+                .counter(e, swap.bytes_read)?;
+            counter(
+                "swap_written",
+                "Bytes written to the store.",
+                Some(Unit::Bytes),
+            )
+            .counter(e, swap.bytes_written)?;
+            let mut metric = e.encode_descriptor(
+                "swap_restored_units",
+                "Units restored, by the mapping they got: huge (one 2 MiB mapping) or split.",
+                None,
+                MetricType::Counter,
+            )?;
+            for (mapping, n) in [("huge", swap.restored_huge), ("split", swap.restored_split)] {
+                metric
+                    .encode_family(&[("mapping", mapping)])?
+                    .encode_counter::<NoLabelSet, _, f64>(&n, None)?;
+            }
+            gauge(
+                "swap_resident",
+                "Guest RAM resident in host memory.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, swap.resident_bytes)?;
+            gauge(
+                "swap_resident_max",
+                "Most guest RAM resident at once so far.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, swap.resident_bytes_max)?;
+            if let Some(limit) = swap.mem_limit_bytes {
+                gauge(
+                    "swap_limit",
+                    "The cap on resident guest RAM (absent when there is none).",
+                    Some(Unit::Bytes),
+                )
+                .gauge(e, limit)?;
+            }
+            gauge("swap_unit", "The swap unit.", Some(Unit::Bytes)).gauge(e, swap.unit_bytes)?;
+            gauge(
+                "swap_metadata",
+                "Host memory the engine's own tables use.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, swap.metadata_bytes)?;
+            let h = &swap.fault_latency;
+            let mut metric = e.encode_descriptor(
+                "swap_fault_latency",
+                "Fault latency, from reading the batch of fault messages to waking the faulting thread (buckets from the engine's; _sum estimated from them).",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            metric.encode_histogram::<NoLabelSet>(sum_seconds(h), h.count(), &buckets(h), None)?;
+            let mut metric = e.encode_descriptor(
+                "swap_fault_service",
+                "Fault service time by source, from starting on the message to waking the faulting thread (buckets from the engine's; _sum estimated from them).",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for source in FaultSource::ALL {
+                let h = swap.fault_latency_by_source.get(source);
+                metric
+                    .encode_family(&[("source", source.name())])?
+                    .encode_histogram::<NoLabelSet>(sum_seconds(h), h.count(), &buckets(h), None)?;
+            }
+        }
+        if let Some(b) = &s.balloon {
+            let page = guestmem::PAGE_BYTES;
+            gauge(
+                "balloon_target",
+                "Guest RAM the guest is asked to give back.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, u64::from(b.target_pages) * page)?;
+            gauge(
+                "balloon_actual",
+                "Guest RAM the guest's balloon driver says it holds.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, u64::from(b.actual_pages) * page)?;
+            gauge(
+                "balloon_inflated",
+                "Pages inflated minus pages deflated on the queues, as bytes.",
+                Some(Unit::Bytes),
+            )
+            .gauge(e, b.inflated_pages * page)?;
+            gauge(
+                "balloon_driver_active",
+                "1 when a guest driver runs the balloon.",
+                None,
+            )
+            .gauge(e, u64::from(b.driver_active))?;
+            counter(
+                "balloon_stats_reports",
+                "Statistics reports the guest sent.",
+                None,
+            )
+            .counter(e, b.stats_reports)?;
+        }
+        Ok(())
+    }
+}
+
+// The collector is handed to the registry by value.
+const _: () = {
+    const fn is_collector<T: Collector>() {}
+    is_collector::<Figures>();
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::balloon_handle::BalloonSnapshot;
+    use std::time::Duration;
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            uptime: Duration::from_millis(1500),
+            vcpus: 2,
+            mem_bytes: 64 << 20,
+            stage2: None,
+            swap: None,
+            balloon: Some(BalloonSnapshot {
+                target_pages: 1024,
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn formats_follow_accept() {
+        assert_eq!(choose(None), Some(Format::OpenMetrics));
+        assert_eq!(choose(Some("*/*")), Some(Format::OpenMetrics));
+        assert_eq!(choose(Some("text/plain")), Some(Format::PrometheusText));
+        // What Prometheus 2.x sends: OpenMetrics preferred.
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert_eq!(choose(Some(prometheus)), Some(Format::OpenMetrics));
+        assert_eq!(
+            choose(Some(
+                "text/plain;version=0.0.4, application/openmetrics-text;q=0.2"
+            )),
+            Some(Format::PrometheusText)
+        );
+        assert_eq!(choose(Some("application/json")), None);
+        let refusal = render(&snapshot(), Some("application/json")).unwrap_err();
+        assert_eq!(refusal.status, 406);
+    }
+
+    #[test]
+    fn both_formats_carry_the_figures() {
+        let (ct, text) = render(&snapshot(), None).unwrap();
+        assert_eq!(ct, OPENMETRICS);
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert!(text.contains("hugevmm_vcpus 2\n"), "{text}");
+        assert!(
+            text.contains("hugevmm_balloon_target_bytes 4194304\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("hugevmm_balloon_stats_reports_total 0\n"),
+            "{text}"
+        );
+        let (ct, text) = render(&snapshot(), Some("text/plain")).unwrap();
+        assert!(ct.starts_with("text/plain; version=0.0.4"), "{ct}");
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(
+            text.contains("hugevmm_guest_memory_bytes 67108864\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn buckets_are_exact_at_powers_of_two() {
+        let h = LatencyHistogram::default();
+        let b = buckets(&h);
+        assert_eq!(b.len(), BOUNDS_LOG2_US.count() + 1);
+        assert!(b.iter().all(|(_, n)| *n == 0));
+        assert_eq!(sum_seconds(&h), 0.0);
+        // Engine buckets as the engine cuts them: [0,1) [1,2) ... [8,9)
+        // ... [1024,1152) ... [2^25, 2^25 + 2^22) past the last bound.
+        let engine = [
+            (0, 1, 3),
+            (1, 2, 1),
+            (8, 9, 2),
+            (1024, 1152, 4),
+            (1 << 25, (1 << 25) + (1 << 22), 1),
+        ];
+        let b = per_bound(&engine);
+        // What the encoder writes: running sums.
+        let mut total = 0;
+        let cumulative: Vec<(f64, u64)> = b
+            .iter()
+            .map(|&(bound, n)| {
+                total += n;
+                (bound, total)
+            })
+            .collect();
+        let at = |us: u64| {
+            cumulative
+                .iter()
+                .find(|(s, _)| (*s - us as f64 * 1e-6).abs() < 1e-12)
+                .unwrap()
+                .1
+        };
+        assert_eq!(at(1), 3, "v < 1 us");
+        assert_eq!(at(2), 4);
+        assert_eq!(at(8), 4, "[8, 9) is not below 8 us");
+        assert_eq!(at(16), 6);
+        assert_eq!(at(1024), 6);
+        assert_eq!(at(2048), 10);
+        assert_eq!(at(1 << 24), 10);
+        assert_eq!(cumulative.last(), Some(&(f64::INFINITY, 11)));
+        let sum = estimated_sum_seconds(&[(1024, 1152, 2)]);
+        assert!((sum - 2.0 * 1088e-6).abs() < 1e-12, "{sum}");
+    }
+}

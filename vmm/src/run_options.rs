@@ -1,0 +1,601 @@
+//! `hugevmm run`'s options: the flags, the `--config FILE` that describes
+//! the same VM, and the two merged (flags over the file).
+//!
+//! One struct, [`RunFlags`], is both the flags (clap) and the file (serde,
+//! keys named as the flags without their dashes), so that every flag can
+//! be written in the file by construction; the file rejects unknown keys
+//! by name. [`resolve`] merges them and fills the defaults into
+//! [`RunArgs`], and keeps the merged options, as given, for `GET /vm`:
+//! saved to a file they run the same VM again.
+
+use crate::linux::VirtioAnnounce;
+use anyhow::{bail, Context, Result};
+use devices::virtio::DiskSpec;
+use guestmem::{parse_size, Backing};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use swap::engine::SwapUnit;
+use swap::store::StoreSpec;
+
+/// Default `--mem`.
+const DEFAULT_MEM_BYTES: u64 = 512 << 20;
+
+/// Largest `--config` file read: a VM's description is a few hundred bytes.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// The flags of `hugevmm run`, and the keys of its `--config` file.
+#[derive(clap::Args, Debug, Default, Clone, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct RunFlags {
+    /// Read the VM's description from this JSON file (keys are the flags'
+    /// names without `--`, e.g. {"mem": "1G", "vcpus": 2, "payload":
+    /// "verify"}); flags given too override it.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub config: Option<PathBuf>,
+    /// Guest RAM size, a multiple of 2 MiB (e.g. 512M, 4G) [default: 512M].
+    #[arg(long, value_parser = parse_size_arg)]
+    #[serde(with = "size", skip_serializing_if = "Option::is_none")]
+    pub mem: Option<u64>,
+    /// Number of vCPUs (one host thread each) [default: 1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vcpus: Option<u32>,
+    /// Host backing of guest RAM: thp (2 MiB transparent huge pages),
+    /// hugetlb (2 MiB hugetlbfs pages, needs /proc/sys/vm/nr_hugepages) or
+    /// 4k (small pages, the baseline) [default: thp].
+    #[arg(long)]
+    #[serde(with = "text", skip_serializing_if = "Option::is_none")]
+    pub backing: Option<Backing>,
+    /// Built-in payload to run (see `hugevmm payloads`).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+    /// Payload ELF file to run.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_file: Option<PathBuf>,
+    /// Linux kernel to boot: a bzImage (decompressed on the host) or an ELF
+    /// vmlinux.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<PathBuf>,
+    /// Initial ramdisk for --kernel (a regular file, at most --mem).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line for --kernel (virtio_mmio.device= words for the
+    /// devices are appended, see --virtio-announce) [default: console=ttyS0
+    /// earlyprintk=serial,ttyS0,115200 panic=-1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+    /// How a Linux guest learns about the --disk and --balloon devices:
+    /// ACPI DSDT entries (what stock distribution kernels read),
+    /// virtio_mmio.device= words on the command line (kernels built with
+    /// CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES), or both.
+    /// [default: both]
+    #[arg(long, value_enum)]
+    #[serde(with = "announce", skip_serializing_if = "Option::is_none")]
+    pub virtio_announce: Option<VirtioAnnounce>,
+    /// virtio-blk disk: a raw image, PATH[,readonly]; repeat for more (in
+    /// the file: a list).
+    #[arg(long = "disk")]
+    #[serde(rename = "disk", with = "disks", skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<DiskSpec>,
+    /// Add a virtio-balloon device (free page reporting drops whole free
+    /// 2 MiB chunks); --balloon=false turns off a file's.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub balloon: Option<bool>,
+    /// Initial balloon target: how much guest RAM the guest is asked to
+    /// give back (a multiple of 4K, at most --mem; e.g. 256M). Change it
+    /// later with `hugevmm ctl ... balloon SIZE` (PUT /balloon).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[serde(with = "size", skip_serializing_if = "Option::is_none")]
+    pub balloon_target: Option<u64>,
+    /// Serve the HTTP API at PATH (a Unix socket) while the VM runs (routes
+    /// in docs/api.yaml: GET /vm, /stats, /metrics, /balloon; PUT
+    /// /balloon, /mem-limit, /actions); talk to it with `hugevmm ctl
+    /// --api-socket PATH` or `curl --unix-socket PATH`. A stale socket
+    /// there is replaced; the file is removed when the VM ends.
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_socket: Option<PathBuf>,
+    /// Serve GET /metrics (Prometheus) on this TCP address while the VM
+    /// runs, e.g. 127.0.0.1:9800; nothing else is served there.
+    #[arg(long, value_name = "ADDR:PORT")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// Write the Linux serial console to this file instead of stdout.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub console_log: Option<PathBuf>,
+    /// Argument string passed verbatim to the payload (`key=value` words).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_args: Option<String>,
+    /// Write run statistics as a JSON object to this file.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats_json: Option<PathBuf>,
+    /// Write how the run ended to this file, as one JSON object:
+    /// `{"exit_status":N,"exit_kind":"payload|quit|config|timeout|vm-failure|signal","message":...}`
+    /// (a payload can exit with any status, so the number alone cannot say).
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_file: Option<PathBuf>,
+    /// End the run (exit 124) if the payload has not finished after this many seconds.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+    /// Cap resident guest RAM at SIZE, swapping the rest to --swap-store
+    /// (starts the swap engine). A multiple of the swap unit, at least
+    /// 8 MiB per vCPU + 8 MiB; changeable at run time through
+    /// --api-socket (`hugevmm ctl ... mem-limit SIZE`, PUT /mem-limit).
+    #[arg(long, value_parser = parse_size_arg)]
+    #[serde(with = "size", skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<u64>,
+    /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
+    /// $TMPDIR or /var/tmp), file:PATH[,size=SIZE], mem:lz4[,size=SIZE],
+    /// mem:zstd[,size=SIZE]. Giving a store starts the swap engine.
+    #[arg(long)]
+    #[serde(with = "text", skip_serializing_if = "Option::is_none")]
+    pub swap_store: Option<StoreSpec>,
+    /// Swap unit: 2m (whole 2 MiB chunks, restored as huge mappings) or 4k
+    /// (per-page baseline) [default: 2m].
+    #[arg(long)]
+    #[serde(with = "text", skip_serializing_if = "Option::is_none")]
+    pub swap_unit: Option<SwapUnit>,
+    /// Threads serving guest memory faults (swap engine), 1 to 32
+    /// [default: 1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault_threads: Option<usize>,
+    /// Nice value of the fault threads, -20 to 19; below 0 they are served
+    /// before the vCPU threads when vCPUs outnumber cores (needs root; 0 =
+    /// same as vCPUs) [default: -10].
+    #[arg(long, allow_hyphen_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault_thread_nice: Option<i32>,
+    /// Write a sample of the run's figures (resident memory, faults, KVM
+    /// mappings) every --stats-interval milliseconds to this file, one JSON
+    /// object per line.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats_timeline: Option<PathBuf>,
+    /// Sampling interval for --stats-timeline, in milliseconds, 1 to
+    /// 3600000 [default: 100].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stats_interval: Option<u64>,
+    /// After the payload finished, evict all guest RAM to the store and
+    /// report how long it took (`pageout` in --stats-json); --pageout=false
+    /// turns off a file's.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pageout: Option<bool>,
+    /// Test knob (docs/SPLIT_CHUNKS.md): every Nth restore of a huge chunk
+    /// splits it into 4 KiB pages and every Nth page fault on a split chunk
+    /// tries to collapse it again, 1 to 1000000. Needs --swap-unit 2m and
+    /// --backing thp.
+    #[arg(long, hide = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub force_split_every: Option<u32>,
+}
+
+impl RunFlags {
+    /// These flags over `file`: each option given here wins. The guest is
+    /// one choice (--payload, --payload-file or --kernel): naming one here
+    /// replaces the file's, whichever it was.
+    fn over(self, file: RunFlags) -> RunFlags {
+        // Destructured, not `..`: a new flag that is not merged here does
+        // not compile.
+        let RunFlags {
+            config,
+            mem,
+            vcpus,
+            backing,
+            payload,
+            payload_file,
+            kernel,
+            initrd,
+            cmdline,
+            virtio_announce,
+            disks,
+            balloon,
+            balloon_target,
+            api_socket,
+            metrics_addr,
+            console_log,
+            payload_args,
+            stats_json,
+            status_file,
+            timeout,
+            mem_limit,
+            swap_store,
+            swap_unit,
+            fault_threads,
+            fault_thread_nice,
+            stats_timeline,
+            stats_interval,
+            pageout,
+            force_split_every,
+        } = self;
+        let guest_given = payload.is_some() || payload_file.is_some() || kernel.is_some();
+        let (file_payload, file_payload_file, file_kernel) = if guest_given {
+            (None, None, None)
+        } else {
+            (file.payload, file.payload_file, file.kernel)
+        };
+        RunFlags {
+            config,
+            mem: mem.or(file.mem),
+            vcpus: vcpus.or(file.vcpus),
+            backing: backing.or(file.backing),
+            payload: payload.or(file_payload),
+            payload_file: payload_file.or(file_payload_file),
+            kernel: kernel.or(file_kernel),
+            initrd: initrd.or(file.initrd),
+            cmdline: cmdline.or(file.cmdline),
+            virtio_announce: virtio_announce.or(file.virtio_announce),
+            disks: if disks.is_empty() { file.disks } else { disks },
+            balloon: balloon.or(file.balloon),
+            balloon_target: balloon_target.or(file.balloon_target),
+            api_socket: api_socket.or(file.api_socket),
+            metrics_addr: metrics_addr.or(file.metrics_addr),
+            console_log: console_log.or(file.console_log),
+            payload_args: payload_args.or(file.payload_args),
+            stats_json: stats_json.or(file.stats_json),
+            status_file: status_file.or(file.status_file),
+            timeout: timeout.or(file.timeout),
+            mem_limit: mem_limit.or(file.mem_limit),
+            swap_store: swap_store.or(file.swap_store),
+            swap_unit: swap_unit.or(file.swap_unit),
+            fault_threads: fault_threads.or(file.fault_threads),
+            fault_thread_nice: fault_thread_nice.or(file.fault_thread_nice),
+            stats_timeline: stats_timeline.or(file.stats_timeline),
+            stats_interval: stats_interval.or(file.stats_interval),
+            pageout: pageout.or(file.pageout),
+            force_split_every: force_split_every.or(file.force_split_every),
+        }
+    }
+}
+
+/// `hugevmm run`'s options, merged and with their defaults.
+pub struct RunArgs {
+    /// Guest RAM size.
+    pub mem: u64,
+    /// vCPU count.
+    pub vcpus: u32,
+    /// Guest RAM backing.
+    pub backing: Backing,
+    /// The options as given, defaults left out (`GET /vm`).
+    pub given: serde_json::Value,
+    /// The rest, as given.
+    pub flags: RunFlags,
+}
+
+impl RunArgs {
+    /// Whether the VM gets a balloon.
+    pub fn balloon(&self) -> bool {
+        self.flags.balloon.unwrap_or(false)
+    }
+
+    /// Whether to page out after the payload.
+    pub fn pageout(&self) -> bool {
+        self.flags.pageout.unwrap_or(false)
+    }
+}
+
+/// Reads and parses a `--config` file.
+pub fn read_config(path: &std::path::Path) -> Result<RunFlags> {
+    let shown = path.display();
+    let (file, _) = crate::input_file::open_checked(
+        "--config",
+        path,
+        MAX_CONFIG_BYTES,
+        "a VM description (a few hundred bytes of JSON)",
+    )?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_CONFIG_BYTES), &mut text)
+        .with_context(|| format!("cannot read --config {shown} (it must be UTF-8 JSON)"))?;
+    serde_json::from_str(&text).with_context(|| {
+        format!("--config {shown} is not a VM description: the keys are the flags of `hugevmm run` without their dashes, e.g. {{\"mem\": \"1G\", \"vcpus\": 2, \"payload\": \"verify\"}}")
+    })
+}
+
+/// The flags over the `--config` file (if any), with defaults.
+pub fn resolve(flags: RunFlags) -> Result<RunArgs> {
+    let file = match &flags.config {
+        Some(path) => read_config(path)?,
+        None => RunFlags::default(),
+    };
+    let flags = flags.over(file);
+    let guests = [
+        flags.payload.is_some(),
+        flags.payload_file.is_some(),
+        flags.kernel.is_some(),
+    ];
+    match guests.iter().filter(|g| **g).count() {
+        0 => bail!("nothing to run: give --payload NAME, --payload-file PATH or --kernel PATH (or \"payload\", \"payload-file\" or \"kernel\" in --config)"),
+        1 => {}
+        _ => bail!("--payload, --payload-file and --kernel each name what to run: give only one of them"),
+    }
+    let given = serde_json::to_value(&flags).context("the options do not serialize")?;
+    Ok(RunArgs {
+        mem: flags.mem.unwrap_or(DEFAULT_MEM_BYTES),
+        vcpus: flags.vcpus.unwrap_or(1),
+        backing: flags.backing.unwrap_or_default(),
+        given,
+        flags,
+    })
+}
+
+/// A size: a number of bytes, or a string with K/M/G as on the command line.
+mod size {
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<u64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(n) => s.serialize_u64(*n),
+            None => s.serialize_none(),
+        }
+    }
+
+    struct Size;
+
+    impl Visitor<'_> for Size {
+        type Value = Option<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a size: a number of bytes or a string such as \"512M\"")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(v))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            guestmem::parse_size(v).map(Some).map_err(E::custom)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        d.deserialize_any(Size)
+    }
+}
+
+/// A value written as on the command line (its `FromStr` and `Display`).
+mod text {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    pub fn serialize<T: Display, S: Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => text.parse().map(Some).map_err(de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `virtio-announce`: the flag's value names.
+mod announce {
+    use crate::linux::VirtioAnnounce;
+    use clap::ValueEnum;
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<VirtioAnnounce>, s: S) -> Result<S::Ok, S::Error> {
+        match v.and_then(|v| v.to_possible_value()) {
+            Some(value) => s.serialize_str(value.get_name()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<VirtioAnnounce>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => VirtioAnnounce::from_str(&text, false)
+                .map(Some)
+                .map_err(de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}
+
+/// `disk`: a list of `PATH[,readonly]` strings.
+mod disks {
+    use devices::virtio::DiskSpec;
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[DiskSpec], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(v.iter().map(|d| {
+            let path = d.path.display().to_string();
+            if d.readonly {
+                path + ",readonly"
+            } else {
+                path
+            }
+        }))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<DiskSpec>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|text| text.parse().map_err(de::Error::custom))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: RunFlags,
+    }
+
+    fn flags(args: &[&str]) -> RunFlags {
+        Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+            .unwrap()
+            .flags
+    }
+
+    fn file(json: &str) -> Result<RunFlags, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn every_flag_has_a_key_and_round_trips() {
+        let all = flags(&[
+            "--mem",
+            "1G",
+            "--vcpus",
+            "2",
+            "--backing",
+            "hugetlb",
+            "--kernel",
+            "/k",
+            "--initrd",
+            "/i",
+            "--cmdline",
+            "console=ttyS0",
+            "--virtio-announce",
+            "acpi",
+            "--disk",
+            "/d1",
+            "--disk",
+            "/d2,readonly",
+            "--balloon",
+            "--balloon-target",
+            "4M",
+            "--api-socket",
+            "/s",
+            "--metrics-addr",
+            "127.0.0.1:9800",
+            "--console-log",
+            "/c",
+            "--stats-json",
+            "/j",
+            "--status-file",
+            "/f",
+            "--timeout",
+            "5",
+            "--mem-limit",
+            "256M",
+            "--swap-store",
+            "mem:lz4",
+            "--swap-unit",
+            "4k",
+            "--fault-threads",
+            "2",
+            "--fault-thread-nice",
+            "-5",
+            "--stats-timeline",
+            "/t",
+            "--stats-interval",
+            "50",
+            "--pageout",
+        ]);
+        let json = serde_json::to_value(&all).unwrap();
+        // Every flag but --config (a file cannot name another) and the
+        // payload's (the kernel is the guest here) is in the file, under
+        // its own name.
+        use clap::CommandFactory;
+        for arg in Cli::command().get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if ["config", "payload", "payload-file", "payload-args"].contains(&long) {
+                continue;
+            }
+            assert!(json.get(long).is_some(), "--{long} has no key: {json}");
+        }
+        assert_eq!(json["mem"], 1 << 30);
+        assert_eq!(json["disk"][1], "/d2,readonly");
+        assert_eq!(json["virtio-announce"], "acpi");
+        assert_eq!(json["metrics-addr"], "127.0.0.1:9800");
+        let again: RunFlags = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&again).unwrap(), json);
+        let payload = flags(&["--payload", "hello", "--payload-args", "a=1"]);
+        let json = serde_json::to_value(&payload).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({ "payload": "hello", "payload-args": "a=1" })
+        );
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_named() {
+        let err = file(r#"{"memory": "1G"}"#).unwrap_err().to_string();
+        assert!(
+            err.contains("unknown field `memory`") && err.contains("`mem`"),
+            "{err}"
+        );
+        let err = file(r#"{"mem": "lots"}"#).unwrap_err().to_string();
+        assert!(err.contains("lots"), "{err}");
+        let err = file(r#"{"backing": "huge"}"#).unwrap_err().to_string();
+        assert!(err.contains("huge"), "{err}");
+        let err = file(r#"{"config": "other.json"}"#).unwrap_err().to_string();
+        assert!(err.contains("unknown field `config`"), "{err}");
+        assert_eq!(file(r#"{"mem": 67108864}"#).unwrap().mem, Some(64 << 20));
+        assert_eq!(file(r#"{"mem": "64M"}"#).unwrap().mem, Some(64 << 20));
+    }
+
+    #[test]
+    fn flags_override_the_file() {
+        let from_file = file(
+            r#"{"mem": "1G", "vcpus": 4, "payload": "verify", "balloon": true, "disk": ["/a"]}"#,
+        )
+        .unwrap();
+        let merged = flags(&["--vcpus", "2", "--balloon=false"]).over(from_file.clone());
+        assert_eq!(merged.mem, Some(1 << 30));
+        assert_eq!(merged.vcpus, Some(2));
+        assert_eq!(merged.balloon, Some(false));
+        assert_eq!(merged.payload.as_deref(), Some("verify"));
+        assert_eq!(merged.disks.len(), 1);
+        // Naming another guest replaces the file's.
+        let merged = flags(&["--kernel", "/vmlinuz"]).over(from_file);
+        assert!(merged.payload.is_none());
+        assert_eq!(merged.kernel, Some(PathBuf::from("/vmlinuz")));
+    }
+
+    #[test]
+    fn defaults_and_the_guest_choice() {
+        let args = resolve(flags(&["--payload", "hello"])).unwrap();
+        assert_eq!(
+            (args.mem, args.vcpus, args.backing),
+            (512 << 20, 1, Backing::Thp)
+        );
+        assert!(!args.balloon() && !args.pageout());
+        assert_eq!(args.given, serde_json::json!({ "payload": "hello" }));
+        let err = resolve(flags(&[])).err().unwrap().to_string();
+        assert!(err.contains("nothing to run"), "{err}");
+        let err = resolve(flags(&["--payload", "a", "--kernel", "/k"]))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("only one"), "{err}");
+    }
+}
