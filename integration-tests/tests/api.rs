@@ -422,6 +422,26 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         &json!({ "mapping": "huge" }),
         "/swap/restored_huge",
     );
+    for origin in ["absent", "stored", "staged", "resident"] {
+        window(
+            "hugevmm_swap_splits",
+            "hugevmm_swap_splits_total",
+            &json!({ "origin": origin }),
+            &format!("/swap/split/splits_by_origin/{origin}"),
+        );
+    }
+    window(
+        "hugevmm_swap_collapses",
+        "hugevmm_swap_collapses_total",
+        &json!({ "outcome": "verified" }),
+        "/swap/split/collapses_verified",
+    );
+    window(
+        "hugevmm_swap_page_evictions",
+        "hugevmm_swap_page_evictions_total",
+        &json!({ "result": "written" }),
+        "/swap/split/pages_written",
+    );
     window(
         "hugevmm_swap_fault_latency_seconds",
         "hugevmm_swap_fault_latency_seconds_count",
