@@ -388,6 +388,82 @@ const _: () = {
     is_collector::<Figures>();
 };
 
+/// The split-chunk figures (docs/SPLIT_CHUNKS.md): chunks by mode, splits
+/// by origin, collapses by outcome, page faults and evictions.
+fn split_metrics(e: &mut DescriptorEncoder, split: &swap::engine::SplitStats) -> std::fmt::Result {
+    let labelled = |e: &mut DescriptorEncoder,
+                    name: &str,
+                    help: &str,
+                    kind: MetricType,
+                    label: &str,
+                    values: &[(&str, u64)]|
+     -> std::fmt::Result {
+        let mut metric = e.encode_descriptor(name, help, None, kind)?;
+        for &(value, n) in values {
+            let labels = [(label, value)];
+            let mut family = metric.encode_family(&labels)?;
+            match kind {
+                MetricType::Gauge => family.encode_gauge(&(n as i64))?,
+                _ => family.encode_counter::<NoLabelSet, _, f64>(&n, None)?,
+            }
+        }
+        Ok(())
+    };
+    labelled(
+        e,
+        "swap_chunks",
+        "2 MiB chunks by mode now: resident and mapped huge, or split into pages.",
+        MetricType::Gauge,
+        "mode",
+        &[("huge", split.chunks_huge), ("split", split.chunks_split)],
+    )?;
+    let [absent, stored, staged, resident] = split.splits_by_origin;
+    labelled(
+        e,
+        "swap_splits",
+        "Chunks split into pages, by what they were.",
+        MetricType::Counter,
+        "origin",
+        &[
+            ("absent", absent),
+            ("stored", stored),
+            ("staged", staged),
+            ("resident", resident),
+        ],
+    )?;
+    let mut outcomes = vec![("verified", split.collapses_verified)];
+    for reason in swap::engine::CollapseFailure::ALL {
+        outcomes.push((reason.name(), split.collapse_failures[reason as usize]));
+    }
+    labelled(
+        e,
+        "swap_collapses",
+        "Collapse attempts by outcome: verified huge by PAGEMAP_SCAN, or the reason it was not.",
+        MetricType::Counter,
+        "outcome",
+        &outcomes,
+    )?;
+    labelled(
+        e,
+        "swap_page_faults",
+        "Faults on pages of split chunks, by what served them.",
+        MetricType::Counter,
+        "source",
+        &[
+            ("zero", split.page_faults_zero),
+            ("store", split.page_faults_store),
+        ],
+    )?;
+    labelled(
+        e,
+        "swap_page_evictions",
+        "Pages of split chunks evicted, by where they went.",
+        MetricType::Counter,
+        "result",
+        &[("written", split.pages_written), ("zero", split.pages_zero)],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,80 +570,4 @@ mod tests {
         let sum = estimated_sum_seconds(&[(1024, 1152, 2)]);
         assert!((sum - 2.0 * 1088e-6).abs() < 1e-12, "{sum}");
     }
-}
-
-/// The split-chunk figures (docs/SPLIT_CHUNKS.md): chunks by mode, splits
-/// by origin, collapses by outcome, page faults and evictions.
-fn split_metrics(e: &mut DescriptorEncoder, split: &swap::engine::SplitStats) -> std::fmt::Result {
-    let labelled = |e: &mut DescriptorEncoder,
-                    name: &str,
-                    help: &str,
-                    kind: MetricType,
-                    label: &str,
-                    values: &[(&str, u64)]|
-     -> std::fmt::Result {
-        let mut metric = e.encode_descriptor(name, help, None, kind)?;
-        for &(value, n) in values {
-            let labels = [(label, value)];
-            let mut family = metric.encode_family(&labels)?;
-            match kind {
-                MetricType::Gauge => family.encode_gauge(&(n as i64))?,
-                _ => family.encode_counter::<NoLabelSet, _, f64>(&n, None)?,
-            }
-        }
-        Ok(())
-    };
-    labelled(
-        e,
-        "swap_chunks",
-        "2 MiB chunks by mode now: resident and mapped huge, or split into pages.",
-        MetricType::Gauge,
-        "mode",
-        &[("huge", split.chunks_huge), ("split", split.chunks_split)],
-    )?;
-    let [absent, stored, staged, resident] = split.splits_by_origin;
-    labelled(
-        e,
-        "swap_splits",
-        "Chunks split into pages, by what they were.",
-        MetricType::Counter,
-        "origin",
-        &[
-            ("absent", absent),
-            ("stored", stored),
-            ("staged", staged),
-            ("resident", resident),
-        ],
-    )?;
-    let mut outcomes = vec![("verified", split.collapses_verified)];
-    for reason in swap::engine::CollapseFailure::ALL {
-        outcomes.push((reason.name(), split.collapse_failures[reason as usize]));
-    }
-    labelled(
-        e,
-        "swap_collapses",
-        "Collapse attempts by outcome: verified huge by PAGEMAP_SCAN, or the reason it was not.",
-        MetricType::Counter,
-        "outcome",
-        &outcomes,
-    )?;
-    labelled(
-        e,
-        "swap_page_faults",
-        "Faults on pages of split chunks, by what served them.",
-        MetricType::Counter,
-        "source",
-        &[
-            ("zero", split.page_faults_zero),
-            ("store", split.page_faults_store),
-        ],
-    )?;
-    labelled(
-        e,
-        "swap_page_evictions",
-        "Pages of split chunks evicted, by where they went.",
-        MetricType::Counter,
-        "result",
-        &[("written", split.pages_written), ("zero", split.pages_zero)],
-    )
 }
