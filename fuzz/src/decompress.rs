@@ -34,7 +34,11 @@ pub fn run(data: &[u8]) {
         Ok((format, out)) => {
             let claimed = u32::from_le_bytes(payload[payload.len() - 4..].try_into().unwrap());
             assert_eq!(out.len() as u64, u64::from(claimed), "{format:?}");
-            assert!(out.len() as u64 <= limit, "{format:?}: {} > {limit}", out.len());
+            assert!(
+                out.len() as u64 <= limit,
+                "{format:?}: {} > {limit}",
+                out.len()
+            );
         }
         Err(err) => {
             // Every error renders (the CLI prints it).

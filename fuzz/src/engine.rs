@@ -36,6 +36,8 @@ const WORKERS: usize = 3;
 /// How long a sync waits for the workers before calling them stuck: far
 /// above any fault's service time, below libFuzzer's `-timeout`.
 const STUCK: Duration = Duration::from_secs(10);
+/// How long a sync waits once the engine reported a fatal error.
+const AFTER_FATAL: Duration = Duration::from_millis(300);
 
 /// One step of a sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -335,17 +337,27 @@ impl Workers {
     }
 
     /// Waits for every job sent; false if they did not finish within
-    /// [`STUCK`].
-    fn sync(&mut self) -> bool {
+    /// [`STUCK`], or within [`AFTER_FATAL`] of `failed()` turning true (a
+    /// worker may then wait for memory for ever, as a vCPU would).
+    fn sync(&mut self, failed: impl Fn() -> bool) -> bool {
         self.owners.clear();
-        let deadline = Instant::now() + STUCK;
+        let start = Instant::now();
+        let mut failed_at = None;
         let mut done = self.progress.done.lock().unwrap();
         while *done < self.sent {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            let now = Instant::now();
+            if failed_at.is_none() && failed() {
+                failed_at = Some(now);
+            }
+            if now - start > STUCK || failed_at.is_some_and(|t| now - t > AFTER_FATAL) {
                 return false;
             }
-            done = self.progress.changed.wait_timeout(done, left).unwrap().0;
+            done = self
+                .progress
+                .changed
+                .wait_timeout(done, Duration::from_millis(20))
+                .unwrap()
+                .0;
         }
         true
     }
@@ -481,7 +493,8 @@ impl Run<'_> {
     /// Waits for the workers; false when the sequence must end because
     /// the engine reported a fatal error (the VM would end there too).
     fn sync(&mut self, at: usize) -> bool {
-        let idle = self.workers.sync();
+        let fatal = self.rig.fatal.clone();
+        let idle = self.workers.sync(|| !fatal.lock().unwrap().is_empty());
         let mismatches = self.workers.mismatches();
         if !mismatches.is_empty() {
             self.fail(at, &mismatches.join("; "));
@@ -498,10 +511,14 @@ impl Run<'_> {
     fn check_fatal(&self, at: usize) {
         for message in self.rig.fatal() {
             if !self.setup.any_faults() {
-                self.fail(at, &format!("fatal error without an injected failure: {message}"));
+                self.fail(
+                    at,
+                    &format!("fatal error without an injected failure: {message}"),
+                );
             }
-            let names_unit = (0..self.setup.units())
-                .any(|u| message.contains(&format!("{:#x}", GPA_BASE + u * self.setup.unit.bytes())));
+            let names_unit = (0..self.setup.units()).any(|u| {
+                message.contains(&format!("{:#x}", GPA_BASE + u * self.setup.unit.bytes()))
+            });
             if !names_unit {
                 self.fail(at, &format!("fatal error naming no unit: {message}"));
             }
@@ -596,7 +613,12 @@ pub fn run_sequence(setup: &Setup, ops: &[Op]) {
     };
     let completed = run.run();
     let states: u64 = run.rig.engine().unit_states().iter().sum();
-    assert_eq!(states, setup.units(), "unit states {:?}", run.rig.engine().unit_states());
+    assert_eq!(
+        states,
+        setup.units(),
+        "unit states {:?}",
+        run.rig.engine().unit_states()
+    );
     if completed {
         let stats = run.rig.engine().stats();
         assert!(stats.unit_bytes == setup.unit.bytes());
@@ -621,4 +643,3 @@ pub fn run(data: &[u8]) {
     let ops = &ops[..ops.len().min(200)];
     run_sequence(&setup, ops);
 }
-

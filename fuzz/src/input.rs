@@ -120,4 +120,3 @@ impl InputWriter {
         self.out.clone()
     }
 }
-

@@ -57,7 +57,10 @@ fn load_sequence(image: &[u8], ram_bytes: u64, initrd_bytes: u64, cmdline: &str)
             payload_start,
             protected_mode_start + u64::from(bz.header.payload_offset())
         );
-        assert_eq!(bz.payload.len() as u64, u64::from(bz.header.payload_length_bytes()));
+        assert_eq!(
+            bz.payload.len() as u64,
+            u64::from(bz.header.payload_length_bytes())
+        );
         header = bz.header;
         match decompress_within(bz.payload, ram_bytes) {
             Ok((_, out)) => {
@@ -78,7 +81,10 @@ fn load_sequence(image: &[u8], ram_bytes: u64, initrd_bytes: u64, cmdline: &str)
     for segment in &kernel.segments {
         // What `VmlinuxImage::load` writes.
         let bytes = &vmlinux[segment.file_offset..segment.file_offset + segment.file_bytes];
-        assert!(layout.contains(segment.gpa, bytes.len() as u64), "{segment:?}");
+        assert!(
+            layout.contains(segment.gpa, bytes.len() as u64),
+            "{segment:?}"
+        );
     }
     let line = placement::cmdline_bytes(cmdline, header.cmdline_size_bytes()).ok()?;
     assert!(line.len() as u64 <= u64::from(header.cmdline_size_bytes()) + 1);
@@ -91,7 +97,10 @@ fn load_sequence(image: &[u8], ram_bytes: u64, initrd_bytes: u64, cmdline: &str)
     .ok();
     if let Some(range) = &initrd {
         assert!(range.start >= kernel_end_gpa || range.end <= kernel.start_gpa());
-        assert!(layout.contains(range.start, range.end - range.start), "{range:?}");
+        assert!(
+            layout.contains(range.start, range.end - range.start),
+            "{range:?}"
+        );
     }
     zero_page::build(&header, CMDLINE_GPA, initrd, &e820_map(&layout), 0xe0000).ok()?;
     Some(())

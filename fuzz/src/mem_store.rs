@@ -7,7 +7,7 @@ use swap::store::{Codec, MemStore, Store, StoreError, WriteRequest};
 
 use crate::input::Input;
 
-/// Runs one input: a selector byte (codec, unit size), the unit's content
+/// Runs one input: a selector byte (codec, unit size of 4 KiB to 64 KiB), the unit's content
 /// as a pattern repeated over the unit (length-prefixed), then the image
 /// that replaces the compressed one.
 pub fn run(data: &[u8]) {
@@ -18,7 +18,9 @@ pub fn run(data: &[u8]) {
     } else {
         Codec::Zstd
     };
-    let unit_bytes: usize = if selector & 2 == 0 { 4096 } else { 2 << 20 };
+    // 4 KiB to 64 KiB units: the decoding is the same as for 2 MiB ones,
+    // at a fraction of the time per input.
+    let unit_bytes = 4096 << ((selector >> 1) % 5);
     let unit = unit_content(input.short_bytes(), unit_bytes);
     let image = input.rest();
 
@@ -29,7 +31,9 @@ pub fn run(data: &[u8]) {
         .pop()
         .expect("one result per request")
         .expect("an empty store takes a unit");
-    store.replace_image(slot, image).expect("the slot is allocated");
+    store
+        .replace_image(slot, image)
+        .expect("the slot is allocated");
     let mut out = vec![0u8; unit_bytes];
     match store.read(slot, gpa, &mut out) {
         Ok(()) => assert!(out == unit, "{codec}: Ok with other bytes than written"),
@@ -37,7 +41,11 @@ pub fn run(data: &[u8]) {
     }
     store.free(slot);
     assert_eq!(store.used_slots(), 0);
-    assert_eq!(store.stored_bytes(), 0, "{codec}: bytes accounted after free");
+    assert_eq!(
+        store.stored_bytes(),
+        0,
+        "{codec}: bytes accounted after free"
+    );
     assert!(matches!(
         store.read(slot, gpa, &mut out),
         Err(StoreError::BadSlot { .. })

@@ -30,7 +30,10 @@ pub fn run(data: &[u8]) {
         .any(|s| payload.entry >= s.gpa && payload.entry < s.end_gpa()));
     for segment in &payload.segments {
         assert!(segment.gpa >= 2 << 20, "{segment:?} in the VMM region");
-        assert!(layout.contains(segment.gpa, segment.mem_bytes), "{segment:?}");
+        assert!(
+            layout.contains(segment.gpa, segment.mem_bytes),
+            "{segment:?}"
+        );
         assert!(segment.file_bytes <= segment.mem_bytes, "{segment:?}");
         // What vm.rs writes into guest RAM for the segment.
         let bytes = &image[segment.file_offset..segment.file_offset + segment.file_bytes as usize];

@@ -90,10 +90,15 @@ fn driver_setup_script() -> Vec<u8> {
     let mut s = Script::new();
     s.read32(0x000).read32(0x004).read32(0x008);
     s.write32(0x070, 0).write32(0x070, 1).write32(0x070, 3);
-    s.write32(0x014, 0).read32(0x010).write32(0x014, 1).read32(0x010);
+    s.write32(0x014, 0)
+        .read32(0x010)
+        .write32(0x014, 1)
+        .read32(0x010);
     s.write32(0x024, 1).write32(0x020, 1).write32(0x070, 0xb);
     s.write32(0x030, 0).read32(0x034).write32(0x038, 64);
-    s.write32(0x080, 0x20_0000).write32(0x090, 0x21_0000).write32(0x0a0, 0x21_8000);
+    s.write32(0x080, 0x20_0000)
+        .write32(0x090, 0x21_0000)
+        .write32(0x0a0, 0x21_8000);
     s.write32(0x044, 1).write32(0x070, 0xf).read32(0x0fc);
     s.notify(0).ack_interrupt();
     s.finish()
@@ -142,7 +147,8 @@ fn blk_seeds() -> Vec<(String, Vec<u8>)> {
         let mut segment = 8u64.to_le_bytes().to_vec();
         segment.extend_from_slice(&8u32.to_le_bytes());
         segment.extend_from_slice(&0u32.to_le_bytes());
-        s.memory(0x1000, &blk_header(kind, 0)).memory(0x2000, &segment);
+        s.memory(0x1000, &blk_header(kind, 0))
+            .memory(0x2000, &segment);
         s.desc(0, 0, 0x1000, 16, NEXT, 1)
             .desc(0, 1, 0x2000, 16, NEXT, 2)
             .desc(0, 2, 0x3000, 1, WRITE, 0);
@@ -191,7 +197,9 @@ fn balloon_seeds() -> Vec<(String, Vec<u8>)> {
     let mut s = Script::new();
     start(&mut s);
     memory_pieces(&mut s, 0x1_0000, &pfns);
-    s.desc(0, 0, 0x1_0000, pfns.len() as u32, 0, 0).publish(0, 0).notify(0);
+    s.desc(0, 0, 0x1_0000, pfns.len() as u32, 0, 0)
+        .publish(0, 0)
+        .notify(0);
     s.host(0, 1024);
     out.push(("inflate".to_string(), s.finish()));
 
@@ -210,7 +218,9 @@ fn balloon_seeds() -> Vec<(String, Vec<u8>)> {
         stats.extend_from_slice(&value.to_le_bytes());
     }
     s.memory(0x2_0000, &stats);
-    s.desc(2, 0, 0x2_0000, stats.len() as u32, 0, 0).publish(2, 0).notify(2);
+    s.desc(2, 0, 0x2_0000, stats.len() as u32, 0, 0)
+        .publish(2, 0)
+        .notify(2);
     s.host(1, 0);
     out.push(("stats".to_string(), s.finish()));
 
@@ -277,11 +287,20 @@ fn engine_seeds() -> Vec<(String, Vec<u8>)> {
             ..Faults::default()
         },
     );
-    let failing_ops = vec![write(0, 0, 7), write(1, 512, 8), Op::EvictAll, read(2, 0), read(2, 512)];
+    let failing_ops = vec![
+        write(0, 0, 7),
+        write(1, 512, 8),
+        Op::EvictAll,
+        read(2, 0),
+        read(2, 512),
+    ];
     vec![
         ("mixed-2m".to_string(), engine::encode(&swap_2m, &mixed)),
         ("pages-4k".to_string(), engine::encode(&small, &pages)),
-        ("write-error".to_string(), engine::encode(&failing, &failing_ops)),
+        (
+            "write-error".to_string(),
+            engine::encode(&failing, &failing_ops),
+        ),
     ]
 }
 
@@ -383,8 +402,16 @@ pub fn bzimage(payload: &[u8]) -> Vec<u8> {
     put(&mut image, field::HEADER, HDRS_MAGIC);
     put(&mut image, field::VERSION, &0x020fu16.to_le_bytes());
     image[field::LOADFLAGS] = 0x01;
-    put(&mut image, field::INITRD_ADDR_MAX, &0x7fff_ffffu32.to_le_bytes());
-    put(&mut image, field::KERNEL_ALIGNMENT, &(2u32 << 20).to_le_bytes());
+    put(
+        &mut image,
+        field::INITRD_ADDR_MAX,
+        &0x7fff_ffffu32.to_le_bytes(),
+    );
+    put(
+        &mut image,
+        field::KERNEL_ALIGNMENT,
+        &(2u32 << 20).to_le_bytes(),
+    );
     put(&mut image, field::XLOADFLAGS, &1u16.to_le_bytes());
     put(&mut image, field::CMDLINE_SIZE, &2047u32.to_le_bytes());
     put(&mut image, field::PAYLOAD_OFFSET, &0u32.to_le_bytes());

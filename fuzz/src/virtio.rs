@@ -308,10 +308,7 @@ impl<'a, D: Host> Driver<'a, D> {
 }
 
 /// A transport over `device` and fresh guest RAM.
-pub fn transport<D: Host>(
-    device: D,
-    mem: &Arc<GuestMemoryMmap<()>>,
-) -> MmioTransport<D> {
+pub fn transport<D: Host>(device: D, mem: &Arc<GuestMemoryMmap<()>>) -> MmioTransport<D> {
     let handle: GuestMemoryHandle = mem.clone();
     MmioTransport::new(device, handle, Arc::new(CountingLine::new()))
 }
@@ -337,12 +334,24 @@ impl Script {
 
     /// [`Op::Memory`] at a RAM offset in region 0.
     pub fn memory(&mut self, addr: u64, bytes: &[u8]) -> &mut Self {
-        self.w.u8(Op::Memory as u8).u8(0).u64(addr).short_bytes(bytes);
+        self.w
+            .u8(Op::Memory as u8)
+            .u8(0)
+            .u64(addr)
+            .short_bytes(bytes);
         self
     }
 
     /// [`Op::Desc`] with an address in region 0.
-    pub fn desc(&mut self, q: u8, index: u16, addr: u64, len: u32, flags: u16, next: u16) -> &mut Self {
+    pub fn desc(
+        &mut self,
+        q: u8,
+        index: u16,
+        addr: u64,
+        len: u32,
+        flags: u16,
+        next: u16,
+    ) -> &mut Self {
         self.w
             .u8(Op::Desc as u8)
             .u8(q)
@@ -369,7 +378,11 @@ impl Script {
 
     /// [`Op::Write`] of a 32-bit register.
     pub fn write32(&mut self, offset: u16, value: u32) -> &mut Self {
-        self.w.u8(Op::Write as u8).u16(offset).u8(2).u64(u64::from(value));
+        self.w
+            .u8(Op::Write as u8)
+            .u16(offset)
+            .u8(2)
+            .u64(u64::from(value));
         self
     }
 

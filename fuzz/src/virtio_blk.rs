@@ -34,7 +34,9 @@ pub(crate) fn disk_path() -> PathBuf {
         std::fs::remove_file(&path).expect("unlink the fuzz disk image");
         file
     });
-    let content: Vec<u8> = (0..DISK_BYTES).map(|i| (i / 512) as u8 ^ (i as u8)).collect();
+    let content: Vec<u8> = (0..DISK_BYTES)
+        .map(|i| (i / 512) as u8 ^ (i as u8))
+        .collect();
     file.set_len(DISK_BYTES as u64).expect("size the fuzz disk");
     file.write_all_at(&content, 0).expect("fill the fuzz disk");
     PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()))
@@ -89,6 +91,9 @@ fn check_used_ring(driver: &Driver<'_, Block>) {
     let used = driver.used_idx(0);
     for i in used.saturating_sub(size)..used {
         let (id, _) = driver.used(0, i);
-        assert!(id < u32::from(size), "used entry {i}: head {id} of a {size}-entry queue");
+        assert!(
+            id < u32::from(size),
+            "used entry {i}: head {id} of a {size}-entry queue"
+        );
     }
 }

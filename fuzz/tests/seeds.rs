@@ -15,10 +15,20 @@ fn seed(target: &str, name: &str) -> Vec<u8> {
 
 #[test]
 fn blk_seeds_complete_with_status_ok() {
-    for (name, data_bytes) in [("read", 1024), ("get-id", 20), ("write", 0), ("flush", 0), ("indirect", 512)] {
+    for (name, data_bytes) in [
+        ("read", 1024),
+        ("get-id", 20),
+        ("write", 0),
+        ("flush", 0),
+        ("indirect", 512),
+    ] {
         let (used, mem) = virtio_blk::exercise(&seed("virtio_blk", name));
         assert_eq!(used.len(), 1, "{name}: {used:?}");
-        assert_eq!(used[0], (0, data_bytes + 1), "{name}: head 0, data and status written");
+        assert_eq!(
+            used[0],
+            (0, data_bytes + 1),
+            "{name}: head 0, data and status written"
+        );
         let status: u8 = mem.read_obj(GuestAddress(0x3000)).unwrap();
         assert_eq!(status, 0, "{name}: VIRTIO_BLK_S_OK");
     }
@@ -53,7 +63,10 @@ fn kernel_seeds_decompress_to_the_tiny_vmlinux() {
         // The target asserts on what it gets; a seed that failed to
         // decompress would return early, which the next check catches.
         hugevmm_fuzz::kernel_image::run(&seed("kernel_image", &format!("bzimage-{name}")));
-        assert!(hugevmm_fuzz::kernel_image::boots(&image, 64 << 20), "{name}");
+        assert!(
+            hugevmm_fuzz::kernel_image::boots(&image, 64 << 20),
+            "{name}"
+        );
     }
     assert!(hugevmm_fuzz::kernel_image::boots(&tiny_vmlinux(), 64 << 20));
 }
