@@ -26,13 +26,19 @@ const PT_LOAD: u32 = 1;
 const ET_EXEC: u16 = 2;
 
 fn u16_at(bytes: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        bytes.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 fn u32_at(bytes: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        bytes.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(bytes: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        bytes.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// Recognizes an image by its headers (anything malformed is `Other`:
@@ -59,7 +65,10 @@ pub fn recognize(bytes: &[u8]) -> ImageKind {
         else {
             return ImageKind::Other;
         };
-        let (Some(kind), Some(vaddr)) = (u32_at(bytes, at), u64_at(bytes, at + 16)) else {
+        let (Some(kind), Some(vaddr)) = (
+            u32_at(bytes, at),
+            at.checked_add(16).and_then(|at| u64_at(bytes, at)),
+        ) else {
             return ImageKind::Other;
         };
         if kind == PT_LOAD {
@@ -112,6 +121,18 @@ mod tests {
         let mut truncated = elf_with_segment_at(0x20_0000);
         truncated.truncate(70);
         assert_eq!(recognize(&truncated), ImageKind::Other);
+    }
+
+    /// Found by the fuzzer (fuzz/regressions/payload_elf): a program
+    /// header offset a few bytes below 2^64 overflowed the field reads,
+    /// a panic in debug builds.
+    #[test]
+    fn a_program_header_table_at_the_end_of_the_address_space_is_other() {
+        for phoff in [u64::MAX, u64::MAX - 3, u64::MAX - 15, u64::MAX - 0x0fff] {
+            let mut elf = elf_with_segment_at(0x20_0000);
+            elf[32..40].copy_from_slice(&phoff.to_le_bytes());
+            assert_eq!(recognize(&elf), ImageKind::Other, "phoff {phoff:#x}");
+        }
     }
 
     #[test]

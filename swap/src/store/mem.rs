@@ -108,6 +108,28 @@ impl MemStore {
         self.stored_bytes.load(Ordering::Relaxed)
     }
 
+    /// Replaces the image kept for `slot` with `image`, read back as
+    /// compressed, keeping the slot's checksum: what a codec bug or a
+    /// flipped bit in the heap would leave. The store never does this; it
+    /// is how the fuzzer (`fuzz/`, target `mem_store`) feeds
+    /// [`Store::read`] corrupt images.
+    pub fn replace_image(&self, slot: SlotId, image: &[u8]) -> io::Result<()> {
+        let (mut shard, idx) = self.shard(slot);
+        let Some(entry) = shard.get_mut(idx).and_then(Option::as_mut) else {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("slot {slot} is not allocated"),
+            ));
+        };
+        self.stored_bytes
+            .fetch_add(image.len() as u64, Ordering::Relaxed);
+        self.stored_bytes
+            .fetch_sub(entry.data.len() as u64, Ordering::Relaxed);
+        entry.data = Arc::from(image);
+        entry.raw = false;
+        Ok(())
+    }
+
     fn table(&self) -> MutexGuard<'_, SlotTable> {
         // Single-statement updates: a panic elsewhere cannot leave it torn.
         self.table.lock().unwrap_or_else(|p| p.into_inner())

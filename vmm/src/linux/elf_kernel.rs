@@ -115,7 +115,9 @@ impl VmlinuxImage {
     pub fn end_gpa(&self) -> u64 {
         self.segments
             .iter()
-            .map(|s| s.gpa + s.mem_bytes)
+            // Saturating: a segment claiming to run past 2^64 then fails
+            // check_fits as lying outside RAM.
+            .map(|s| s.gpa.saturating_add(s.mem_bytes))
             .max()
             .unwrap_or(0)
     }
@@ -254,7 +256,7 @@ pub fn parse(elf: &[u8]) -> Result<VmlinuxImage, ElfKernelError> {
         spans
             .iter()
             .find(|&&(vaddr, _, len)| inside(vaddr, len, entry))
-            .map(|&(vaddr, paddr, _)| entry - vaddr + paddr)
+            .and_then(|&(vaddr, paddr, _)| paddr.checked_add(entry - vaddr))
             .ok_or(ElfKernelError::EntryOutside { entry })?
     };
     Ok(VmlinuxImage {
@@ -317,6 +319,27 @@ pub(crate) mod tests {
         assert_eq!(image.start_gpa(), 0x100_0000);
         assert_eq!(image.end_gpa(), 0x120_1003);
         assert_eq!(image.segments[1].file_bytes, 3);
+    }
+
+    /// Found by the fuzzer (fuzz/regressions/kernel_image): a segment
+    /// whose physical range runs past 2^64 overflowed `end_gpa` (and a
+    /// virtual entry in it the translation), panics in debug builds.
+    #[test]
+    fn a_segment_running_past_the_end_of_the_address_space_does_not_fit() {
+        let top = u64::MAX - 0xf;
+        let elf = build_elf(KERNEL_VA + 0x18, &[(KERNEL_VA, top, &[0x90; 16], 0x1000)]);
+        assert!(matches!(
+            parse(&elf),
+            Err(ElfKernelError::EntryOutside { .. })
+        ));
+        let elf = build_elf(top, &[(KERNEL_VA, top, &[0x90; 16], 0x1000)]);
+        let image = parse(&elf).unwrap();
+        assert_eq!(image.end_gpa(), u64::MAX);
+        let layout = Layout::new(64 << 20).unwrap();
+        assert!(matches!(
+            image.check_fits(&layout, 0),
+            Err(ElfKernelError::OutsideRam { .. })
+        ));
     }
 
     #[test]
