@@ -105,7 +105,7 @@ impl Setup {
     /// Units in the region: a few 2 MiB chunks, or a few dozen pages.
     pub fn units(&self) -> u64 {
         match self.unit {
-            SwapUnit::Huge2M => 6,
+            SwapUnit::Huge2M | SwapUnit::Auto => 6,
             SwapUnit::Small4K => 48,
         }
     }
@@ -124,10 +124,13 @@ impl Setup {
 pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     let mut input = Input::new(data);
     let flags = input.u8();
-    let unit = if flags & 1 == 0 {
-        SwapUnit::Huge2M
-    } else {
+    // Bit 4 (unused by older inputs) picks the granularity policy.
+    let unit = if flags & 1 != 0 {
         SwapUnit::Small4K
+    } else if flags & 16 != 0 {
+        SwapUnit::Auto
+    } else {
+        SwapUnit::Huge2M
     };
     let fault_flags = input.u8();
     let counts = [input.u8(), input.u8(), input.u8(), input.u8()];

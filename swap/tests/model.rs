@@ -78,6 +78,7 @@ impl Model {
             huge: true,
             clean_slot: None,
             write_protected: false,
+            prefetched: false,
         };
         loop {
             let state = self.table.load(UNIT);

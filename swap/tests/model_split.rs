@@ -48,6 +48,16 @@ impl Model {
     /// A split chunk whose pages A and B are as given (`None`: absent,
     /// `Some((true, v))` resident with v, `Some((false, v))` stored v).
     fn split(a: Option<(bool, u64)>, b: Option<(bool, u64)>) -> Arc<Model> {
+        Model::split_with_slot(a, b, true)
+    }
+
+    /// As [`Model::split`]; `with_slot` false: the chunk has no store slot
+    /// yet (its first page write gives it one).
+    fn split_with_slot(
+        a: Option<(bool, u64)>,
+        b: Option<(bool, u64)>,
+        with_slot: bool,
+    ) -> Arc<Model> {
         let model = Arc::new(Model {
             table: ChunkTable::new(1, 2 << 20, false),
             memory: [Mutex::new(None), Mutex::new(None)],
@@ -96,6 +106,7 @@ impl Model {
             huge: true,
             clean_slot: None,
             write_protected: false,
+            prefetched: false,
         };
         let resident = model.table.finish_restore(chunk(), loading, restored);
         let evicting = model.table.begin_evict(chunk(), resident).unwrap();
@@ -151,6 +162,7 @@ impl Model {
                             huge: true,
                             clean_slot: None,
                             write_protected: false,
+                            prefetched: false,
                         };
                         self.table.finish_restore(chunk(), loading, restored);
                         return;
@@ -218,6 +230,25 @@ impl Model {
         let Ok(evicting) = pages.begin_evict(at, state) else {
             return;
         };
+        // The chunk's slot, as `Evictor::split_slot` gets it while the page
+        // is in flight: given only to a chunk whose word says Split.
+        loop {
+            let word = self.table.load(0);
+            if word.split_slot().is_some() {
+                break;
+            }
+            if word.tag() != Tag::Split {
+                pages.settle(at, evicting, PageTransition::AbortEvict);
+                return;
+            }
+            if self
+                .table
+                .assign_split_slot(chunk(), word, SlotId::new(1))
+                .is_ok()
+            {
+                break;
+            }
+        }
         let v = self.memory[p]
             .lock()
             .unwrap()
@@ -259,6 +290,12 @@ impl Model {
         };
         let pages = self.table.pages().unwrap();
         let before = pages.lock_all(0, &|| false).expect("never gives up");
+        if before.iter().any(|p| p.tag() == PageTag::Stored) {
+            assert!(
+                loading.split_slot().is_some(),
+                "a stored page but the merging word names no slot: {loading:?}"
+            );
+        }
         // Move the resident pages out, read the stored ones, then install.
         let mut values = [0u64; 2];
         for q in [A, B] {
@@ -374,5 +411,21 @@ fn faults_during_a_collapse_wait_and_keep_every_write() {
                 assert_eq!(pages.load(page(p)).tag(), PageTag::Locked);
             }
         }
+    });
+}
+
+#[test]
+fn the_first_page_write_gives_the_chunk_its_slot_even_racing_a_collapse() {
+    check(|| {
+        let model = Model::split_with_slot(Some((true, 2)), Some((true, 9)), false);
+        let evictor = spawn(&model, |m| {
+            m.evict_page(A);
+            m.evict_page(B);
+        });
+        let collapser = spawn(&model, Model::collapse);
+        evictor.join().unwrap();
+        collapser.join().unwrap();
+        assert_eq!(model.read(A), 2);
+        assert_eq!(model.read(B), 9);
     });
 }

@@ -261,6 +261,17 @@ fn split_json(split: &swap::engine::SplitStats) -> Value {
             "staged": staged,
             "resident": resident,
         },
+        "splits_by_reason": {
+            "forced": split.splits_by_reason[0],
+            "thrashing": split.splits_by_reason[1],
+            "requested": split.splits_by_reason[2],
+        },
+        "collapse_attempts_by_reason": {
+            "forced": split.collapses_by_reason[0],
+            "dense": split.collapses_by_reason[1],
+            "requested": split.collapses_by_reason[2],
+        },
+        "flips": split.flips,
         "collapses_verified": split.collapses_verified,
         "collapses_by_madvise": split.collapses_by_madvise,
         "collapse_failures": failures,

@@ -58,6 +58,11 @@ const REFERENCED: u64 = 1 << 7;
 const WAITERS: u64 = 1 << 8;
 const WRITING: u64 = 1 << 9;
 const PINNED: u64 = 1 << 10;
+const COLLAPSED: u64 = 1 << 11;
+const PREFETCHED: u64 = 1 << 12;
+const EPOCH_SHIFT: u32 = 13;
+const EPOCH_MASK: u64 = 0xffff << EPOCH_SHIFT;
+const SHORT_REFAULT: u64 = 1 << 29;
 const INDEX_SHIFT: u32 = 32;
 
 /// One unit's packed state: tag, flags and a 32-bit index (store slot or
@@ -76,6 +81,9 @@ impl std::fmt::Debug for UnitState {
             (WAITERS, "waiters"),
             (WRITING, "writing"),
             (PINNED, "pinned"),
+            (COLLAPSED, "collapsed"),
+            (PREFETCHED, "prefetched"),
+            (SHORT_REFAULT, "short-refault"),
         ] {
             if self.0 & bit != 0 {
                 write!(f, " {name}")?;
@@ -125,7 +133,7 @@ impl UnitState {
     /// The store slot a split chunk's pages live in, if it has one yet
     /// (`CLEAN` on a `Split` word, or on a `Loading` one merging it back).
     pub fn split_slot(self) -> Option<SlotId> {
-        self.clean().then(|| self.store_slot())
+        (matches!(self.tag(), Tag::Split | Tag::Loading) && self.clean()).then(|| self.store_slot())
     }
 
     /// The parking slot in the index field: of a `Staged` unit, or of one
@@ -172,6 +180,37 @@ impl UnitState {
         "A store write of the parked content is in flight."
     );
     flag!(pinned, with_pinned, PINNED, "Never evicted.");
+    flag!(
+        collapsed,
+        with_collapsed,
+        COLLAPSED,
+        "Collapsed back by the granularity policy once (splitting it again needs stronger evidence)."
+    );
+    flag!(
+        prefetched,
+        with_prefetched,
+        PREFETCHED,
+        "Restored by a prefetch and not yet written by the guest."
+    );
+
+    flag!(
+        short_refault,
+        with_short_refault,
+        SHORT_REFAULT,
+        "Its last refault came soon after its eviction (a second one splits it under `auto`)."
+    );
+
+    /// The eviction epoch stamped when the unit was last taken away (low
+    /// 16 bits of the engine's eviction count): how many evictions ago it
+    /// left tells the granularity policy whether it is thrashing.
+    pub fn evict_epoch(self) -> u16 {
+        ((self.0 & EPOCH_MASK) >> EPOCH_SHIFT) as u16
+    }
+
+    /// This state with eviction epoch `epoch`.
+    pub fn with_evict_epoch(self, epoch: u16) -> UnitState {
+        UnitState((self.0 & !EPOCH_MASK) | (u64::from(epoch) << EPOCH_SHIFT))
+    }
 
     /// Raw bits (for tests and debugging).
     pub fn bits(self) -> u64 {

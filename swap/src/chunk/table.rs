@@ -44,6 +44,8 @@ pub struct Restored {
     pub clean_slot: Option<SlotId>,
     /// Write-protected to catch the first write.
     pub write_protected: bool,
+    /// Restored by a prefetch, before any fault asked for it.
+    pub prefetched: bool,
 }
 
 /// Where an evicted unit went ([`ChunkTable::settle`]).
@@ -197,7 +199,8 @@ impl ChunkTable {
             .with_clean(how.clean_slot.is_some())
             .with_wp(how.write_protected)
             .with_writing(false)
-            .with_referenced(true);
+            .with_prefetched(how.prefetched)
+            .with_referenced(!how.prefetched);
         self.publish(at, Transition::FinishRestore, loading, resident);
         resident
     }
@@ -233,9 +236,22 @@ impl ChunkTable {
     /// `Evicting` state (CLOCK bit cleared), or the current state if it
     /// changed first.
     pub fn begin_evict(&self, at: UnitRef, resident: UnitState) -> Result<UnitState, UnitState> {
+        self.begin_evict_at(at, resident, resident.evict_epoch())
+    }
+
+    /// [`ChunkTable::begin_evict`], stamping eviction epoch `epoch` (the
+    /// engine's eviction count) on the unit.
+    pub fn begin_evict_at(
+        &self,
+        at: UnitRef,
+        resident: UnitState,
+        epoch: u16,
+    ) -> Result<UnitState, UnitState> {
         let evicting = resident
             .to(Tag::Evicting, resident.index())
-            .with_referenced(false);
+            .with_referenced(false)
+            .with_prefetched(false)
+            .with_evict_epoch(epoch);
         self.take(at, Transition::BeginEvict, resident, evicting)
             .map(|()| evicting)
     }
@@ -392,6 +408,7 @@ impl ChunkTable {
             .with_clean(false)
             .with_wp(false)
             .with_huge(huge)
+            .with_collapsed(true)
             .with_referenced(true);
         self.publish(at, Transition::FinishCollapse, loading, resident);
         resident
@@ -575,6 +592,7 @@ mod tests {
             huge: true,
             clean_slot: None,
             write_protected: false,
+            prefetched: false,
         };
         table.finish_restore(3.into(), loading, restored);
         for w in waiters {

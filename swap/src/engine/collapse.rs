@@ -23,6 +23,7 @@
 //! merged chunk is dirty (its pages were never write-protected).
 
 use super::fault::{install_thp_buffer, wake_unit};
+use super::granularity::CollapseReason;
 use super::recycle::RestoreBuffer;
 use super::split::page_gpa;
 use super::stats::{bump, CollapseFailure};
@@ -88,10 +89,15 @@ impl Merging {
 /// Tries to collapse split chunk `chunk` into one huge mapping. Errors are
 /// fatal (the VMM exits); a collapse that does not happen leaves the chunk
 /// split.
-pub(crate) fn try_collapse(s: &Shared, chunk: usize) -> Result<(), SwapError> {
+pub(crate) fn try_collapse(
+    s: &Shared,
+    chunk: usize,
+    reason: CollapseReason,
+) -> Result<(), SwapError> {
     let Some(merging) = begin(s, chunk) else {
         return Ok(());
     };
+    bump(&s.counters.collapses_by_reason[reason as usize]);
     let missing = PAGES_PER_CHUNK as u64 - merging.count(PageTag::Resident);
     if missing == 0 && collapse_in_place(s, &merging) {
         merging.free_slot(s);

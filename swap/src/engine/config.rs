@@ -12,13 +12,17 @@ pub enum SwapUnit {
     Huge2M,
     /// 4 KiB pages (the baseline to compare against).
     Small4K,
+    /// 2 MiB chunks that the granularity policy splits into 4 KiB pages
+    /// when they thrash with sparse use and collapses back when dense
+    /// (docs/GRANULARITY.md); hugetlb memory cannot split and keeps 2m.
+    Auto,
 }
 
 impl SwapUnit {
     /// Bytes per unit.
     pub fn bytes(self) -> u64 {
         match self {
-            SwapUnit::Huge2M => 2 << 20,
+            SwapUnit::Huge2M | SwapUnit::Auto => 2 << 20,
             SwapUnit::Small4K => 4 << 10,
         }
     }
@@ -30,8 +34,9 @@ impl FromStr for SwapUnit {
         match s.to_ascii_lowercase().as_str() {
             "2m" | "2mib" | "2097152" => Ok(SwapUnit::Huge2M),
             "4k" | "4kib" | "4096" => Ok(SwapUnit::Small4K),
+            "auto" => Ok(SwapUnit::Auto),
             other => Err(format!(
-                "unknown swap unit {other:?}: use 2m (2 MiB chunks) or 4k (4 KiB pages)"
+                "unknown swap unit {other:?}: use auto (2 MiB chunks split per chunk when their use is sparse), 2m (2 MiB chunks) or 4k (4 KiB pages)"
             )),
         }
     }
@@ -42,6 +47,7 @@ impl std::fmt::Display for SwapUnit {
         f.write_str(match self {
             SwapUnit::Huge2M => "2m",
             SwapUnit::Small4K => "4k",
+            SwapUnit::Auto => "auto",
         })
     }
 }
@@ -149,7 +155,7 @@ impl EngineConfig {
     pub fn batch_units_or_default(&self) -> usize {
         self.batch_units
             .unwrap_or(match self.unit {
-                SwapUnit::Huge2M => 8,
+                SwapUnit::Huge2M | SwapUnit::Auto => 8,
                 SwapUnit::Small4K => 256,
             })
             .max(1)

@@ -57,6 +57,15 @@ pub enum SwapError {
     /// The engine is shutting down.
     #[error("swap engine is shutting down")]
     ShuttingDown,
+    /// An engine thread panicked (an engine bug): the guest memory it was
+    /// serving can no longer be restored, so the VM must end.
+    #[error("swap engine thread {thread} panicked: {message} (an engine bug; the VM cannot go on, guest memory faults are no longer served)")]
+    ThreadPanicked {
+        /// The thread's name.
+        thread: String,
+        /// The panic's message.
+        message: String,
+    },
 }
 
 impl SwapError {

@@ -90,9 +90,9 @@ struct Evictor<'a> {
     /// The parking slot whose pages hold this evictor's evicted pages of
     /// split chunks, and the next free page in it.
     page_slot: Option<(u32, usize)>,
-    /// Evicted pages waiting for their write: the page and where it is
-    /// parked in `page_slot`.
-    page_batch: Vec<(PageRef, usize)>,
+    /// Evicted pages waiting for their write: the page, where it is
+    /// parked in `page_slot`, and its chunk's store slot.
+    page_batch: Vec<(PageRef, usize, SlotId)>,
 }
 
 impl Drop for Evictor<'_> {
@@ -162,6 +162,21 @@ impl<'a> Evictor<'a> {
                 break evicting;
             }
         };
+        // The chunk's slot, taken while this page is in flight: no merge
+        // of the chunk can finish (and free it) before the page settles.
+        let slot = match self.split_slot(at.chunk) {
+            Ok(Some(slot)) => slot,
+            Ok(None) => {
+                // Being merged back, and no slot yet: leave the page.
+                pages.settle(at, evicting, PageTransition::AbortEvict);
+                return Ok(());
+            }
+            Err(e) => {
+                pages.settle(at, evicting, PageTransition::AbortEvict);
+                s.fatal(&e);
+                return Err(e);
+            }
+        };
         bump(&s.counters.page_evictions);
         let (p, index) = match self.page_parking() {
             Ok(place) => place,
@@ -221,7 +236,7 @@ impl<'a> Evictor<'a> {
             bump(&s.counters.pages_zero);
             return Ok(());
         }
-        self.page_batch.push((at, index));
+        self.page_batch.push((at, index, slot));
         if self.page_batch.len() >= PAGE_BATCH {
             self.flush_pages()?;
         }
@@ -250,14 +265,18 @@ impl<'a> Evictor<'a> {
     }
 
     /// The store slot of split chunk `chunk`, allocating one on its first
-    /// page write.
-    fn split_slot(&self, chunk: usize) -> Result<SlotId, SwapError> {
+    /// page write; `None` when the chunk is being merged back and has none
+    /// (a slot is only given to a chunk whose word says `Split`). Called
+    /// while this evictor holds one of the chunk's pages `Evicting`.
+    fn split_slot(&self, chunk: usize) -> Result<Option<SlotId>, SwapError> {
         let s = self.s;
         loop {
-            let split = s.table.load(chunk);
-            debug_assert_eq!(split.tag(), Tag::Split, "a chunk with an evicting page");
-            if let Some(slot) = split.split_slot() {
-                return Ok(slot);
+            let word = s.table.load(chunk);
+            if let Some(slot) = word.split_slot() {
+                return Ok(Some(slot));
+            }
+            if word.tag() != Tag::Split {
+                return Ok(None);
             }
             let slot = s.store.allocate_paged(s.unit_gpa(chunk)).map_err(|e| {
                 SwapError::unit_store(
@@ -268,10 +287,10 @@ impl<'a> Evictor<'a> {
                     e,
                 )
             })?;
-            if s.table.assign_split_slot(chunk.into(), split, slot).is_ok() {
-                return Ok(slot);
+            if s.table.assign_split_slot(chunk.into(), word, slot).is_ok() {
+                return Ok(Some(slot));
             }
-            // Another writer gave the chunk a slot first.
+            // Another writer gave the chunk a slot first, or it changed.
             s.store.free(slot);
         }
     }
@@ -284,24 +303,15 @@ impl<'a> Evictor<'a> {
         };
         let pages = s.table.pages().expect("only 2 MiB chunks split");
         let mut batch = std::mem::take(&mut self.page_batch);
-        batch.sort_by_key(|&(at, _)| (at.chunk, at.page));
+        batch.sort_by_key(|&(at, _, _)| (at.chunk, at.page));
         let mut first_error = None;
         let mut kept = Vec::new();
         for group in batch.chunk_by(|a, b| a.0.chunk == b.0.chunk) {
             let chunk = group[0].0.chunk;
-            let slot = match self.split_slot(chunk) {
-                Ok(slot) => slot,
-                Err(e) => {
-                    // The pages stay Evicting and parked; the VM ends.
-                    s.fatal(&e);
-                    kept.extend_from_slice(group);
-                    first_error.get_or_insert(e);
-                    continue;
-                }
-            };
+            let slot = group[0].2;
             let writes: Vec<PageWrite<'_>> = group
                 .iter()
-                .map(|&(at, index)| PageWrite {
+                .map(|&(at, index, _)| PageWrite {
                     page: at.page,
                     gpa: page_gpa(s, at),
                     // SAFETY: the parking page is populated and stays in
@@ -315,7 +325,7 @@ impl<'a> Evictor<'a> {
                 .collect();
             let results = s.store.write_pages(slot, &writes);
             drop(writes);
-            for (&(at, index), result) in group.iter().zip(results) {
+            for (&(at, index, slot), result) in group.iter().zip(results) {
                 match result {
                     Ok(()) => {
                         let evicting = pages.load(at);
@@ -337,7 +347,7 @@ impl<'a> Evictor<'a> {
                             e,
                         );
                         s.fatal(&error);
-                        kept.push((at, index));
+                        kept.push((at, index, slot));
                         first_error.get_or_insert(error);
                     }
                 }
@@ -391,7 +401,11 @@ impl<'a> Evictor<'a> {
             if state.tag() != Tag::Resident || state.pinned() {
                 return Ok(());
             }
-            if let Ok(evicting) = s.table.begin_evict(unit.into(), state) {
+            let epoch = s
+                .counters
+                .evictions
+                .load(std::sync::atomic::Ordering::Relaxed) as u16;
+            if let Ok(evicting) = s.table.begin_evict_at(unit.into(), state, epoch) {
                 break (state, evicting);
             }
         };

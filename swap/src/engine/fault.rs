@@ -22,6 +22,7 @@
 
 use std::time::Instant;
 
+use super::granularity::{CollapseReason, Refault, SplitReason};
 use super::recycle::RestoreBuffer;
 use super::stats::{add, bump, FaultSource};
 use super::{collapse, limit, split, Backing, Shared, SwapError};
@@ -118,6 +119,7 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
         return Ok(Outcome::Woken(None));
     }
     let unit = ((address - guest.base()) / s.unit_bytes) as usize;
+    let stream = s.granularity.auto && s.granularity.note_fault(unit);
     loop {
         let state = s.table.load(unit);
         match state.tag() {
@@ -129,19 +131,31 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
             }
             Tag::Split => {
                 if let Some(outcome) = split::page_fault(s, unit, address, kind)? {
-                    if matches!(outcome, Outcome::Woken(Some(_)))
-                        && s.split.collapse_after_this_fault()
-                    {
-                        collapse::try_collapse(s, unit)?;
+                    if matches!(outcome, Outcome::Woken(Some(_))) {
+                        if s.split.collapse_after_this_fault() {
+                            collapse::try_collapse(s, unit, CollapseReason::Forced)?;
+                        } else if s.granularity.dense(s, unit) {
+                            collapse::try_collapse(s, unit, CollapseReason::Dense)?;
+                        }
                     }
                     return Ok(outcome);
                 }
             }
-            Tag::Absent | Tag::Stored if !state.pinned() && s.split.split_this_restore() => {
+            Tag::Absent | Tag::Stored
+                if !state.pinned()
+                    && (s.split.split_this_restore()
+                        || (state.tag() == Tag::Stored
+                            && s.granularity.refault(s, state, stream) == Refault::Split)) =>
+            {
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     continue;
                 };
-                if !split::split_on_restore(s, unit, loading, state)? {
+                let reason = if s.granularity.auto && state.tag() == Tag::Stored {
+                    SplitReason::Thrashing
+                } else {
+                    SplitReason::Forced
+                };
+                if !split::split_on_restore(s, unit, loading, state, reason)? {
                     return Ok(Outcome::Blocked);
                 }
             }
@@ -154,6 +168,7 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                 return if state.tag() == Tag::Absent {
                     restore_zero(s, unit, loading)
                 } else {
+                    let loading = s.granularity.refault(s, state, stream).mark(loading);
                     restore_from_store(s, unit, loading, state.store_slot(), write)
                 };
             }
@@ -161,9 +176,12 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     continue;
                 };
-                let outcome = hand_back(s, unit, loading)?;
+                let refault = s.granularity.refault(s, state, stream);
+                let outcome = hand_back(s, unit, refault.mark(loading))?;
                 if s.split.split_this_restore() {
-                    split::split_resident(s, unit, Tag::Staged)?;
+                    split::split_resident(s, unit, Tag::Staged, SplitReason::Forced)?;
+                } else if refault == Refault::Split {
+                    split::split_resident(s, unit, Tag::Staged, SplitReason::Thrashing)?;
                 }
                 return Ok(outcome);
             }
@@ -183,6 +201,7 @@ fn restored(huge: bool) -> Restored {
         huge,
         clean_slot: None,
         write_protected: false,
+        prefetched: false,
     }
 }
 
@@ -365,6 +384,7 @@ fn restore_from_store(
             huge,
             clean_slot: slot_kept,
             write_protected: clean,
+            prefetched: false,
         },
     );
     wake_unit(s, unit, Some(FaultSource::Store))

@@ -21,6 +21,7 @@ pub mod discard;
 pub mod error;
 pub mod evict;
 pub mod fault;
+pub mod granularity;
 pub mod hash;
 pub mod limit;
 pub mod policy;
@@ -48,6 +49,7 @@ use crate::chunk::{ChunkTable, Tag, UnitState};
 use crate::store::SharedStore;
 use crate::uffd::Uffd;
 use buffers::{BufferPool, PoolMode};
+use granularity::{CollapseReason, SplitReason};
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, PAGE_BYTES};
 use limit::Limiter;
 use policy::{Clock, EvictionPolicy};
@@ -103,6 +105,8 @@ pub(crate) struct Shared {
     pub fault_threads: usize,
     /// Whether chunks split, and the test knob.
     pub split: split::SplitControl,
+    /// The granularity policy (`--swap-unit auto`).
+    pub granularity: granularity::Granularity,
 }
 
 impl Shared {
@@ -191,6 +195,8 @@ impl SwapEngine {
         let staging = start::staging_area(&uffd, backing, &config)?;
         let table = start::unit_table(units, &config, backing, features.track_clean);
         let split = start::split_control(backing, &store, &config)?;
+        let granularity =
+            granularity::Granularity::new(config.unit == SwapUnit::Auto && split.enabled);
         let shared = Arc::new(Shared {
             uffd,
             region,
@@ -219,6 +225,7 @@ impl SwapEngine {
             batch_units: config.batch_units_or_default(),
             fault_threads: config.fault_threads.max(1),
             split,
+            granularity,
         });
         SwapEngine::start_threads(shared, &config, staging.pool_mode)
     }
@@ -257,14 +264,29 @@ impl SwapEngine {
         Ok(engine)
     }
 
+    /// Spawns an engine thread. A panic in it (an engine bug) is reported
+    /// through `on_fatal`, so the VM ends with a message instead of its
+    /// vCPUs waiting for ever on faults nobody serves.
     fn spawn(
         &mut self,
         name: String,
         body: impl FnOnce() + Send + 'static,
     ) -> Result<(), SwapError> {
+        let shared = self.shared.clone();
+        let thread = name.clone();
+        let guarded = move || {
+            if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|m| m.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                shared.fatal(&SwapError::ThreadPanicked { thread, message });
+            }
+        };
         let handle = std::thread::Builder::new()
             .name(name.clone())
-            .spawn(body)
+            .spawn(guarded)
             .map_err(|e| SwapError::os(format!("spawning thread {name}"), e))?;
         self.threads.push(handle);
         Ok(())
@@ -336,13 +358,13 @@ impl SwapEngine {
             }
             match state.tag() {
                 Tag::Resident => {
-                    split::split_resident(s, chunk, Tag::Resident)?;
+                    split::split_resident(s, chunk, Tag::Resident, SplitReason::Requested)?;
                 }
                 Tag::Absent | Tag::Stored => {
                     let Ok(loading) = s.table.begin_fault(chunk.into(), state) else {
                         continue;
                     };
-                    if !split::split_on_restore(s, chunk, loading, state)? {
+                    if !split::split_on_restore(s, chunk, loading, state, SplitReason::Requested)? {
                         return Err(SwapError::ShuttingDown);
                     }
                 }
@@ -364,7 +386,7 @@ impl SwapEngine {
             if s.table.load(chunk).tag() != Tag::Split {
                 continue;
             }
-            collapse::try_collapse(s, chunk)?;
+            collapse::try_collapse(s, chunk, CollapseReason::Requested)?;
             let state = s.table.load(chunk);
             huge += u64::from(state.tag() == Tag::Resident && state.huge());
         }

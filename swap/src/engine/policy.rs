@@ -115,6 +115,7 @@ mod tests {
                 huge: true,
                 clean_slot: None,
                 write_protected: false,
+                prefetched: false,
             };
             table.finish_restore(unit.into(), loading, restored);
             table.set_referenced(unit, unit % 2 == 0);

@@ -27,6 +27,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::fault::Outcome;
+use super::granularity::SplitReason;
 use super::recycle::RestoreBuffer;
 use super::stats::{add, bump, FaultSource};
 use super::{limit, Shared, SwapError};
@@ -94,6 +95,7 @@ pub(crate) fn split_on_restore(
     chunk: usize,
     loading: UnitState,
     from: UnitState,
+    reason: SplitReason,
 ) -> Result<bool, SwapError> {
     let (slot, page_tag) = match from.tag() {
         Tag::Absent => (None, PageTag::Absent),
@@ -121,13 +123,19 @@ pub(crate) fn split_on_restore(
     s.table
         .finish_split(chunk.into(), loading, slot, &|_| PageState::new(page_tag));
     bump(&s.counters.splits_by_origin[origin_index(from.tag())]);
+    bump(&s.counters.splits_by_reason[reason as usize]);
     Ok(true)
 }
 
 /// Splits a resident chunk (metadata only, see the module docs); does
 /// nothing if it is not resident, pinned, or taken by someone else first.
 /// `origin`: what it was before its restore, for the stats.
-pub(crate) fn split_resident(s: &Shared, chunk: usize, origin: Tag) -> Result<(), SwapError> {
+pub(crate) fn split_resident(
+    s: &Shared,
+    chunk: usize,
+    origin: Tag,
+    reason: SplitReason,
+) -> Result<(), SwapError> {
     let state = s.table.load(chunk);
     if !s.split.enabled || state.tag() != Tag::Resident || state.pinned() {
         return Ok(());
@@ -155,6 +163,7 @@ pub(crate) fn split_resident(s: &Shared, chunk: usize, origin: Tag) -> Result<()
         PageState::new(PageTag::Resident)
     });
     bump(&s.counters.splits_by_origin[origin_index(origin)]);
+    bump(&s.counters.splits_by_reason[reason as usize]);
     Ok(())
 }
 

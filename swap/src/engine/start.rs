@@ -14,9 +14,11 @@ use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 /// How guest RAM of `kind` is swapped in `unit`s.
 pub(super) fn backing_for(kind: MemoryKind, unit: SwapUnit) -> Result<Backing, SwapError> {
     match (kind, unit) {
-        (MemoryKind::Anonymous, SwapUnit::Huge2M) => Ok(Backing::Thp),
+        (MemoryKind::Anonymous, SwapUnit::Huge2M | SwapUnit::Auto) => Ok(Backing::Thp),
         (MemoryKind::Anonymous, SwapUnit::Small4K) => Ok(Backing::Small),
-        (MemoryKind::Hugetlb { memfd }, SwapUnit::Huge2M) => Ok(Backing::Hugetlb { memfd }),
+        (MemoryKind::Hugetlb { memfd }, SwapUnit::Huge2M | SwapUnit::Auto) => {
+            Ok(Backing::Hugetlb { memfd })
+        }
         (MemoryKind::Hugetlb { .. }, SwapUnit::Small4K) => Err(SwapError::Config(
             "hugetlb guest memory has 2 MiB pages; use --swap-unit 2m or anonymous (THP) memory for 4k units".into(),
         )),

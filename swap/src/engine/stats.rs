@@ -230,6 +230,13 @@ pub struct SplitStats {
     pub page_faults_zero: u64,
     /// Page faults served from the store.
     pub page_faults_store: u64,
+    /// Splits by reason: `[forced, thrashing, requested]` (the test knob,
+    /// the granularity policy, `split_range`).
+    pub splits_by_reason: [u64; 3],
+    /// Collapse attempts by reason: `[forced, dense, requested]`.
+    pub collapses_by_reason: [u64; 3],
+    /// Chunks split again by the policy after it had collapsed them.
+    pub flips: u64,
     /// Pages evicted one by one.
     pub page_evictions: u64,
     /// Of those, written to the store.
@@ -336,6 +343,9 @@ pub(crate) struct Counters {
     pub buffers_recycled_uncleared: AtomicU64,
     pub buffers_recycle_dropped: AtomicU64,
     pub splits_by_origin: [AtomicU64; 4],
+    pub splits_by_reason: [AtomicU64; 3],
+    pub collapses_by_reason: [AtomicU64; 3],
+    pub flips: AtomicU64,
     pub collapses_verified: AtomicU64,
     pub collapses_by_madvise: AtomicU64,
     pub collapse_failures: [AtomicU64; 4],
@@ -436,6 +446,9 @@ impl Counters {
             buffers_recycle_dropped: get(&self.buffers_recycle_dropped),
             split: SplitStats {
                 splits_by_origin: self.splits_by_origin.each_ref().map(get),
+                splits_by_reason: self.splits_by_reason.each_ref().map(get),
+                collapses_by_reason: self.collapses_by_reason.each_ref().map(get),
+                flips: get(&self.flips),
                 collapses_verified: get(&self.collapses_verified),
                 collapses_by_madvise: get(&self.collapses_by_madvise),
                 collapse_failures: self.collapse_failures.each_ref().map(get),

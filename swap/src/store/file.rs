@@ -694,17 +694,29 @@ impl Store for FileStore {
             .cloned()
             .ok_or(StoreError::BadSlot { gpa, slot })?;
         let offset = self.offset(slot);
-        if self.is_aligned(buf) {
-            self.block
-                .read_at(offset, buf)
-                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
-        } else {
-            let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
-            self.block
-                .read_at(offset, &mut bounce)
-                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
-            buf.copy_from_slice(&bounce);
+        let mut bounce = (!self.is_aligned(buf))
+            .then(|| AlignedBuf::new(buf.len(), self.block.mem_align_bytes()));
+        let read = match bounce.as_deref_mut() {
+            Some(bounce) => self.block.read_at(offset, bounce),
+            None => self.block.read_at(offset, buf),
+        };
+        // The file grows as pages are written: a paged slot at its end may
+        // stop short. That is fine as long as every written page was read.
+        let got_bytes = match read {
+            Ok(()) => buf.len(),
+            Err(BlockIoError::ShortRead { got_bytes, .. })
+                if (0..PAGES_PER_SLOT)
+                    .filter(|&p| sums.get(p).is_some())
+                    .all(|p| (p + 1) * PAGE_BYTES <= got_bytes) =>
+            {
+                got_bytes
+            }
+            Err(e) => return Err(self.store_error(gpa, slot, self.used_slots(), e)),
+        };
+        if let Some(bounce) = &bounce {
+            buf[..got_bytes].copy_from_slice(&bounce[..got_bytes]);
         }
+        buf[got_bytes..].fill(0);
         for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
             if let Some(expected) = sums.get(page) {
                 let found = crc32fast::hash(data);

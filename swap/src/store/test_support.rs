@@ -220,6 +220,23 @@ pub(crate) fn check_paged(store: &dyn Store) {
     assert_eq!(&page[..], &new_page[..]);
     store.read_paged_unit(fresh, GPA, &mut whole).unwrap();
     assert_eq!(&whole[511 * PAGE_BYTES..], &new_page[..]);
+    // A fresh paged slot at the end of a file that grows as pages are
+    // written: only its first page exists on the medium.
+    let last = store.allocate_paged(GPA).unwrap();
+    assert!(store
+        .write_pages(
+            last,
+            &[PageWrite {
+                page: 0,
+                gpa: GPA,
+                data: &new_page,
+            }],
+        )
+        .into_iter()
+        .all(|r| r.is_ok()));
+    store.read_paged_unit(last, GPA, &mut whole).unwrap();
+    assert_eq!(&whole[..PAGE_BYTES], &new_page[..]);
+    store.free(last);
     // Damage is found, naming a page of the chunk.
     if store.corrupt_slot(fresh).is_ok() {
         match store.read_paged_unit(fresh, GPA, &mut whole) {

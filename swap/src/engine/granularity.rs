@@ -1,0 +1,208 @@
+//! The granularity policy of `--swap-unit auto`: which chunks to split
+//! into pages and which split chunks to collapse, from what the engine
+//! sees (docs/GRANULARITY.md has the signals and why these).
+//!
+//! This host's kernel gives no accessed bits the engine can read without
+//! splitting huge mappings (no virtual-address DAMON, no idle page
+//! tracking, no soft-dirty, PAGEMAP_SCAN without an accessed bit). What
+//! the engine does see:
+//! - **refault distance**: every eviction stamps the chunk with the
+//!   engine's eviction count; when the chunk faults back, the evictions
+//!   since tell how long it stayed out. A chunk that comes back after
+//!   fewer evictions than half the limit holds was evicted while in use:
+//!   it thrashes. A sequential pass over a working set larger than the
+//!   limit brings each chunk back only after the rest of the set went
+//!   through, far beyond that;
+//! - **streams**: faults on consecutive chunks (a few streams at once,
+//!   one per writer) are sequential work, which 2 MiB units serve best:
+//!   never split a stream's chunk;
+//! - **which pages of a split chunk fault back**: the resident pages of a
+//!   split chunk are its density; many resident pages mean the chunk is
+//!   used densely again.
+//!
+//! Rules: a chunk that faults back from the store (or the parking area)
+//! with a short refault distance, not on a stream, for the second time in
+//! a row, is split; its cold
+//! pages then leave one by one and its hot pages come back alone. A split
+//! chunk with `DENSE_PAGES` resident pages is collapsed (its stored pages
+//! read in one I/O). Hysteresis: a chunk collapsed once needs a refault
+//! distance four times shorter to split again; each such re-split counts
+//! as a flip.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::stats::bump;
+use super::Shared;
+use crate::chunk::{PageRef, PageTag, UnitState, PAGES_PER_CHUNK};
+
+/// Streams tracked at once (one per sequential writer; more are
+/// forgotten round robin).
+const STREAMS: usize = 8;
+
+/// Resident pages from which a split chunk is dense enough to collapse:
+/// reading the rest of the chunk in one 2 MiB I/O then costs less than
+/// the page faults still to come.
+pub(crate) const DENSE_PAGES: u32 = 64;
+
+/// Why a chunk was split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitReason {
+    /// `--force-split-every`.
+    Forced = 0,
+    /// Faulted back soon after its eviction, not on a stream.
+    Thrashing = 1,
+    /// `SwapEngine::split_range`.
+    Requested = 2,
+}
+
+/// Why a collapse was tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CollapseReason {
+    /// `--force-split-every`.
+    Forced = 0,
+    /// `DENSE_PAGES` pages resident.
+    Dense = 1,
+    /// `SwapEngine::collapse_range`.
+    Requested = 2,
+}
+
+/// What a refault means for a chunk ([`Granularity::refault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refault {
+    /// The policy is off (or the chunk pinned): nothing to note.
+    Keep,
+    /// Back after a long time, or on a stream: clear the short mark.
+    Long,
+    /// Back soon after its eviction, the first time in a row: mark it.
+    Short,
+    /// Back soon again: split it.
+    Split,
+}
+
+impl Refault {
+    /// The restored chunk's word with the short-refault mark this verdict
+    /// leaves on it.
+    pub fn mark(self, loading: UnitState) -> UnitState {
+        match self {
+            Refault::Keep => loading,
+            Refault::Long | Refault::Split => loading.with_short_refault(false),
+            Refault::Short => loading.with_short_refault(true),
+        }
+    }
+}
+
+/// The policy's state: whether it runs, and the streams seen.
+pub(crate) struct Granularity {
+    /// `--swap-unit auto` on memory whose chunks can split.
+    pub auto: bool,
+    /// The last chunk of each stream (`u64::MAX`: none).
+    streams: [AtomicU64; STREAMS],
+    next_stream: AtomicUsize,
+}
+
+impl Granularity {
+    pub fn new(auto: bool) -> Granularity {
+        Granularity {
+            auto,
+            streams: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+            next_stream: AtomicUsize::new(0),
+        }
+    }
+
+    /// Records a fault on `chunk`; true when it continues a stream (the
+    /// stream's last chunk was this one or the one before). Races between
+    /// fault threads only lose a sample.
+    pub fn note_fault(&self, chunk: usize) -> bool {
+        let chunk = chunk as u64;
+        for stream in &self.streams {
+            let last = stream.load(Ordering::Relaxed);
+            if last == chunk {
+                return true;
+            }
+            if last != u64::MAX && last + 1 == chunk {
+                stream.store(chunk, Ordering::Relaxed);
+                return true;
+            }
+        }
+        let i = self.next_stream.fetch_add(1, Ordering::Relaxed) % STREAMS;
+        self.streams[i].store(chunk, Ordering::Relaxed);
+        false
+    }
+
+    /// What a chunk faulting back in `state` (stored or staged), on a
+    /// stream or not, tells: split it on its second short refault in a
+    /// row, so that a chunk that happened to come back soon once (several
+    /// vCPUs passing over it one after another) stays huge.
+    pub fn refault(&self, s: &Shared, state: UnitState, stream: bool) -> Refault {
+        if !self.auto || state.pinned() {
+            return Refault::Keep;
+        }
+        let Some(limit_pages) = s.limiter.limit_pages() else {
+            return Refault::Keep;
+        };
+        if stream {
+            return Refault::Long;
+        }
+        let limit_chunks = limit_pages / s.limiter.unit_pages();
+        let mut threshold = (limit_chunks / 2).max(4);
+        if state.collapsed() {
+            threshold /= 4;
+        }
+        let now = s.counters.evictions.load(Ordering::Relaxed) as u16;
+        let distance = u64::from(now.wrapping_sub(state.evict_epoch()));
+        if distance >= threshold {
+            Refault::Long
+        } else if state.short_refault() {
+            if state.collapsed() {
+                bump(&s.counters.flips);
+            }
+            Refault::Split
+        } else {
+            Refault::Short
+        }
+    }
+
+    /// Whether split chunk `chunk` is dense enough to collapse.
+    pub fn dense(&self, s: &Shared, chunk: usize) -> bool {
+        if !self.auto {
+            return false;
+        }
+        let Some(pages) = s.table.pages() else {
+            return false;
+        };
+        let mut resident = 0;
+        for page in 0..PAGES_PER_CHUNK {
+            if pages.load(PageRef { chunk, page }).tag() == PageTag::Resident {
+                resident += 1;
+                if resident >= DENSE_PAGES {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consecutive_chunks_are_streams_and_scattered_ones_are_not() {
+        let g = Granularity::new(true);
+        assert!(!g.note_fault(10), "a first fault starts a stream");
+        assert!(g.note_fault(11));
+        assert!(g.note_fault(12));
+        assert!(g.note_fault(12), "again on the same chunk");
+        assert!(!g.note_fault(500), "a second stream starts");
+        assert!(g.note_fault(13), "the first goes on");
+        assert!(g.note_fault(501));
+        for chunk in [7000, 3, 99, 4242, 17, 808, 61, 2024] {
+            assert!(!g.note_fault(chunk), "{chunk} continues nothing");
+        }
+        assert!(
+            !g.note_fault(14),
+            "eight scattered faults pushed the stream out"
+        );
+    }
+}
