@@ -58,6 +58,13 @@ static BUILTINS: &[Builtin] = &[
          (bytes=SIZE; passes=N, default 1; seed=N, default 1)"
     ),
     builtin!(
+        "mixed",
+        "scattered hot pages beside a stream: one hot 4 KiB page in each of \
+         hot=N chunks (default 128) checked and rewritten every round, while \
+         each round writes the next 2 MiB of a stream=SIZE stream (default \
+         512M; passes=N over it, default 2); exit 1 on a wrong hot word"
+    ),
+    builtin!(
         "verify",
         "data integrity: vCPUs interleave 4 KiB pages inside 2 MiB chunks, write \
          and check generations in scrambled orders, exit 1 on a mismatch \

@@ -119,7 +119,8 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
         return Ok(Outcome::Woken(None));
     }
     let unit = ((address - guest.base()) / s.unit_bytes) as usize;
-    let stream = s.granularity.auto && s.granularity.note_fault(unit);
+    let page_in_unit = ((address - guest.base()) % s.unit_bytes / PAGE_BYTES) as usize;
+    let stream = s.granularity.auto && s.granularity.note_fault(unit, page_in_unit);
     loop {
         let state = s.table.load(unit);
         match state.tag() {

@@ -9,10 +9,11 @@
 //! - **refault distance**: every eviction stamps the chunk with the
 //!   engine's eviction count; when the chunk faults back, the evictions
 //!   since tell how long it stayed out. A chunk that comes back after
-//!   fewer evictions than half the limit holds was evicted while in use:
-//!   it thrashes. A sequential pass over a working set larger than the
-//!   limit brings each chunk back only after the rest of the set went
-//!   through, far beyond that;
+//!   fewer evictions than twice the chunks the limit holds is in a working
+//!   set at most three times the limit, cycling through it: it thrashes,
+//!   and moving it whole each time costs 2 MiB per touch. A pass over a
+//!   much larger working set (the README's `verify` job: 4x) brings each
+//!   chunk back only after the rest went through, beyond that;
 //! - **streams**: faults on consecutive chunks (a few streams at once,
 //!   one per writer) are sequential work, which 2 MiB units serve best:
 //!   never split a stream's chunk;
@@ -38,6 +39,10 @@ use crate::chunk::{PageRef, PageTag, UnitState, PAGES_PER_CHUNK};
 /// Streams tracked at once (one per sequential writer; more are
 /// forgotten round robin).
 const STREAMS: usize = 8;
+
+/// How far into a chunk a sequential pass's first fault may land (a
+/// vCPU's write may start a few pages in).
+const STREAM_ENTRY_PAGES: usize = 16;
 
 /// Resident pages from which a split chunk is dense enough to collapse:
 /// reading the rest of the chunk in one 2 MiB I/O then costs less than
@@ -109,17 +114,22 @@ impl Granularity {
         }
     }
 
-    /// Records a fault on `chunk`; true when it continues a stream (the
-    /// stream's last chunk was this one or the one before). Races between
-    /// fault threads only lose a sample.
-    pub fn note_fault(&self, chunk: usize) -> bool {
+    /// Records a fault on page `page` of `chunk`; true when it continues a
+    /// stream: the stream's last chunk was this one, or the one before and
+    /// the fault is in the chunk's first pages (a sequential pass enters
+    /// each chunk at its start; a scattered hot page in the next chunk is
+    /// no stream), or the one after and the fault is in its last pages (a
+    /// pass downwards). Races between fault threads only lose a sample.
+    pub fn note_fault(&self, chunk: usize, page: usize) -> bool {
         let chunk = chunk as u64;
         for stream in &self.streams {
             let last = stream.load(Ordering::Relaxed);
             if last == chunk {
                 return true;
             }
-            if last != u64::MAX && last + 1 == chunk {
+            let up = last != u64::MAX && last + 1 == chunk && page < STREAM_ENTRY_PAGES;
+            let down = last == chunk + 1 && page >= PAGES_PER_CHUNK - STREAM_ENTRY_PAGES;
+            if up || down {
                 stream.store(chunk, Ordering::Relaxed);
                 return true;
             }
@@ -144,7 +154,7 @@ impl Granularity {
             return Refault::Long;
         }
         let limit_chunks = limit_pages / s.limiter.unit_pages();
-        let mut threshold = (limit_chunks / 2).max(4);
+        let mut threshold = (2 * limit_chunks).max(4);
         if state.collapsed() {
             threshold /= 4;
         }

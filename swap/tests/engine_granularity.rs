@@ -1,0 +1,145 @@
+//! The granularity policy (`SwapUnit::Auto`) on the real engine without
+//! KVM: chunks whose hot pages are scattered split and then move page by
+//! page; sequential streams stay huge; dense split chunks collapse; every
+//! word written is read back.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{config, get, put, start_guest};
+use guestmem::host::{HUGE_PAGE_BYTES, PAGE_BYTES};
+use swap::engine::{EngineConfig, SwapUnit};
+use swap::store::{Codec, MemStore, SharedStore};
+
+const CHUNK: u64 = HUGE_PAGE_BYTES;
+const PAGES: u64 = CHUNK / PAGE_BYTES;
+
+fn store(chunks: u64) -> SharedStore {
+    Arc::new(MemStore::new(Codec::Lz4, CHUNK as usize, 4 * chunks, None).unwrap())
+}
+
+fn auto(limit_chunks: u64) -> EngineConfig {
+    EngineConfig {
+        mem_limit_bytes: Some(limit_chunks * CHUNK),
+        ..config(SwapUnit::Auto)
+    }
+}
+
+fn value(page: u64, round: u64) -> u64 {
+    (page << 24) ^ round.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0xa5
+}
+
+#[test]
+fn scattered_hot_pages_split_their_chunks_and_move_alone() {
+    // One hot page in each of 24 chunks, touched every round, over a 10
+    // chunk limit: with 2 MiB units each touch would bring its chunk in.
+    let chunks = 24;
+    let g = start_guest(chunks * CHUNK, store(chunks), auto(10));
+    let base = g.base();
+    let hot = |chunk: u64| chunk * PAGES + (chunk * 37) % PAGES;
+    let rounds = 12;
+    std::thread::spawn(move || {
+        for round in 1..=rounds {
+            for chunk in 0..chunks {
+                let addr = base + hot(chunk) * PAGE_BYTES;
+                if round > 1 {
+                    assert_eq!(get(addr), value(hot(chunk), round - 1), "chunk {chunk}");
+                }
+                put(addr, value(hot(chunk), round));
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    let st = g.engine().stats();
+    println!(
+        "hot pages: {:?}, bytes read {} KiB written {} KiB, evictions {}",
+        st.split,
+        st.bytes_read >> 10,
+        st.bytes_written >> 10,
+        st.evictions
+    );
+    assert!(
+        st.split.splits_by_reason[1] >= chunks / 2,
+        "thrashing chunks split: {:?}",
+        st.split
+    );
+    assert!(st.split.page_faults_store > 0, "hot pages came back alone");
+    // Each round after the splits moves 4 KiB pages, not chunks: far less
+    // than a chunk read per touch.
+    let per_touch = st.bytes_read / (chunks * rounds);
+    assert!(
+        per_touch < CHUNK / 2,
+        "{per_touch} bytes read per hot-page touch"
+    );
+    assert!(g.fatal_messages().is_empty());
+}
+
+#[test]
+fn sequential_passes_stay_huge() {
+    let chunks = 32;
+    let g = start_guest(chunks * CHUNK, store(chunks), auto(8));
+    let base = g.base();
+    std::thread::spawn(move || {
+        for round in 1..=3 {
+            for page in 0..chunks * PAGES {
+                let addr = base + page * PAGE_BYTES;
+                if round > 1 {
+                    assert_eq!(get(addr), value(page, round - 1), "page {page}");
+                }
+                put(addr, value(page, round));
+            }
+        }
+    })
+    .join()
+    .unwrap();
+    let st = g.engine().stats();
+    println!("sequential: {:?}, evictions {}", st.split, st.evictions);
+    assert!(st.evictions >= 2 * (chunks - 8), "it swapped");
+    assert_eq!(
+        st.split.splits_by_reason,
+        [0, 0, 0],
+        "a stream's chunks never split"
+    );
+}
+
+#[test]
+fn a_split_chunk_used_densely_again_collapses() {
+    let chunks = 10;
+    let g = start_guest(chunks * CHUNK, store(chunks), auto(6));
+    let base = g.base();
+    // Thrash one page per chunk until the chunks split, then write every
+    // page of chunk 3: it is dense again and collapses.
+    std::thread::spawn(move || {
+        for round in 1..=8 {
+            for chunk in 0..chunks {
+                let page = chunk * PAGES + 100;
+                put(base + page * PAGE_BYTES, value(page, round));
+            }
+        }
+        for page in 3 * PAGES..4 * PAGES {
+            put(base + page * PAGE_BYTES, value(page, 99));
+        }
+        for chunk in 0..chunks {
+            let page = chunk * PAGES + 100;
+            let want = if chunk == 3 { 99 } else { 8 };
+            assert_eq!(
+                get(base + page * PAGE_BYTES),
+                value(page, want),
+                "chunk {chunk}"
+            );
+        }
+    })
+    .join()
+    .unwrap();
+    let st = g.engine().stats();
+    println!("dense: {:?}", st.split);
+    assert!(st.split.splits_by_reason[1] > 0, "{:?}", st.split);
+    assert!(
+        st.split.collapses_by_reason[1] > 0 && st.split.collapses_verified > 0,
+        "{:?}",
+        st.split
+    );
+    assert!(g.fatal_messages().is_empty());
+}
