@@ -46,7 +46,7 @@ use report::Report;
 /// Which suite to run.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Suite {
-    /// seqwrite (and randwrite) over a working set 1.5x the memory limit, 2m vs 4k units.
+    /// seqwrite, randwrite and mixed (scattered hot pages beside a stream) under a memory limit, 2m vs 4k vs auto units.
     SwapWSeq,
     /// Time to evict 256 MiB to each store, next to the kernel's MADV_PAGEOUT.
     Pageout,

@@ -31,11 +31,17 @@ struct Workload {
     /// Bound on one run, s, if reaching it is a result (randwrite: with
     /// 2 MiB units a random write over more than memory can thrash).
     time_bound_s: Option<f64>,
+    /// The payload's arguments when they are not `bytes= passes=` (mixed:
+    /// `bytes` is then the guest work for the planned throughput).
+    args: Option<&'static str>,
 }
 
 impl Workload {
     fn args(&self) -> String {
-        format!("bytes={} passes={}", self.bytes, self.passes)
+        match self.args {
+            Some(args) => args.into(),
+            None => format!("bytes={} passes={}", self.bytes, self.passes),
+        }
     }
 
     fn spec(&self, name: String, unit: &'static str, store: &str, timeline_ms: u64) -> RunSpec {
@@ -61,7 +67,7 @@ impl Workload {
         format!(
             "{} {} vCPU(s), {} working set split over them, {} passes, --mem {} --mem-limit {}",
             self.payload, self.vcpus, self.bytes, self.passes, self.mem, self.mem_limit
-        )
+        ) + &self.args.map(|a| format!(" ({a})")).unwrap_or_default()
     }
 }
 
@@ -86,6 +92,8 @@ struct Plan {
     /// stayed resident).
     strict: Workload,
     rand: Workload,
+    /// Scattered hot pages beside a stream (the granularity policy's case).
+    mixed: Workload,
     warmup: bool,
     timeline_ms: u64,
 }
@@ -104,6 +112,7 @@ fn plan(mode: Mode) -> Plan {
                 passes: 2,
                 runs: 1,
                 time_bound_s: None,
+                args: None,
             },
             strict: Workload {
                 payload: "seqwrite",
@@ -114,6 +123,7 @@ fn plan(mode: Mode) -> Plan {
                 passes: 2,
                 runs: 1,
                 time_bound_s: None,
+                args: None,
             },
             rand: Workload {
                 payload: "randwrite",
@@ -124,6 +134,19 @@ fn plan(mode: Mode) -> Plan {
                 passes: 1,
                 runs: 1,
                 time_bound_s: Some(20.0),
+                args: None,
+            },
+            mixed: Workload {
+                payload: "mixed",
+                vcpus: 2,
+                mem: "512M",
+                mem_limit: "96M",
+                // Per vCPU: 64 rounds of 2 MiB of stream + 32 hot pages.
+                bytes: "272M",
+                passes: 1,
+                runs: 1,
+                time_bound_s: Some(30.0),
+                args: Some("hot=64 stream=128M passes=2"),
             },
             warmup: false,
             timeline_ms: 50,
@@ -140,6 +163,7 @@ fn plan(mode: Mode) -> Plan {
                 passes: 4,
                 runs: 3,
                 time_bound_s: None,
+                args: None,
             },
             strict: Workload {
                 payload: "seqwrite",
@@ -150,6 +174,7 @@ fn plan(mode: Mode) -> Plan {
                 passes: 3,
                 runs: 2,
                 time_bound_s: None,
+                args: None,
             },
             rand: Workload {
                 payload: "randwrite",
@@ -160,6 +185,20 @@ fn plan(mode: Mode) -> Plan {
                 passes: 1,
                 runs: 3,
                 time_bound_s: Some(45.0),
+                args: None,
+            },
+            // The split-chunk issue's measurement: 128 hot chunks beside a
+            // 512 MiB stream written twice, 2 vCPUs, 1 GiB at 192 MiB.
+            mixed: Workload {
+                payload: "mixed",
+                vcpus: 2,
+                mem: "1G",
+                mem_limit: "192M",
+                bytes: "1152M",
+                passes: 1,
+                runs: 3,
+                time_bound_s: Some(90.0),
+                args: Some("hot=128 stream=512M passes=2"),
             },
             warmup: true,
             timeline_ms: 100,
@@ -195,6 +234,12 @@ struct RunFigures {
     store_p99_ms: f64,
     /// Restores from the store over `ideal_store_faults` (seqwrite only).
     swapped_share: Option<f64>,
+    /// Store bytes moved (read + written) per byte of guest work.
+    amplification: f64,
+    /// Fault latency p50 / p99 / max, us (seed 004: the worst case too).
+    fault_p50_us: f64,
+    fault_p99_us: f64,
+    fault_max_us: f64,
 }
 
 /// `(seconds, read bytes, written bytes)` of the run after its first
@@ -259,6 +304,10 @@ impl RunFigures {
             ),
             pages_2m_coverage: r.pages_2m_coverage(),
             store_p99_ms: r.source_hist("store").quantile_us(0.99) as f64 / 1000.0,
+            amplification: r.io_bytes() / (r.guest_bytes() as f64).max(1.0),
+            fault_p50_us: r.swap("fault_latency_us/p50"),
+            fault_p99_us: r.swap("fault_latency_us/p99"),
+            fault_max_us: r.swap("fault_latency_us/max"),
         }
     }
 
@@ -399,6 +448,11 @@ struct Group {
     swapping_fraction: f64,
     coverage: f64,
     swapped_share: Option<f64>,
+    amplification: f64,
+    fault_p50_us: f64,
+    fault_p99_us: f64,
+    /// The worst fault of all the group's runs.
+    fault_max_us: f64,
 }
 
 fn groups(figs: &[RunFigures]) -> Vec<Group> {
@@ -434,6 +488,10 @@ fn groups(figs: &[RunFigures]) -> Vec<Group> {
                 swapped_share: median(
                     &g.iter().filter_map(|f| f.swapped_share).collect::<Vec<_>>(),
                 ),
+                amplification: m(|f| f.amplification),
+                fault_p50_us: m(|f| f.fault_p50_us),
+                fault_p99_us: m(|f| f.fault_p99_us),
+                fault_max_us: g.iter().map(|f| f.fault_max_us).fold(0.0, f64::max),
             }
         })
         .collect()
@@ -468,6 +526,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let medians_table = medians_table(ctx, &groups, &limits);
     let ratios = Ratios::of(&groups);
     report_headlines(ctx, &p, &groups, &ratios);
+    let granularity = granularity_table(ctx, &groups);
+    ctx.report.tables.push(granularity);
     ctx.report.tables.push(medians_table);
     ctx.report.tables.push(runs_table);
     plot(ctx, &p, &results, &groups)?;
@@ -481,19 +541,25 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 /// Plans the progress steps and says what work both units run; returns
 /// that sentence (also a note of the tables and a key of the JSON).
 fn announce(ctx: &mut Ctx, p: &Plan) -> String {
-    let seq_runs = 2 * p.seq.runs + 2 + usize::from(p.warmup) + 2 * p.strict.runs;
-    let rand_runs = 2 * p.rand.runs;
+    let units = UNITS.len();
+    let seq_runs = units * p.seq.runs + units + usize::from(p.warmup) + units * p.strict.runs;
+    let rand_runs = units * p.rand.runs + units * p.mixed.runs;
     ctx.progress.plan(seq_runs + rand_runs);
     let same_work = format!(
-        "both units run the same work: {} (= {} MiB of guest writes per run); seqwrite 1 vCPU: {}; randwrite: {}",
+        "every unit runs the same work: {} (= {} MiB of guest writes per run); seqwrite 1 vCPU: {}; randwrite: {}; mixed: {}",
         p.seq.work_text(),
         guest_mib(&p.seq),
         p.strict.work_text(),
-        p.rand.work_text()
+        p.rand.work_text(),
+        p.mixed.work_text()
     );
     ctx.progress.note(&same_work);
     same_work
 }
+
+/// The units every case runs, interleaved: the two fixed baselines and the
+/// granularity policy.
+const UNITS: [&str; 3] = ["2m", "4k", "auto"];
 
 /// Every VM run of the suite, in order: the warm-up (full mode), seqwrite
 /// on the file store, seqwrite on the compressed memory store, seqwrite
@@ -528,10 +594,11 @@ fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<Vec<(RunFigures, 
         ("seqwrite", "seq", &p.seq, &lz4, 1),
         ("seqwrite 1 vCPU", "seq1", &p.strict, &file, p.strict.runs),
         ("randwrite", "rand", &p.rand, &file, p.rand.runs),
+        ("mixed", "mixed", &p.mixed, &file, p.mixed.runs),
     ];
     for (case, tag, w, store, runs) in series {
         for i in 1..=runs {
-            for unit in ["2m", "4k"] {
+            for unit in UNITS {
                 let spec = w.spec(
                     format!("swsq-{tag}-{unit}-{}-{i}", store.tag),
                     unit,
@@ -684,6 +751,118 @@ fn medians_table(ctx: &mut Ctx, groups: &[Group], limits: &Limits) -> Table {
     s
 }
 
+/// The median throughput of one case and unit on the file store.
+fn median_mibs(groups: &[Group], case: &str, unit: &str) -> Option<f64> {
+    groups
+        .iter()
+        .find(|g| g.case == case && g.unit == unit && g.store == "file")
+        .map(|g| g.throughput_mibs)
+}
+
+/// The granularity policy against the fixed units (the aims of the
+/// granularity issue), as a table and headlines.
+fn granularity_table(ctx: &mut Ctx, groups: &[Group]) -> Table {
+    let mut t = Table::new(
+        "swap-w-seq: auto against the fixed units (file store, medians)",
+        &["figure", "value", "aim", "met"],
+    );
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    };
+    let best_fixed = |case: &str| match (
+        median_mibs(groups, case, "2m"),
+        median_mibs(groups, case, "4k"),
+    ) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    let mixed_amp = groups
+        .iter()
+        .find(|g| g.case == "mixed" && g.unit == "auto" && g.store == "file")
+        .map(|g| g.amplification);
+    let rows: [(&'static str, &str, Option<f64>, &'static str, bool); 4] = {
+        let seq = ratio(
+            median_mibs(groups, "seqwrite", "auto"),
+            median_mibs(groups, "seqwrite", "2m"),
+        );
+        let rand = ratio(
+            median_mibs(groups, "randwrite", "auto"),
+            median_mibs(groups, "randwrite", "4k"),
+        );
+        let mixed = ratio(median_mibs(groups, "mixed", "auto"), best_fixed("mixed"));
+        [
+            (
+                "auto_over_2m_seqwrite",
+                "seqwrite, auto / 2m throughput",
+                seq,
+                ">= 0.9",
+                seq.is_some_and(|r| r >= 0.9),
+            ),
+            (
+                "auto_over_4k_randwrite",
+                "randwrite, auto / 4k throughput",
+                rand,
+                ">= 0.9",
+                rand.is_some_and(|r| r >= 0.9),
+            ),
+            (
+                "auto_over_best_mixed",
+                "mixed, auto / best of (2m, 4k) throughput",
+                mixed,
+                ">= 5",
+                mixed.is_some_and(|r| r >= 5.0),
+            ),
+            (
+                "store_bytes_per_guest_byte_mixed_auto",
+                "store bytes moved per guest byte, mixed, auto",
+                mixed_amp,
+                "<= 3",
+                mixed_amp.is_some_and(|r| r <= 3.0),
+            ),
+        ]
+    };
+    for (key, what, value, aim, met) in rows {
+        let Some(value) = value else { continue };
+        t.row(vec![
+            what.into(),
+            format!("{value:.2}"),
+            aim.into(),
+            if met { "yes" } else { "no" }.into(),
+        ]);
+        ctx.report.headline.push(Headline {
+            key,
+            what: what.into(),
+            value,
+            aim,
+            met,
+            how: "medians of the interleaved runs of one invocation, file store".into(),
+        });
+        ctx.report
+            .csv("swap-w-seq", "granularity", "auto", 0, key, value, "x");
+    }
+    for case in ["seqwrite", "randwrite", "mixed"] {
+        for unit in UNITS {
+            if let Some(g) = groups
+                .iter()
+                .find(|g| g.case == case && g.unit == unit && g.store == "file")
+            {
+                t.row(vec![
+                    format!("{case} {unit}: fault p50 / p99 / max us, store bytes per guest byte"),
+                    format!(
+                        "{:.0} / {:.0} / {:.0}, {:.2}",
+                        g.fault_p50_us, g.fault_p99_us, g.fault_max_us, g.amplification
+                    ),
+                    String::new(),
+                    String::new(),
+                ]);
+            }
+        }
+    }
+    t.note("fault max is the worst fault of all the runs of the group (seed 004: the worst case, not only the average)");
+    t
+}
+
 /// The 2m/4k throughput ratios of the medians.
 struct Ratios {
     seq: Option<f64>,
@@ -794,7 +973,7 @@ fn plot(
         .map(|g| Bar {
             label: format!("{} {} {}", g.case, g.store, g.unit),
             value: g.throughput_mibs,
-            series: usize::from(g.unit == "4k"),
+            series: UNITS.iter().position(|&u| u == g.unit).unwrap_or(0),
         })
         .collect();
     if !bars.is_empty() {
@@ -803,7 +982,7 @@ fn plot(
             "swap-w-seq: guest writes, median MiB/s (same work per unit)",
             "MiB/s",
             &bars,
-            &["2 MiB unit", "4 KiB unit"],
+            &["2 MiB unit", "4 KiB unit", "auto"],
             true,
         )?;
         ctx.report.plots.push("throughput.svg".into());
@@ -813,7 +992,7 @@ fn plot(
         ("seqwrite 1 vCPU", "_1vcpu", &p.strict),
     ] {
         let limit_mib = parse_mib(w.mem_limit);
-        for unit in ["2m", "4k"] {
+        for unit in UNITS {
             if let Some((_, r)) = results
                 .iter()
                 .find(|(f, _)| f.case == case && f.unit == unit && f.store == "file")

@@ -150,7 +150,7 @@ pub struct RunFlags {
     /// Swap unit: auto (2 MiB chunks, each split into 4 KiB pages while
     /// its use is sparse and collapsed back when dense), 2m (whole 2 MiB
     /// chunks, restored as huge mappings) or 4k (the per-page baseline)
-    /// [default: 2m].
+    /// [default: auto].
     #[arg(long)]
     #[serde(with = "text", skip_serializing_if = "Option::is_none")]
     pub swap_unit: Option<SwapUnit>,

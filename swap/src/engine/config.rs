@@ -7,14 +7,15 @@ use std::str::FromStr;
 /// Size of the unit the engine swaps and restores whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SwapUnit {
-    /// 2 MiB chunks, restored as one huge mapping (the product).
-    #[default]
+    /// 2 MiB chunks, restored as one huge mapping.
     Huge2M,
     /// 4 KiB pages (the baseline to compare against).
     Small4K,
     /// 2 MiB chunks that the granularity policy splits into 4 KiB pages
     /// when they thrash with sparse use and collapses back when dense
     /// (docs/GRANULARITY.md); hugetlb memory cannot split and keeps 2m.
+    /// The default.
+    #[default]
     Auto,
 }
 
@@ -135,7 +136,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
-            unit: SwapUnit::Huge2M,
+            unit: SwapUnit::Auto,
             mem_limit_bytes: None,
             pinned_offsets: Vec::new(),
             fault_threads: 1,
@@ -178,10 +179,11 @@ mod tests {
 
     #[test]
     fn swap_unit_round_trips_through_text() {
-        for unit in [SwapUnit::Huge2M, SwapUnit::Small4K] {
+        for unit in [SwapUnit::Huge2M, SwapUnit::Small4K, SwapUnit::Auto] {
             assert_eq!(unit.to_string().parse::<SwapUnit>().unwrap(), unit);
         }
-        assert!("3m".parse::<SwapUnit>().unwrap_err().contains("use 2m"));
+        assert!("3m".parse::<SwapUnit>().unwrap_err().contains("use auto"));
+        assert_eq!(SwapUnit::default(), SwapUnit::Auto);
     }
 
     #[test]

@@ -162,21 +162,6 @@ impl<'a> Evictor<'a> {
                 break evicting;
             }
         };
-        // The chunk's slot, taken while this page is in flight: no merge
-        // of the chunk can finish (and free it) before the page settles.
-        let slot = match self.split_slot(at.chunk) {
-            Ok(Some(slot)) => slot,
-            Ok(None) => {
-                // Being merged back, and no slot yet: leave the page.
-                pages.settle(at, evicting, PageTransition::AbortEvict);
-                return Ok(());
-            }
-            Err(e) => {
-                pages.settle(at, evicting, PageTransition::AbortEvict);
-                s.fatal(&e);
-                return Err(e);
-            }
-        };
         bump(&s.counters.page_evictions);
         let (p, index) = match self.page_parking() {
             Ok(place) => place,
@@ -236,11 +221,55 @@ impl<'a> Evictor<'a> {
             bump(&s.counters.pages_zero);
             return Ok(());
         }
+        // The chunk's slot, taken while this page is in flight: no merge
+        // of the chunk can finish (and free it) before the page settles.
+        // Taken only for a page to write, so a chunk of zero pages gets none.
+        let slot = match self.split_slot(at.chunk) {
+            Ok(Some(slot)) => slot,
+            Ok(None) => {
+                // Being merged back and no slot yet: put the page back.
+                self.put_page_back(at, parked)?;
+                let _ = s.parking.raw().discard(offset, PAGE_BYTES);
+                pages.settle(at, evicting, PageTransition::AbortEvict);
+                return Ok(());
+            }
+            Err(e) => {
+                s.fatal(&e);
+                return Err(e);
+            }
+        };
         self.page_batch.push((at, index, slot));
         if self.page_batch.len() >= PAGE_BATCH {
             self.flush_pages()?;
         }
         Ok(())
+    }
+
+    /// Moves an evicted page back from its parking page `parked` into the
+    /// guest (the eviction is given up).
+    fn put_page_back(&self, at: PageRef, parked: u64) -> Result<(), SwapError> {
+        let s = self.s;
+        let options = MoveOptions {
+            allow_src_holes: false,
+            dont_wake: false,
+        };
+        // SAFETY: this evictor owns the page (Evicting) and its parking
+        // page; the guest page is empty since the move out.
+        unsafe {
+            s.uffd
+                .move_all(page_addr(s, at), parked, PAGE_BYTES, options)
+        }
+        .map_err(|e| {
+            let e = SwapError::uffd(
+                format!(
+                    "putting back the page at guest address {:#x}",
+                    page_gpa(s, at)
+                ),
+                e,
+            );
+            s.fatal(&e);
+            e
+        })
     }
 
     /// Maps the zero page over a parking page the move left empty (the

@@ -200,18 +200,23 @@ mod tests {
     #[test]
     fn consecutive_chunks_are_streams_and_scattered_ones_are_not() {
         let g = Granularity::new(true);
-        assert!(!g.note_fault(10), "a first fault starts a stream");
-        assert!(g.note_fault(11));
-        assert!(g.note_fault(12));
-        assert!(g.note_fault(12), "again on the same chunk");
-        assert!(!g.note_fault(500), "a second stream starts");
-        assert!(g.note_fault(13), "the first goes on");
-        assert!(g.note_fault(501));
+        assert!(!g.note_fault(10, 0), "a first fault starts a stream");
+        assert!(g.note_fault(11, 0));
+        assert!(g.note_fault(12, 3));
+        assert!(g.note_fault(12, 300), "again on the same chunk");
+        assert!(!g.note_fault(500, 0), "a second stream starts");
+        assert!(g.note_fault(13, 0), "the first goes on");
+        assert!(g.note_fault(501, 1));
+        assert!(
+            !g.note_fault(502, 200),
+            "the next chunk, but not at its start"
+        );
+        assert!(g.note_fault(501, 511), "downwards: entered at its end");
         for chunk in [7000, 3, 99, 4242, 17, 808, 61, 2024] {
-            assert!(!g.note_fault(chunk), "{chunk} continues nothing");
+            assert!(!g.note_fault(chunk, 0), "{chunk} continues nothing");
         }
         assert!(
-            !g.note_fault(14),
+            !g.note_fault(14, 0),
             "eight scattered faults pushed the stream out"
         );
     }
