@@ -118,6 +118,47 @@ fn verify_with_forced_splits_and_collapses_on_each_store() {
     }
 }
 
+/// Scattered hot pages beside a stream under the default unit (auto): the
+/// hot chunks split and their pages move alone, the stream stays huge,
+/// and the payload checks every hot word every round.
+#[test]
+fn mixed_work_under_auto_splits_the_hot_chunks() {
+    if skip_without_kvm("mixed_work_under_auto") {
+        return;
+    }
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "mixed",
+            "--vcpus",
+            "2",
+            "--mem",
+            "512M",
+            "--mem-limit",
+            "96M",
+            "--payload-args",
+            "hot=64 stream=128M passes=2",
+        ],
+        LIMIT,
+    );
+    run.expect_status(0);
+    assert!(run.stdout.contains("mixed vcpu=0") && run.stdout.contains(" ok"));
+    let thrashing = run.stat("/swap/split/splits_by_reason/thrashing");
+    let page_faults = run.stat("/swap/split/page_faults/store");
+    let moved = run.stat("/swap/bytes_read") + run.stat("/swap/bytes_written");
+    eprintln!(
+        "mixed auto: thrashing splits={thrashing} page faults from the store={page_faults} store bytes moved={moved} flips={} collapses={}",
+        run.stat("/swap/split/flips"),
+        run.stat("/swap/split/collapses_verified")
+    );
+    assert!(thrashing >= 32, "the hot chunks split ({thrashing})");
+    assert!(page_faults > 0, "hot pages came back alone");
+    // 272 MiB of guest work; with 2 MiB units each hot touch moved a chunk
+    // both ways (about 16 GiB here).
+    assert!(moved < 4 * 272 << 20, "store bytes moved {moved}");
+}
+
 #[test]
 fn forced_splits_are_refused_where_chunks_cannot_split() {
     for (args, want) in [
