@@ -156,7 +156,7 @@ fn mixed_work_under_auto_splits_the_hot_chunks() {
     assert!(page_faults > 0, "hot pages came back alone");
     // 272 MiB of guest work; with 2 MiB units each hot touch moved a chunk
     // both ways (about 16 GiB here).
-    assert!(moved < 4 * 272 << 20, "store bytes moved {moved}");
+    assert!(moved < (4 * 272) << 20, "store bytes moved {moved}");
 }
 
 #[test]

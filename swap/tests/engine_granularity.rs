@@ -102,6 +102,12 @@ fn sequential_passes_stay_huge() {
         [0, 0, 0],
         "a stream's chunks never split"
     );
+    println!("prefetch: {:?}", st.prefetch);
+    assert!(
+        st.prefetch.issued > 0 && st.prefetch.hits > 0,
+        "the stream's next chunks were read ahead: {:?}",
+        st.prefetch
+    );
 }
 
 #[test]

@@ -197,6 +197,12 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
         "metadata_bytes": s.metadata_bytes,
         "install_busy_retries": s.install_busy_retries,
         "split": split_json(&s.split),
+        "prefetch": {
+            "issued": s.prefetch.issued,
+            "hits": s.prefetch.hits,
+            "waste": s.prefetch.waste,
+            "skipped": s.prefetch.skipped,
+        },
         "buffers": {
             "recycled": s.buffers_recycled,
             "fresh": s.buffers_fresh,

@@ -215,6 +215,8 @@ impl ChunkTable {
         resident: UnitState,
         first_write: bool,
     ) {
+        // A fault on a prefetched unit is the prefetch's hit: no longer
+        // marked.
         let next = if first_write {
             resident
                 .to(Tag::Resident, 0)
@@ -223,7 +225,8 @@ impl ChunkTable {
                 .with_referenced(true)
         } else {
             resident
-        };
+        }
+        .with_prefetched(false);
         self.publish(
             at,
             Transition::EndResidentFault,

@@ -435,6 +435,9 @@ impl<'a> Evictor<'a> {
                 .evictions
                 .load(std::sync::atomic::Ordering::Relaxed) as u16;
             if let Ok(evicting) = s.table.begin_evict_at(unit.into(), state, epoch) {
+                if state.prefetched() {
+                    bump(&s.counters.prefetch_waste);
+                }
                 break (state, evicting);
             }
         };

@@ -166,12 +166,16 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                     s.limiter.release(s.limiter.unit_pages());
                     continue;
                 };
-                return if state.tag() == Tag::Absent {
+                let outcome = if state.tag() == Tag::Absent {
                     restore_zero(s, unit, loading)
                 } else {
                     let loading = s.granularity.refault(s, state, stream).mark(loading);
-                    restore_from_store(s, unit, loading, state.store_slot(), write)
+                    restore_from_store(s, unit, loading, state.store_slot(), write, false)
                 };
+                if stream && s.granularity.auto {
+                    s.prefetch.offer(unit + 1);
+                }
+                return outcome;
             }
             Tag::Staged => {
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
@@ -310,12 +314,15 @@ fn restore_zero(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, 
 /// the store slot) is skipped when the fault is a write: the write that is
 /// waiting would un-protect the unit and free the slot at once, at the cost
 /// of one more fault round trip per restore (through KVM, a vCPU exit).
-fn restore_from_store(
+/// `prefetch`: no fault asked for it (see `prefetch`); the unit is marked
+/// and counted as a prefetch, not a fault.
+pub(super) fn restore_from_store(
     s: &Shared,
     unit: usize,
     loading: UnitState,
     slot: SlotId,
     write: bool,
+    prefetch: bool,
 ) -> Result<Outcome, SwapError> {
     let buf = RestoreBuffer::for_overwrite(s);
     let (range, offset) = buf.place(s);
@@ -334,7 +341,9 @@ fn restore_from_store(
         return Ok(Outcome::Blocked);
     }
     add(&s.counters.bytes_read, s.unit_bytes);
-    bump(&s.counters.faults_store);
+    if !prefetch {
+        bump(&s.counters.faults_store);
+    }
     let dst = s.unit_addr(unit);
     let clean = s.track_clean && !write;
     let huge = match s.backing {
@@ -385,7 +394,7 @@ fn restore_from_store(
             huge,
             clean_slot: slot_kept,
             write_protected: clean,
-            prefetched: false,
+            prefetched: prefetch,
         },
     );
     wake_unit(s, unit, Some(FaultSource::Store))
@@ -479,6 +488,9 @@ fn resident_fault(
     let dst = s.unit_addr(unit);
     let mut first_write = false;
     let source = (kind == FaultKind::WriteProtect).then_some(FaultSource::WriteProtect);
+    if resident.prefetched() {
+        bump(&s.counters.prefetch_hits);
+    }
     let result = match kind {
         FaultKind::WriteProtect => {
             bump(&s.counters.wp_faults);

@@ -25,6 +25,7 @@ pub mod granularity;
 pub mod hash;
 pub mod limit;
 pub mod policy;
+mod prefetch;
 mod recycle;
 mod split;
 pub mod staging;
@@ -41,8 +42,8 @@ pub use config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 pub use error::SwapError;
 pub use evict::EvictReport;
 pub use stats::{
-    CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, SplitStats,
-    SwapStats,
+    CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, PrefetchStats,
+    SplitStats, SwapStats,
 };
 
 use crate::chunk::{ChunkTable, Tag, UnitState};
@@ -107,6 +108,8 @@ pub(crate) struct Shared {
     pub split: split::SplitControl,
     /// The granularity policy (`--swap-unit auto`).
     pub granularity: granularity::Granularity,
+    /// Sequential prefetch (`--swap-unit auto`).
+    pub prefetch: prefetch::Prefetcher,
 }
 
 impl Shared {
@@ -226,6 +229,7 @@ impl SwapEngine {
             fault_threads: config.fault_threads.max(1),
             split,
             granularity,
+            prefetch: prefetch::Prefetcher::default(),
         });
         SwapEngine::start_threads(shared, &config, staging.pool_mode)
     }
@@ -248,6 +252,10 @@ impl SwapEngine {
                 set_thread_nice(nice);
                 fault::run(&s)
             })?;
+        }
+        if shared.granularity.auto {
+            let s = shared.clone();
+            engine.spawn("swap-prefetch".into(), move || prefetch::run(&s))?;
         }
         let s = shared.clone();
         engine.spawn("swap-evictor".into(), move || {

@@ -245,11 +245,27 @@ pub struct SplitStats {
     pub pages_zero: u64,
 }
 
+/// Sequential prefetch (`--swap-unit auto`, see `engine::prefetch`).
+#[derive(Debug, Clone, Default)]
+pub struct PrefetchStats {
+    /// Chunks read ahead of a stream and installed.
+    pub issued: u64,
+    /// Of those, faulted on or written by the guest afterwards.
+    pub hits: u64,
+    /// Of those, evicted again without a fault or a write (only read, or
+    /// never used).
+    pub waste: u64,
+    /// Offers not taken: memory held was within the headroom of the limit.
+    pub skipped: u64,
+}
+
 /// A snapshot of the engine's counters.
 #[derive(Debug, Clone, Default)]
 pub struct SwapStats {
     /// Fault counts.
     pub faults: FaultCounts,
+    /// Sequential prefetch.
+    pub prefetch: PrefetchStats,
     /// Split chunks.
     pub split: SplitStats,
     /// Units taken away from the guest (any outcome).
@@ -346,6 +362,10 @@ pub(crate) struct Counters {
     pub splits_by_reason: [AtomicU64; 3],
     pub collapses_by_reason: [AtomicU64; 3],
     pub flips: AtomicU64,
+    pub prefetches: AtomicU64,
+    pub prefetch_hits: AtomicU64,
+    pub prefetch_waste: AtomicU64,
+    pub prefetch_skipped: AtomicU64,
     pub collapses_verified: AtomicU64,
     pub collapses_by_madvise: AtomicU64,
     pub collapse_failures: [AtomicU64; 4],
@@ -444,6 +464,12 @@ impl Counters {
             buffers_fresh: get(&self.buffers_fresh),
             buffers_recycled_uncleared: get(&self.buffers_recycled_uncleared),
             buffers_recycle_dropped: get(&self.buffers_recycle_dropped),
+            prefetch: PrefetchStats {
+                issued: get(&self.prefetches),
+                hits: get(&self.prefetch_hits),
+                waste: get(&self.prefetch_waste),
+                skipped: get(&self.prefetch_skipped),
+            },
             split: SplitStats {
                 splits_by_origin: self.splits_by_origin.each_ref().map(get),
                 splits_by_reason: self.splits_by_reason.each_ref().map(get),

@@ -317,7 +317,7 @@ impl Collector for Figures {
                 .gauge(e, limit)?;
             }
             gauge("swap_unit", "The swap unit.", Some(Unit::Bytes)).gauge(e, swap.unit_bytes)?;
-            split_metrics(e, &swap.split)?;
+            split_metrics(e, &swap.split, &swap.prefetch)?;
             gauge(
                 "swap_metadata",
                 "Host memory the engine's own tables use.",
@@ -390,7 +390,11 @@ const _: () = {
 
 /// The split-chunk figures (docs/SPLIT_CHUNKS.md): chunks by mode, splits
 /// by origin, collapses by outcome, page faults and evictions.
-fn split_metrics(e: &mut DescriptorEncoder, split: &swap::engine::SplitStats) -> std::fmt::Result {
+fn split_metrics(
+    e: &mut DescriptorEncoder,
+    split: &swap::engine::SplitStats,
+    prefetch: &swap::engine::PrefetchStats,
+) -> std::fmt::Result {
     let labelled = |e: &mut DescriptorEncoder,
                     name: &str,
                     help: &str,
@@ -452,6 +456,19 @@ fn split_metrics(e: &mut DescriptorEncoder, split: &swap::engine::SplitStats) ->
         &[
             ("zero", split.page_faults_zero),
             ("store", split.page_faults_store),
+        ],
+    )?;
+    labelled(
+        e,
+        "swap_prefetches",
+        "Chunks prefetched ahead of a stream, by outcome (issued; hit: faulted on or written; waste: evicted unused).",
+        MetricType::Counter,
+        "outcome",
+        &[
+            ("issued", prefetch.issued),
+            ("hit", prefetch.hits),
+            ("waste", prefetch.waste),
+            ("skipped", prefetch.skipped),
         ],
     )?;
     labelled(
