@@ -388,6 +388,39 @@ impl FileStore {
         }
     }
 
+    /// Reads `buf` at `offset` (through a bounce buffer when it is not
+    /// aligned for O_DIRECT) and checks it against the crc32 `expected`.
+    fn read_verified(
+        &self,
+        offset: u64,
+        gpa: u64,
+        slot: SlotId,
+        expected: u32,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
+        if self.is_aligned(buf) {
+            self.block
+                .read_at(offset, buf)
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
+        } else {
+            let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
+            self.block
+                .read_at(offset, &mut bounce)
+                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
+            buf.copy_from_slice(&bounce);
+        }
+        let found = crc32fast::hash(buf);
+        if found != expected {
+            return Err(StoreError::Checksum {
+                gpa,
+                slot,
+                expected,
+                found,
+            });
+        }
+        Ok(())
+    }
+
     /// Maps a block error of `slot` to the store's error, keeping the file
     /// and offset in the message. `used_slots` is passed in because writers
     /// call this with the slot table locked.
@@ -556,28 +589,7 @@ impl Store for FileStore {
             }
             slots.crcs.get(slot.index()).copied().unwrap_or(0)
         };
-        let offset = self.offset(slot);
-        if self.is_aligned(buf) {
-            self.block
-                .read_at(offset, buf)
-                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
-        } else {
-            let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
-            self.block
-                .read_at(offset, &mut bounce)
-                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
-            buf.copy_from_slice(&bounce);
-        }
-        let found = crc32fast::hash(buf);
-        if found != expected {
-            return Err(StoreError::Checksum {
-                gpa,
-                slot,
-                expected,
-                found,
-            });
-        }
-        Ok(())
+        self.read_verified(self.offset(slot), gpa, slot, expected, buf)
     }
 
     fn free(&self, slot: SlotId) {
@@ -750,27 +762,7 @@ impl Store for FileStore {
             .and_then(|sums| sums.get(page))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
         let offset = self.offset(slot) + (page * PAGE_BYTES) as u64;
-        if self.is_aligned(buf) {
-            self.block
-                .read_at(offset, buf)
-                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
-        } else {
-            let mut bounce = AlignedBuf::new(buf.len(), self.block.mem_align_bytes());
-            self.block
-                .read_at(offset, &mut bounce)
-                .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
-            buf.copy_from_slice(&bounce);
-        }
-        let found = crc32fast::hash(buf);
-        if found != expected {
-            return Err(StoreError::Checksum {
-                gpa,
-                slot,
-                expected,
-                found,
-            });
-        }
-        Ok(())
+        self.read_verified(offset, gpa, slot, expected, buf)
     }
 
     fn used_slots(&self) -> u64 {
