@@ -304,7 +304,12 @@ impl RunFigures {
             ),
             pages_2m_coverage: r.pages_2m_coverage(),
             store_p99_ms: r.source_hist("store").quantile_us(0.99) as f64 / 1000.0,
-            amplification: r.io_bytes() / (r.guest_bytes() as f64).max(1.0),
+            // A stopped run reports no guest bytes: no ratio for it.
+            amplification: if r.guest_bytes() > 0 {
+                r.io_bytes() / r.guest_bytes() as f64
+            } else {
+                f64::NAN
+            },
             fault_p50_us: r.swap("fault_latency_us/p50"),
             fault_p99_us: r.swap("fault_latency_us/p99"),
             fault_max_us: r.swap("fault_latency_us/max"),
@@ -488,7 +493,13 @@ fn groups(figs: &[RunFigures]) -> Vec<Group> {
                 swapped_share: median(
                     &g.iter().filter_map(|f| f.swapped_share).collect::<Vec<_>>(),
                 ),
-                amplification: m(|f| f.amplification),
+                amplification: median(
+                    &g.iter()
+                        .map(|f| f.amplification)
+                        .filter(|a| a.is_finite())
+                        .collect::<Vec<_>>(),
+                )
+                .unwrap_or(f64::NAN),
                 fault_p50_us: m(|f| f.fault_p50_us),
                 fault_p99_us: m(|f| f.fault_p99_us),
                 fault_max_us: g.iter().map(|f| f.fault_max_us).fold(0.0, f64::max),
@@ -850,8 +861,15 @@ fn granularity_table(ctx: &mut Ctx, groups: &[Group]) -> Table {
                 t.row(vec![
                     format!("{case} {unit}: fault p50 / p99 / max us, store bytes per guest byte"),
                     format!(
-                        "{:.0} / {:.0} / {:.0}, {:.2}",
-                        g.fault_p50_us, g.fault_p99_us, g.fault_max_us, g.amplification
+                        "{:.0} / {:.0} / {:.0}, {}",
+                        g.fault_p50_us,
+                        g.fault_p99_us,
+                        g.fault_max_us,
+                        if g.amplification.is_finite() {
+                            format!("{:.2}", g.amplification)
+                        } else {
+                            "- (stopped)".into()
+                        }
                     ),
                     String::new(),
                     String::new(),
