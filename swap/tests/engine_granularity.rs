@@ -32,10 +32,10 @@ fn value(page: u64, round: u64) -> u64 {
 
 #[test]
 fn scattered_hot_pages_split_their_chunks_and_move_alone() {
-    // One hot page in each of 24 chunks, touched every round, over a 10
+    // One hot page in each of 24 chunks, touched every round, over a 16
     // chunk limit: with 2 MiB units each touch would bring its chunk in.
     let chunks = 24;
-    let g = start_guest(chunks * CHUNK, store(chunks), auto(10));
+    let g = start_guest(chunks * CHUNK, store(chunks), auto(16));
     let base = g.base();
     let hot = |chunk: u64| chunk * PAGES + (chunk * 37) % PAGES;
     let rounds = 12;
@@ -60,8 +60,10 @@ fn scattered_hot_pages_split_their_chunks_and_move_alone() {
         st.bytes_written >> 10,
         st.evictions
     );
+    // Enough chunks split for the hot pages to fit: at least the chunks
+    // beyond the limit.
     assert!(
-        st.split.splits_by_reason[1] >= chunks / 2,
+        st.split.splits_by_reason[1] >= chunks - 16,
         "thrashing chunks split: {:?}",
         st.split
     );

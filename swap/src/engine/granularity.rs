@@ -9,11 +9,10 @@
 //! - **refault distance**: every eviction stamps the chunk with the
 //!   engine's eviction count; when the chunk faults back, the evictions
 //!   since tell how long it stayed out. A chunk that comes back after
-//!   fewer evictions than twice the chunks the limit holds is in a working
-//!   set at most three times the limit, cycling through it: it thrashes,
-//!   and moving it whole each time costs 2 MiB per touch. A pass over a
-//!   much larger working set (the README's `verify` job: 4x) brings each
-//!   chunk back only after the rest went through, beyond that;
+//!   fewer evictions than the chunks the limit holds is in a working set
+//!   at most twice the limit, cycling through it: it thrashes, and moving
+//!   it whole each time costs 2 MiB per touch. A pass over a larger
+//!   working set brings each chunk back only after the rest went through;
 //! - **streams**: faults on consecutive chunks (a few streams at once,
 //!   one per writer) are sequential work, which 2 MiB units serve best:
 //!   never split a stream's chunk;
@@ -46,8 +45,11 @@ const STREAM_ENTRY_PAGES: usize = 16;
 
 /// Resident pages from which a split chunk is dense enough to collapse:
 /// reading the rest of the chunk in one 2 MiB I/O then costs less than
-/// the page faults still to come.
-pub(crate) const DENSE_PAGES: u32 = 64;
+/// the page faults still to come. Low, because a chunk split by mistake
+/// (dense use whose refaults looked like thrashing: several vCPUs passing
+/// over the same chunks at random times) pays a page fault per page until
+/// then; a chunk with one or a few hot pages stays far below it.
+pub(crate) const DENSE_PAGES: u32 = 8;
 
 /// Why a chunk was split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +156,7 @@ impl Granularity {
             return Refault::Long;
         }
         let limit_chunks = limit_pages / s.limiter.unit_pages();
-        let mut threshold = (2 * limit_chunks).max(4);
+        let mut threshold = limit_chunks.max(4);
         if state.collapsed() {
             threshold /= 4;
         }
