@@ -350,6 +350,9 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
         eprintln!("hugevmm: {failure}");
     }
     print_summary(args, &payload_name, &outcome);
+    if let Some(line) = crate::ratelimit::summary(crate::ratelimit::global()) {
+        eprintln!("{line}");
+    }
     let summary = stats::RunSummary {
         payload: &payload_name,
         vcpus: args.vcpus,

@@ -13,6 +13,7 @@ mod linux;
 mod logger;
 mod machine_devices;
 mod outputs;
+mod ratelimit;
 mod payload;
 mod run_options;
 mod signals;
