@@ -339,6 +339,7 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
             )
         }),
         pageout_at_exit: args.pageout(),
+        seccomp: args.seccomp(),
         api_socket: args.flags.api_socket.clone(),
         metrics_addr: args.flags.metrics_addr,
         options_json: args.given.clone(),

@@ -16,6 +16,7 @@ mod outputs;
 mod ratelimit;
 mod payload;
 mod run_options;
+mod seccomp;
 mod signals;
 mod stats;
 mod swap_setup;

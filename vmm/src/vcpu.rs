@@ -133,6 +133,7 @@ enum Step {
 /// Runs the vCPU until the payload finishes or something fatal happens,
 /// and reports the outcome.
 pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
+    crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Vcpu);
     let mut console = VcpuConsole::new(ctx.console.clone());
     let index = ctx.index;
     let event = loop {

@@ -29,6 +29,7 @@ mod split;
 pub mod staging;
 mod start;
 pub mod stats;
+pub mod thread_setup;
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +40,7 @@ use std::time::Duration;
 pub use config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 pub use error::SwapError;
 pub use evict::EvictReport;
+pub use thread_setup::{EngineThread, ThreadSetup};
 pub use stats::{
     CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, SplitStats,
     SwapStats,
@@ -237,18 +239,24 @@ impl SwapEngine {
         for i in 0..shared.fault_threads {
             let s = shared.clone();
             let nice = config.fault_thread_nice;
+            let setup = config.thread_setup.clone();
             engine.spawn(format!("swap-fault-{i}"), move || {
                 set_thread_nice(nice);
+                ThreadSetup::run(&setup, EngineThread::FaultService);
                 fault::run(&s)
             })?;
         }
         let s = shared.clone();
+        let setup = config.thread_setup.clone();
         engine.spawn("swap-evictor".into(), move || {
+            ThreadSetup::run(&setup, EngineThread::Evictor);
             limit::run_background_evictor(&s)
         })?;
         if pool_mode == PoolMode::Thp && config.refill_buffers {
             let s = shared.clone();
+            let setup = config.thread_setup.clone();
             engine.spawn("swap-refill".into(), move || {
+                ThreadSetup::run(&setup, EngineThread::BufferRefill);
                 while !s.stopping() {
                     recycle::refill_step(&s, Duration::from_millis(50));
                 }
