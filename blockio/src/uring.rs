@@ -10,8 +10,10 @@
 //! seccomp filter once the VM runs.
 
 use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -29,8 +31,34 @@ const ENTER_RETRY_LIMIT: u32 = 1000;
 pub(crate) struct RingPool {
     rings: Box<[Mutex<IoUring>]>,
     next: AtomicUsize,
-    /// The file registered (index 0) with every ring, for checks.
+    /// The caller's descriptor, for checks.
     fd: RawFd,
+    /// The file as registered (index 0) with every ring: another open
+    /// file description of it (see [`reopen`]).
+    _registered: File,
+}
+
+/// The file behind `fd` opened again, with the same access mode and
+/// O_DIRECT: a new open file description, without the caller's `flock`.
+///
+/// A ring holds its registered files until the kernel tears the ring
+/// down, which after the process exits happens later, in a kernel
+/// worker. Registered itself, the caller's description would keep its
+/// lock for that while, and a VM started right after on the same disk or
+/// store would find it "in use"; the lock lives on the caller's
+/// description, which the exit closes at once.
+fn reopen(fd: RawFd) -> io::Result<File> {
+    // SAFETY: F_GETFL only reads the descriptor's flags.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let access = flags & libc::O_ACCMODE;
+    OpenOptions::new()
+        .read(access != libc::O_WRONLY)
+        .write(access != libc::O_RDONLY)
+        .custom_flags(flags & (libc::O_DIRECT | libc::O_DSYNC | libc::O_SYNC))
+        .open(format!("/proc/self/fd/{fd}"))
 }
 
 /// The index of the file in each ring's registered-file table.
@@ -71,13 +99,17 @@ impl RingPool {
     /// Restricted rings (see the module docs) for `fd`, which must stay
     /// open while the pool lives (the rings hold it open too).
     pub(crate) fn new(opts: &BlockOptions, fd: RawFd) -> io::Result<Self> {
+        let registered = reopen(fd)?;
         let rings = (0..opts.rings.max(1))
-            .map(|_| restricted_ring(opts.ring_entries.max(1), fd).map(Mutex::new))
+            .map(|_| {
+                restricted_ring(opts.ring_entries.max(1), registered.as_raw_fd()).map(Mutex::new)
+            })
             .collect::<io::Result<Vec<_>>>()?;
         Ok(Self {
             rings: rings.into_boxed_slice(),
             next: AtomicUsize::new(0),
             fd,
+            _registered: registered,
         })
     }
 
@@ -193,7 +225,6 @@ impl RingPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
 
     /// The result of one submission on a fresh restricted ring for `file`.
     fn submit_one(ring: &mut IoUring, entry: squeue::Entry) -> i32 {
@@ -237,8 +268,20 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
     }
 
+    #[test]
+    fn the_registered_file_does_not_carry_the_lock() {
+        let file = tempfile_in_tmp();
+        // SAFETY: flock on a descriptor we own.
+        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let again = reopen(file.as_raw_fd()).unwrap();
+        // Another description: its own lock conflicts with the caller's.
+        // SAFETY: as above.
+        let r = unsafe { libc::flock(again.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(r, -1);
+        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EWOULDBLOCK));
+    }
+
     fn tempfile_in_tmp() -> std::fs::File {
-        use std::os::unix::fs::OpenOptionsExt;
         std::fs::OpenOptions::new()
             .read(true)
             .write(true)

@@ -79,6 +79,7 @@ pub fn init(enabled: bool) -> Result<()> {
         .try_into()
         .context("cannot compile the clone3 seccomp filter")?;
         trap::install_handler().context("cannot install the SIGSYS handler")?;
+        fix_malloc_arenas();
         Some(Filters { kinds, clone3 })
     } else {
         None
@@ -86,6 +87,18 @@ pub fn init(enabled: bool) -> Result<()> {
     // A second call (tests running vm::run more than once) keeps the first.
     let _ = FILTERS.set(filters);
     Ok(())
+}
+
+/// glibc's malloc, on the first thread that wants a ninth arena, reads
+/// `/sys/devices/system/cpu/online` to size its arena limit: an `openat`
+/// on whatever thread that is, long after the filters. Setting the limit
+/// it would compute (8 per CPU) now skips that read.
+fn fix_malloc_arenas() {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let arenas = i32::try_from(cpus.saturating_mul(8)).unwrap_or(i32::MAX);
+    // SAFETY: mallopt only sets an allocator parameter; M_ARENA_MAX takes
+    // any positive count. A refusal (0) leaves glibc's own default.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
 }
 
 /// Whether [`init`] asked for filters.

@@ -135,7 +135,9 @@ pub fn syscall_name(nr: i64) -> Option<&'static str> {
 /// and their guard pages going away), locks and channels (futex),
 /// messages on stderr, sleeping, ending (a thread's exit unmaps its
 /// stack; a panic aborts through tgkill), signals (the vCPU kick and
-/// SIGSYS return through rt_sigreturn) and HashMap's keys.
+/// SIGSYS return through rt_sigreturn) and HashMap's keys. Also `sendto`
+/// without an address (see `rules`): the stop-signal handler, on
+/// whichever thread the signal lands, writes to signal-hook's socket.
 const COMMON: &[i64] = &[
     sys::brk,
     sys::clock_gettime,
@@ -234,7 +236,6 @@ fn kind_calls(kind: ThreadKind) -> Vec<&'static [i64]> {
             &[
                 sys::accept4,
                 sys::recvfrom,
-                sys::sendto,
                 sys::shutdown,
                 sys::ppoll,
                 sys::fcntl,
@@ -258,6 +259,12 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         .flatten()
         .map(|&nr| (nr, Vec::new()))
         .collect();
+    // sendto(fd, buf, len, flags, NULL, 0) only: on a connected socket.
+    let no_address =
+        SeccompCondition::new(4, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)
+            .and_then(|c| SeccompRule::new(vec![c]))
+            .expect("a one-condition rule on argument 4 is valid");
+    rules.entry(sys::sendto).or_insert_with(|| vec![no_address]);
     if kind == ThreadKind::Control {
         let thread = libc::CLONE_THREAD as u64;
         let rule = SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(thread), thread)
