@@ -8,7 +8,8 @@
 //! handler ([`trap`]) prints the call and the thread kind and ends the
 //! process. `clone3` fails with ENOSYS (a second, tiny filter) so that
 //! glibc's `pthread_create` falls back to `clone`, whose flags a filter
-//! can read (`clone3` passes them in memory, out of a filter's reach).
+//! can read (`clone3` passes them in memory, out of a filter's reach);
+//! `open` and `openat` fail with EACCES (a third), see `rules::REFUSED`.
 //!
 //! `--no-seccomp` ([`init`] with `false`) installs nothing.
 //! `HUGEVMM_SECCOMP_LOG=1` installs the filters with the `log` action
@@ -36,6 +37,7 @@ pub const TRAPPED_STATUS: i32 = 128 + libc::SIGSYS;
 struct Filters {
     kinds: BTreeMap<ThreadKind, BpfProgram>,
     clone3: BpfProgram,
+    refused: BpfProgram,
 }
 
 /// `None` with `--no-seccomp`; set once by [`init`].
@@ -78,9 +80,22 @@ pub fn init(enabled: bool) -> Result<()> {
         .context("cannot build the clone3 seccomp filter")?
         .try_into()
         .context("cannot compile the clone3 seccomp filter")?;
+        let refused = SeccompFilter::new(
+            rules::REFUSED.iter().map(|&nr| (nr, Vec::new())).collect(),
+            SeccompAction::Allow,
+            SeccompAction::Errno(libc::EACCES as u32),
+            target_arch(),
+        )
+        .context("cannot build the EACCES seccomp filter")?
+        .try_into()
+        .context("cannot compile the EACCES seccomp filter")?;
         trap::install_handler().context("cannot install the SIGSYS handler")?;
         fix_malloc_arenas();
-        Some(Filters { kinds, clone3 })
+        Some(Filters {
+            kinds,
+            clone3,
+            refused,
+        })
     } else {
         None
     };
@@ -115,6 +130,8 @@ pub fn install(kind: ThreadKind) -> Result<()> {
     trap::set_thread_kind(kind);
     seccompiler::apply_filter(&filters.clone3)
         .with_context(|| format!("cannot install the clone3 filter on a {kind} thread"))?;
+    seccompiler::apply_filter(&filters.refused)
+        .with_context(|| format!("cannot install the EACCES filter on a {kind} thread"))?;
     seccompiler::apply_filter(&filters.kinds[&kind])
         .with_context(|| format!("cannot install the seccomp filter of a {kind} thread"))?;
     probe(kind);
@@ -162,4 +179,33 @@ fn probe(kind: ThreadKind) {
         "hugevmm: seccomp probe: execve on a {kind} thread was not stopped (returned {r}, {})",
         std::io::Error::last_os_error()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a filtered thread, open and openat fail with EACCES and clone3
+    /// with ENOSYS, while allowed calls work; other threads are untouched.
+    #[test]
+    fn refused_calls_fail_quietly_on_a_filtered_thread() {
+        init(true).unwrap();
+        let results = std::thread::spawn(|| {
+            install(ThreadKind::Vcpu).unwrap();
+            let open = std::fs::File::open("/proc/self/status").map(drop);
+            // SAFETY: clone3 with a null argument block creates nothing: the
+            // filter answers it, or the kernel refuses the pointer.
+            let clone3 = unsafe { libc::syscall(libc::SYS_clone3, 0usize, 0usize) };
+            let clone3_errno = std::io::Error::last_os_error().raw_os_error();
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            (open.map_err(|e| e.raw_os_error()), clone3, clone3_errno, tid)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(results.0, Err(Some(libc::EACCES)));
+        assert_eq!((results.1, results.2), (-1, Some(libc::ENOSYS)));
+        assert!(results.3 > 0);
+        assert!(std::fs::File::open("/proc/self/status").is_ok());
+    }
 }
