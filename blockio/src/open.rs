@@ -142,9 +142,11 @@ impl BlockFile {
         let backend = match opts.engine {
             Engine::Sync => Backend::Sync,
             Engine::IoUring => {
-                Backend::Uring(setup_rings(opts, file.as_raw_fd()).map_err(|source| BlockIoError::RingSetup {
-                    path: name.clone(),
-                    source,
+                Backend::Uring(setup_rings(opts, file.as_raw_fd()).map_err(|source| {
+                    BlockIoError::RingSetup {
+                        path: name.clone(),
+                        source,
+                    }
                 })?)
             }
             Engine::Auto => match setup_rings(opts, file.as_raw_fd()) {

@@ -163,14 +163,10 @@ impl RingPool {
                     let (offset, addr, len) = tracker.piece(i);
                     let len32 = len as u32; // piece() caps len at MAX_PIECE_BYTES
                     let entry = match tracker.ops[i].kind {
-                        OpKind::Read => opcode::Read::new(file, addr, len32)
+                        OpKind::Read => opcode::Read::new(file, addr, len32).offset(offset).build(),
+                        OpKind::Write => opcode::Write::new(file, addr.cast_const(), len32)
                             .offset(offset)
                             .build(),
-                        OpKind::Write => {
-                            opcode::Write::new(file, addr.cast_const(), len32)
-                                .offset(offset)
-                                .build()
-                        }
                     }
                     .user_data(i as u64);
                     // SAFETY: the entry's buffer is the caller's, valid until
@@ -252,15 +248,22 @@ mod tests {
         };
         let mut buf = [7u8; 512];
         let fixed = types::Fixed(FILE_INDEX);
-        let write = opcode::Write::new(fixed, buf.as_ptr(), 512).offset(0).build();
+        let write = opcode::Write::new(fixed, buf.as_ptr(), 512)
+            .offset(0)
+            .build();
         assert_eq!(submit_one(&mut ring, write), 512);
-        let read = opcode::Read::new(fixed, buf.as_mut_ptr(), 512).offset(0).build();
+        let read = opcode::Read::new(fixed, buf.as_mut_ptr(), 512)
+            .offset(0)
+            .build();
         assert_eq!(submit_one(&mut ring, read), 512);
         // The same read on the plain fd, another opcode, and registering
         // more after the start are all refused.
         let plain = opcode::Read::new(types::Fd(fd), buf.as_mut_ptr(), 512).build();
         assert_eq!(submit_one(&mut ring, plain), -libc::EACCES);
-        assert_eq!(submit_one(&mut ring, opcode::Nop::new().build()), -libc::EACCES);
+        assert_eq!(
+            submit_one(&mut ring, opcode::Nop::new().build()),
+            -libc::EACCES
+        );
         let path = c"/etc/passwd";
         let open = opcode::OpenAt::new(types::Fd(libc::AT_FDCWD), path.as_ptr()).build();
         assert_eq!(submit_one(&mut ring, open), -libc::EACCES);
@@ -272,13 +275,19 @@ mod tests {
     fn the_registered_file_does_not_carry_the_lock() {
         let file = tempfile_in_tmp();
         // SAFETY: flock on a descriptor we own.
-        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        assert_eq!(
+            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+            0
+        );
         let again = reopen(file.as_raw_fd()).unwrap();
         // Another description: its own lock conflicts with the caller's.
         // SAFETY: as above.
         let r = unsafe { libc::flock(again.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         assert_eq!(r, -1);
-        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EWOULDBLOCK));
+        assert_eq!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::EWOULDBLOCK)
+        );
     }
 
     fn tempfile_in_tmp() -> std::fs::File {

@@ -13,10 +13,8 @@ const VCPUS: usize = 4;
 const PORTS: u64 = 20_000;
 
 fn disk_image(tag: &str) -> PathBuf {
-    let path = PathBuf::from("/var/tmp").join(format!(
-        "hugevmm-test-{}-{tag}.img",
-        std::process::id()
-    ));
+    let path =
+        PathBuf::from("/var/tmp").join(format!("hugevmm-test-{}-{tag}.img", std::process::id()));
     let file = std::fs::File::create(&path).expect("create disk image");
     file.set_len(64 << 20).expect("size disk image");
     path
@@ -47,7 +45,15 @@ fn a_hostile_guest_ends_with_a_message_and_a_bounded_log() {
     let spec = disk.to_str().unwrap().to_string();
     for extra in [&[][..], &["--mem-limit", "64M"][..]] {
         let mut args = vec![
-            "run", "--payload", "hostile", "--vcpus", "4", "--mem", "256M", "--disk", &spec,
+            "run",
+            "--payload",
+            "hostile",
+            "--vcpus",
+            "4",
+            "--mem",
+            "256M",
+            "--disk",
+            &spec,
             "--balloon",
         ];
         args.extend_from_slice(extra);
@@ -78,7 +84,10 @@ fn a_hostile_guest_ends_with_a_message_and_a_bounded_log() {
             .and_then(|s| s.split(' ').next())
             .and_then(|n| n.parse().ok())
             .expect("broken= count");
-        assert!(broken >= 20, "{extra:?}: only {broken} attacks broke a device: {all}");
+        assert!(
+            broken >= 20,
+            "{extra:?}: only {broken} attacks broke a device: {all}"
+        );
         // About 80,000 accesses to unknown ports, a few dozen lines.
         let printed = run.stderr.matches("at unknown I/O port").count() as u64;
         let lost = suppressed(&run.stderr, "unknown I/O port");

@@ -36,12 +36,30 @@ fn thread_modes(pid: u32) -> Vec<(String, String)> {
 /// runs until it is told to quit; returns it once `ready` holds for its
 /// threads (or panics after 30 s with what they show).
 fn check_threads(extra: &[&str], ready: impl Fn(&[(String, String)]) -> bool) {
-    let disk = std::path::PathBuf::from("/var/tmp")
-        .join(format!("hugevmm-test-{}-seccomp-{}.img", std::process::id(), extra.len()));
-    std::fs::File::create(&disk).unwrap().set_len(16 << 20).unwrap();
+    let disk = std::path::PathBuf::from("/var/tmp").join(format!(
+        "hugevmm-test-{}-seccomp-{}.img",
+        std::process::id(),
+        extra.len()
+    ));
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
     let mut args = vec![
-        "run", "--payload", "balloon", "--vcpus", "2", "--mem", "128M", "--mem-limit", "64M",
-        "--balloon", "--disk", disk.to_str().unwrap(), "--payload-args", "follow=1",
+        "run",
+        "--payload",
+        "balloon",
+        "--vcpus",
+        "2",
+        "--mem",
+        "128M",
+        "--mem-limit",
+        "64M",
+        "--balloon",
+        "--disk",
+        disk.to_str().unwrap(),
+        "--payload-args",
+        "follow=1",
     ];
     args.extend_from_slice(extra);
     let (mut vm, socket) = start_with_api_socket(&args);
@@ -57,9 +75,20 @@ fn check_threads(extra: &[&str], ready: impl Fn(&[(String, String)]) -> bool) {
     ctl(&socket, &["quit"]);
     let run = vm.finish(LIMIT);
     std::fs::remove_file(&disk).ok();
-    assert!(ready(&modes), "threads and their seccomp modes: {modes:?}\n{}", run.stderr);
+    assert!(
+        ready(&modes),
+        "threads and their seccomp modes: {modes:?}\n{}",
+        run.stderr
+    );
     // vCPU 1 of the balloon payload is done at once; vCPU 0 waits.
-    for name in ["vcpu0", "swap-fault-0", "swap-evictor", "swap-refill", "signals", "api"] {
+    for name in [
+        "vcpu0",
+        "swap-fault-0",
+        "swap-evictor",
+        "swap-refill",
+        "signals",
+        "api",
+    ] {
         assert!(names.contains(&name), "no {name} thread among {names:?}");
     }
     run.expect_status(0);
@@ -90,13 +119,30 @@ fn a_forbidden_call_ends_the_run_naming_the_call_and_the_thread_kind() {
     if skip_without_kvm("a_forbidden_call_ends_the_run_naming_the_call_and_the_thread_kind") {
         return;
     }
-    for kind in ["vcpu", "main", "fault-service", "evictor", "device", "control"] {
+    for kind in [
+        "vcpu",
+        "main",
+        "fault-service",
+        "evictor",
+        "device",
+        "control",
+    ] {
         let socket = temp_path("probe.sock");
         let mut cmd = Command::new(hugevmm_bin());
-        cmd.args(["run", "--payload", "hello", "--vcpus", "2", "--mem", "64M", "--mem-limit", "32M"])
-            .arg("--api-socket")
-            .arg(&socket)
-            .env("HUGEVMM_SECCOMP_PROBE", kind);
+        cmd.args([
+            "run",
+            "--payload",
+            "hello",
+            "--vcpus",
+            "2",
+            "--mem",
+            "64M",
+            "--mem-limit",
+            "32M",
+        ])
+        .arg("--api-socket")
+        .arg(&socket)
+        .env("HUGEVMM_SECCOMP_PROBE", kind);
         let out = run_with_limit(cmd, LIMIT);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let want = format!(

@@ -142,9 +142,6 @@ mod tests {
             log.allow_at("unknown I/O port", t0);
         }
         let line = summary(&log).unwrap();
-        assert!(
-            line.ends_with(": unknown I/O port 3, virtio 3"),
-            "{line}"
-        );
+        assert!(line.ends_with(": unknown I/O port 3, virtio 3"), "{line}");
     }
 }

@@ -4,6 +4,7 @@ use crate::console::{ConsoleSink, VcpuConsole};
 use crate::cpu;
 use crate::payload::layout::EXCEPTION_PORT;
 use crate::payload::port_trap;
+use crate::ratelimit::GuestLog;
 use devices::{MmioBus, PioBus};
 use guestmem::GuestRam;
 use kvm_bindings::{
@@ -11,7 +12,6 @@ use kvm_bindings::{
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::mpsc::Sender;
-use crate::ratelimit::GuestLog;
 use std::sync::Arc;
 
 /// Console port (byte writes).
@@ -79,7 +79,11 @@ impl Default for UnknownAccessLog {
 impl UnknownAccessLog {
     fn note(&self, index: u32, mmio: bool, addr: u64, write: bool, len: usize) {
         let what = if mmio { "MMIO address" } else { "I/O port" };
-        let kind = if mmio { "unknown MMIO address" } else { "unknown I/O port" };
+        let kind = if mmio {
+            "unknown MMIO address"
+        } else {
+            "unknown I/O port"
+        };
         if self.limiter.allow(kind) {
             let dir = if write { "write" } else { "read" };
             eprintln!(

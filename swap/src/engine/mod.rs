@@ -40,11 +40,11 @@ use std::time::Duration;
 pub use config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 pub use error::SwapError;
 pub use evict::EvictReport;
-pub use thread_setup::{EngineThread, ThreadSetup};
 pub use stats::{
     CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, SplitStats,
     SwapStats,
 };
+pub use thread_setup::{EngineThread, ThreadSetup};
 
 use crate::chunk::{ChunkTable, Tag, UnitState};
 use crate::store::SharedStore;

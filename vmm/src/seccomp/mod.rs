@@ -66,9 +66,9 @@ pub fn init(enabled: bool) -> Result<()> {
                 target_arch(),
             )
             .with_context(|| format!("cannot build the seccomp filter of the {kind} threads"))?;
-            let program: BpfProgram = filter
-                .try_into()
-                .with_context(|| format!("cannot compile the seccomp filter of the {kind} threads"))?;
+            let program: BpfProgram = filter.try_into().with_context(|| {
+                format!("cannot compile the seccomp filter of the {kind} threads")
+            })?;
             kinds.insert(kind, program);
         }
         let clone3 = SeccompFilter::new(
@@ -199,7 +199,12 @@ mod tests {
             let clone3_errno = std::io::Error::last_os_error().raw_os_error();
             // SAFETY: gettid has no preconditions.
             let tid = unsafe { libc::gettid() };
-            (open.map_err(|e| e.raw_os_error()), clone3, clone3_errno, tid)
+            (
+                open.map_err(|e| e.raw_os_error()),
+                clone3,
+                clone3_errno,
+                tid,
+            )
         })
         .join()
         .unwrap();

@@ -225,14 +225,26 @@ fn kind_calls(kind: ThreadKind) -> Vec<&'static [i64]> {
         // KVM_RUN and the register ioctls, the devices served on exits:
         // virtio-blk I/O, the balloon's drops through the engine or
         // madvise, irqfd and eventfd writes, the console.
-        ThreadKind::Vcpu => vec![COMMON, BLOCK_IO, SWAP, &[sys::fcntl, sys::lseek, sys::fstat]],
+        ThreadKind::Vcpu => vec![
+            COMMON,
+            BLOCK_IO,
+            SWAP,
+            &[sys::fcntl, sys::lseek, sys::fstat],
+        ],
         ThreadKind::FaultService => vec![COMMON, BLOCK_IO, SWAP],
         ThreadKind::Evictor => vec![COMMON, BLOCK_IO, SWAP],
         // Reading the signal pipe or the terminal, the event channel, and
         // the terminal restored on the way out (ioctl TCSETS).
         ThreadKind::Device => vec![
             COMMON,
-            &[sys::read, sys::recvfrom, sys::poll, sys::ppoll, sys::ioctl, sys::rt_sigaction],
+            &[
+                sys::read,
+                sys::recvfrom,
+                sys::poll,
+                sys::ppoll,
+                sys::ioctl,
+                sys::rt_sigaction,
+            ],
         ],
         // Accepting and serving connections (client threads are spawned
         // with `clone`, see `control_rules`), the stop eventfd, the KVM
@@ -272,16 +284,20 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         .map(|&nr| (nr, Vec::new()))
         .collect();
     // sendto(fd, buf, len, flags, NULL, 0) only: on a connected socket.
-    let no_address =
-        SeccompCondition::new(4, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)
-            .and_then(|c| SeccompRule::new(vec![c]))
-            .expect("a one-condition rule on argument 4 is valid");
+    let no_address = SeccompCondition::new(4, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .expect("a one-condition rule on argument 4 is valid");
     rules.entry(sys::sendto).or_insert_with(|| vec![no_address]);
     if kind == ThreadKind::Control {
         let thread = libc::CLONE_THREAD as u64;
-        let rule = SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(thread), thread)
-            .and_then(|c| SeccompRule::new(vec![c]))
-            .expect("a one-condition rule on argument 0 is valid");
+        let rule = SeccompCondition::new(
+            0,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(thread),
+            thread,
+        )
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .expect("a one-condition rule on argument 0 is valid");
         rules.insert(sys::clone, vec![rule]);
     }
     rules

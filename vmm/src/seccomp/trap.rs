@@ -118,7 +118,10 @@ mod tests {
         );
         let mut s = String::new();
         message(Some(ThreadKind::Control), 9999, &mut s);
-        assert!(s.contains("system call number 9999 on a thread of kind control"), "{s}");
+        assert!(
+            s.contains("system call number 9999 on a thread of kind control"),
+            "{s}"
+        );
     }
 
     #[test]
