@@ -115,7 +115,7 @@ impl BlockFile {
     /// `opts.direct`, `O_DIRECT` is switched on here, which is where a
     /// filesystem that cannot do it says so.
     pub fn from_file(file: File, name: PathBuf, opts: &BlockOptions) -> Result<Self, BlockIoError> {
-        Self::from_file_with_rings(file, name, opts, |opts, fd| RingPool::new(opts, fd))
+        Self::from_file_with_rings(file, name, opts, RingPool::new)
     }
 
     /// [`Self::from_file`] with the ring setup injectable, so that the

@@ -275,10 +275,8 @@ mod tests {
     fn the_registered_file_does_not_carry_the_lock() {
         let file = tempfile_in_tmp();
         // SAFETY: flock on a descriptor we own.
-        assert_eq!(
-            unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-            0
-        );
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(locked, 0);
         let again = reopen(file.as_raw_fd()).unwrap();
         // Another description: its own lock conflicts with the caller's.
         // SAFETY: as above.

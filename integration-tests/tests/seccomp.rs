@@ -62,7 +62,7 @@ fn check_threads(extra: &[&str], ready: impl Fn(&[(String, String)]) -> bool) {
         "follow=1",
     ];
     args.extend_from_slice(extra);
-    let (mut vm, socket) = start_with_api_socket(&args);
+    let (vm, socket) = start_with_api_socket(&args);
     // One request, so that a client thread has run too.
     ctl(&socket, &["stats"]);
     let start = Instant::now();

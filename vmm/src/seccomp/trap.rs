@@ -59,13 +59,13 @@ impl std::fmt::Write for StackLine {
 pub(super) fn message(kind: Option<ThreadKind>, nr: i64, out: &mut impl std::fmt::Write) {
     let kind = kind.map_or("unfiltered", ThreadKind::name);
     let _ = match syscall_name(nr) {
-        Some(name) => write!(
+        Some(name) => writeln!(
             out,
-            "hugevmm: seccomp: forbidden system call {name} ({nr}) on a thread of kind {kind}; ending the VM (--no-seccomp runs without the filters, docs/SECURITY.md)\n"
+            "hugevmm: seccomp: forbidden system call {name} ({nr}) on a thread of kind {kind}; ending the VM (--no-seccomp runs without the filters, docs/SECURITY.md)"
         ),
-        None => write!(
+        None => writeln!(
             out,
-            "hugevmm: seccomp: forbidden system call number {nr} on a thread of kind {kind}; ending the VM (--no-seccomp runs without the filters, docs/SECURITY.md)\n"
+            "hugevmm: seccomp: forbidden system call number {nr} on a thread of kind {kind}; ending the VM (--no-seccomp runs without the filters, docs/SECURITY.md)"
         ),
     };
 }
