@@ -532,6 +532,9 @@ mod tests {
             "--stats-interval",
             "50",
             "--pageout",
+            "--force-split-every",
+            "3",
+            "--no-seccomp",
         ]);
         let json = serde_json::to_value(&all).unwrap();
         // Every flag but --config (a file cannot name another) and the
@@ -549,6 +552,7 @@ mod tests {
         assert_eq!(json["disk"][1], "/d2,readonly");
         assert_eq!(json["virtio-announce"], "acpi");
         assert_eq!(json["metrics-addr"], "127.0.0.1:9800");
+        assert_eq!(json["no-seccomp"], true);
         let again: RunFlags = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(serde_json::to_value(&again).unwrap(), json);
         let payload = flags(&["--payload", "hello", "--payload-args", "a=1"]);
