@@ -43,10 +43,10 @@ pub(crate) struct RingPool {
 ///
 /// A ring holds its registered files until the kernel tears the ring
 /// down, which after the process exits happens later, in a kernel
-/// worker. Registered itself, the caller's description would keep its
-/// lock for that while, and a VM started right after on the same disk or
-/// store would find it "in use"; the lock lives on the caller's
-/// description, which the exit closes at once.
+/// worker; registered itself, the caller's description would keep its
+/// lock that while. This one carries no lock. (An exited process's files
+/// can still be closed a moment late on a loaded host; `lockfile::lock`
+/// waits for such a holder.)
 fn reopen(fd: RawFd) -> io::Result<File> {
     // SAFETY: F_GETFL only reads the descriptor's flags.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
