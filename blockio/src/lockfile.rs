@@ -83,6 +83,7 @@ pub fn lock(file: &File, path: &Path, mode: LockMode, role: &str) -> Result<(), 
         LockMode::Shared => libc::LOCK_SH,
         LockMode::Exclusive => libc::LOCK_EX,
     } | libc::LOCK_NB;
+    let mut waited = std::time::Duration::ZERO;
     loop {
         // SAFETY: flock on a descriptor `file` owns; it touches no memory.
         if unsafe { libc::flock(file.as_raw_fd(), op) } == 0 {
@@ -92,12 +93,24 @@ pub fn lock(file: &File, path: &Path, mode: LockMode, role: &str) -> Result<(), 
         match source.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EWOULDBLOCK) => {
+                let holder = holder_pid(file);
+                // A process that has exited, even one already reaped, can
+                // hold its locks a moment longer: the kernel may close its
+                // files late (a deferred fput, from a kernel worker such
+                // as io_uring's; seen on a loaded host after a VM with
+                // restricted rings). A VM started right after another on
+                // the same disk waits that moment out instead of failing.
+                if holder.is_some_and(has_exited) && waited < EXITED_HOLDER_WAIT {
+                    std::thread::sleep(EXITED_HOLDER_POLL);
+                    waited += EXITED_HOLDER_POLL;
+                    continue;
+                }
                 return Err(LockError::Busy {
                     path: path.to_owned(),
                     role: role.to_owned(),
                     mode,
-                    holder_pid: holder_pid(file),
-                })
+                    holder_pid: holder,
+                });
             }
             _ => {
                 return Err(LockError::Failed {
@@ -107,6 +120,22 @@ pub fn lock(file: &File, path: &Path, mode: LockMode, role: &str) -> Result<(), 
                 })
             }
         }
+    }
+}
+
+/// How long [`lock`] waits for a holder that has exited to let go.
+const EXITED_HOLDER_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+const EXITED_HOLDER_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// Whether `pid` is gone or a zombie (its locks are on their way out).
+fn has_exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
     }
 }
 
@@ -138,6 +167,13 @@ fn holder_pid(file: &File) -> Option<u32> {
 mod tests {
     use super::*;
     use std::fs::OpenOptions;
+
+    #[test]
+    fn exited_processes_are_told_from_live_ones() {
+        assert!(!has_exited(std::process::id()));
+        // PIDs stop well below this (pid_max is at most 2^22).
+        assert!(has_exited(u32::MAX - 1));
+    }
 
     fn temp_file(name: &str) -> (PathBuf, File) {
         let path = std::env::temp_dir().join(format!(".lockfile-{name}-{}", std::process::id()));

@@ -4,7 +4,7 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::mem::MaybeUninit;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -125,7 +125,7 @@ impl BlockFile {
         file: File,
         name: PathBuf,
         opts: &BlockOptions,
-        setup_rings: impl FnOnce(&BlockOptions) -> io::Result<RingPool>,
+        setup_rings: impl FnOnce(&BlockOptions, RawFd) -> io::Result<RingPool>,
     ) -> Result<Self, BlockIoError> {
         let meta = file.metadata().map_err(|source| BlockIoError::Control {
             what: "fstat",
@@ -142,12 +142,14 @@ impl BlockFile {
         let backend = match opts.engine {
             Engine::Sync => Backend::Sync,
             Engine::IoUring => {
-                Backend::Uring(setup_rings(opts).map_err(|source| BlockIoError::RingSetup {
-                    path: name.clone(),
-                    source,
+                Backend::Uring(setup_rings(opts, file.as_raw_fd()).map_err(|source| {
+                    BlockIoError::RingSetup {
+                        path: name.clone(),
+                        source,
+                    }
                 })?)
             }
-            Engine::Auto => match setup_rings(opts) {
+            Engine::Auto => match setup_rings(opts, file.as_raw_fd()) {
                 Ok(pool) => Backend::Uring(pool),
                 Err(e) => {
                     log::warn!(
@@ -318,7 +320,7 @@ mod tests {
             raw,
             PathBuf::from("fallback-test"),
             &BlockOptions::default(),
-            |_| Err(io::Error::from_raw_os_error(libc::EPERM)),
+            |_, _| Err(io::Error::from_raw_os_error(libc::EPERM)),
         )
         .expect("Auto must fall back");
         assert_eq!(f.engine_name(), "pread/pwrite");
@@ -342,7 +344,7 @@ mod tests {
             engine: Engine::IoUring,
             ..BlockOptions::default()
         };
-        let err = BlockFile::from_file_with_rings(raw, PathBuf::from("x"), &opts, |_| {
+        let err = BlockFile::from_file_with_rings(raw, PathBuf::from("x"), &opts, |_, _| {
             Err(io::Error::from_raw_os_error(libc::EPERM))
         })
         .unwrap_err();

@@ -261,6 +261,11 @@ impl Background {
         }
     }
 
+    /// The process's id (its `/proc/PID`).
+    pub fn pid(&self) -> u32 {
+        self.process.child.id()
+    }
+
     /// Sends signal `signo` (e.g. `libc::SIGTERM`) to the process.
     pub fn signal(&self, signo: i32) {
         let pid = self.process.child.id() as libc::pid_t;

@@ -98,6 +98,17 @@ static BUILTINS: &[Builtin] = &[
          inflates that many pages, sets `actual` and checks whole inflated chunks were \
          dropped; prints `balloon follow ok target_pages=<t> dropped_chunks=<n>`"
     ),
+    builtin!(
+        "hostile",
+        "attacks the VMM from inside: random ports and MMIO on every vCPU while \
+         vCPUs 1.. churn memory (for the swap engine), vCPU 0 breaks every virtio \
+         device (rings outside RAM or in the VMM region, looping and over-long \
+         chains, resets mid-request, notification storms, balloon PFNs outside RAM) \
+         and checks a disk still works after each reset; then every vCPU raises \
+         an exception. Prints `hostile vcpu=<i> ok ...` and `hostile devices=<d> \
+         attacks=<a> broken=<b> recovered=<r>` (ports=N, default 20000; mmio=N, \
+         2000; notifies=N, 20000; bytes=SIZE; passes=N, 2; exceptions=0|1, 1; seed=N)"
+    ),
 ];
 
 /// All built-in payloads.
@@ -369,9 +380,10 @@ mod tests {
                         mnemonic,
                         "syscall" | "sysenter" | "int" | "int3" | "into" | "hlt" | "cli" | "sti"
                     );
-                // selftest's fault=ud and fault=gp do this on purpose.
-                let deliberate =
-                    b.name == "selftest" && (mnemonic == "ud2" || insn.contains("%cr0"));
+                // selftest's fault=ud and fault=gp, and hostile's
+                // exceptions, do this on purpose.
+                let deliberate = matches!(b.name, "selftest" | "hostile")
+                    && (mnemonic == "ud2" || insn.contains("%cr0"));
                 let trap = mnemonic == "ud2" || insn.contains("%cr");
                 assert!(
                     deliberate || !(forbidden || trap),

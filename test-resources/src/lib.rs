@@ -65,11 +65,14 @@ pub enum Resource {
     /// Python's `prometheus_client` with its OpenMetrics parser (Debian:
     /// python3-prometheus-client).
     PrometheusParser,
+    /// io_uring with ring restrictions (Linux >= 5.10, not disabled by
+    /// the `kernel.io_uring_disabled` sysctl).
+    IoUring,
 }
 
 impl Resource {
     /// Every resource, for `all` and for checking names.
-    pub const ALL: [Resource; 17] = [
+    pub const ALL: [Resource; 18] = [
         Resource::Kvm,
         Resource::Hugetlb,
         Resource::Kernel,
@@ -87,6 +90,7 @@ impl Resource {
         Resource::QemuNbd,
         Resource::Curl,
         Resource::PrometheusParser,
+        Resource::IoUring,
     ];
 
     /// The name used in `HUGEVMM_REQUIRE_RESOURCES` and in messages.
@@ -109,6 +113,7 @@ impl Resource {
             Resource::QemuNbd => "qemu-nbd",
             Resource::Curl => "curl",
             Resource::PrometheusParser => "python3-prometheus-client",
+            Resource::IoUring => "io-uring",
         }
     }
 }

@@ -339,6 +339,7 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
             )
         }),
         pageout_at_exit: args.pageout(),
+        seccomp: args.seccomp(),
         api_socket: args.flags.api_socket.clone(),
         metrics_addr: args.flags.metrics_addr,
         options_json: args.given.clone(),
@@ -350,6 +351,9 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
         eprintln!("hugevmm: {failure}");
     }
     print_summary(args, &payload_name, &outcome);
+    if let Some(line) = crate::ratelimit::summary(crate::ratelimit::global()) {
+        eprintln!("{line}");
+    }
     let summary = stats::RunSummary {
         payload: &payload_name,
         vcpus: args.vcpus,
@@ -457,18 +461,20 @@ fn config_end(e: anyhow::Error) -> RunEnd {
 fn run_command(flags: RunFlags) -> i32 {
     // A --config that cannot be read still gets the flag's status file.
     let status_file_flag = flags.status_file.clone();
+    let open = |path: &PathBuf| OutputFile::open("--status-file", path);
     let (end, status_file) = match run_options::resolve(flags) {
-        Ok(args) => (
-            run_checked(&args).unwrap_or_else(config_end),
-            args.flags.status_file.clone(),
-        ),
-        Err(e) => (config_end(e), status_file_flag),
+        Ok(args) => {
+            // Opened before the run: the main thread's seccomp filter lets
+            // it open nothing once the VM runs.
+            let status_file = args.flags.status_file.as_ref().map(open);
+            (run_checked(&args).unwrap_or_else(config_end), status_file)
+        }
+        Err(e) => (config_end(e), status_file_flag.as_ref().map(open)),
     };
     // Written on configuration errors too: telling those apart from a
     // payload's status 1 is what the file is for.
-    if let Some(path) = &status_file {
-        let written = OutputFile::open("--status-file", path)
-            .and_then(|f| f.replace_with(&end.status_file_text()));
+    if let Some(file) = status_file {
+        let written = file.and_then(|f| f.replace_with(&end.status_file_text()));
         if let Err(e) = written {
             eprintln!("hugevmm: error: {e:#}");
         }

@@ -21,6 +21,19 @@ impl Log for StderrLogger {
         if !self.enabled(record.metadata()) {
             return;
         }
+        // Records the guest can cause at will are rate limited per kind.
+        // virtio-queue logs what it finds wrong in the guest's rings.
+        let target = record.target();
+        let kind = match target.strip_prefix(GUEST_TARGET) {
+            Some(kind) => Some(guest_kind(kind)),
+            None if target.starts_with("virtio_queue") => Some("virtio"),
+            None => None,
+        };
+        if let Some(kind) = kind {
+            if !crate::ratelimit::global().allow(kind) {
+                return;
+            }
+        }
         // One write per line under stderr's lock, so lines from several
         // threads do not interleave. A failed write has nowhere to go.
         let line = line(record.level(), record.target(), record.args());
@@ -29,6 +42,21 @@ impl Log for StderrLogger {
 
     fn flush(&self) {
         let _ = std::io::stderr().flush();
+    }
+}
+
+/// The log target prefix that marks a guest-triggered record:
+/// `log::warn!(target: "guest::virtio", ...)` in the library crates;
+/// records of the `virtio_queue` crate count as `virtio` too.
+const GUEST_TARGET: &str = "guest::";
+
+/// The rate limiter's kind for a guest target's suffix; the limiter keys
+/// by `&'static str`, and the known kinds are few.
+fn guest_kind(kind: &str) -> &'static str {
+    match kind {
+        "virtio" => "virtio",
+        "balloon" => "balloon",
+        _ => "other",
     }
 }
 

@@ -182,6 +182,10 @@ pub fn build(
     let free_memory = Arc::new(FreeChunkDropper {
         ram: ram.clone(),
         engine: OnceLock::new(),
+        // A payload's first chunk is the VMM region (page tables, stacks,
+        // boot info): a guest that "frees" it would have it zeroed under
+        // its own feet. Linux owns all of its RAM.
+        keep_below: if serial { 0 } else { guestmem::CHUNK_BYTES },
     });
     let mut balloon_handle = None;
     if options.balloon {
@@ -217,6 +221,8 @@ pub fn build(
 pub struct FreeChunkDropper {
     ram: Arc<GuestRam>,
     engine: OnceLock<Arc<SwapEngine>>,
+    /// Guest-physical bytes from 0 that are never dropped.
+    keep_below: u64,
 }
 
 impl FreeChunkDropper {
@@ -231,6 +237,12 @@ impl FreeChunkDropper {
             .gpa_to_offset(gpa)
             .filter(|_| layout.contains(gpa, len_bytes))
             .ok_or_else(|| format!("free range {gpa:#x}+{len_bytes:#x} is not guest RAM"))?;
+        if gpa < self.keep_below {
+            return Err(format!(
+                "free range {gpa:#x}+{len_bytes:#x} is in the VMM region below {:#x}; kept",
+                self.keep_below
+            ));
+        }
         if let Some(engine) = self.engine.get() {
             return engine
                 .discard_range(offset, len_bytes)
@@ -245,8 +257,11 @@ impl FreeChunkDropper {
 
 impl FreeMemorySink for FreeChunkDropper {
     fn free_range(&self, gpa: u64, len_bytes: u64) {
+        // The guest reports free memory as often as it likes.
         if let Err(e) = self.drop_range(gpa, len_bytes) {
-            eprintln!("hugevmm: balloon: cannot drop free memory: {e}");
+            if crate::ratelimit::global().allow("balloon") {
+                eprintln!("hugevmm: balloon: cannot drop free memory: {e}");
+            }
         }
     }
 

@@ -189,6 +189,12 @@ pub struct RunFlags {
     #[arg(long, hide = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub force_split_every: Option<u32>,
+    /// Run without the per-thread seccomp filters (docs/SECURITY.md), for
+    /// debugging: e.g. under strace, or to tell whether a failure is a
+    /// system call the filters lack; --no-seccomp=false turns off a file's.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_seccomp: Option<bool>,
 }
 
 impl RunFlags {
@@ -228,6 +234,7 @@ impl RunFlags {
             stats_interval,
             pageout,
             force_split_every,
+            no_seccomp,
         } = self;
         let guest_given = payload.is_some() || payload_file.is_some() || kernel.is_some();
         let (file_payload, file_payload_file, file_kernel) = if guest_given {
@@ -265,6 +272,7 @@ impl RunFlags {
             stats_interval: stats_interval.or(file.stats_interval),
             pageout: pageout.or(file.pageout),
             force_split_every: force_split_every.or(file.force_split_every),
+            no_seccomp: no_seccomp.or(file.no_seccomp),
         }
     }
 }
@@ -292,6 +300,11 @@ impl RunArgs {
     /// Whether to page out after the payload.
     pub fn pageout(&self) -> bool {
         self.flags.pageout.unwrap_or(false)
+    }
+
+    /// Whether the threads get their seccomp filters (the default).
+    pub fn seccomp(&self) -> bool {
+        !self.flags.no_seccomp.unwrap_or(false)
     }
 }
 
@@ -521,6 +534,9 @@ mod tests {
             "--stats-interval",
             "50",
             "--pageout",
+            "--force-split-every",
+            "3",
+            "--no-seccomp",
         ]);
         let json = serde_json::to_value(&all).unwrap();
         // Every flag but --config (a file cannot name another) and the
@@ -538,6 +554,7 @@ mod tests {
         assert_eq!(json["disk"][1], "/d2,readonly");
         assert_eq!(json["virtio-announce"], "acpi");
         assert_eq!(json["metrics-addr"], "127.0.0.1:9800");
+        assert_eq!(json["no-seccomp"], true);
         let again: RunFlags = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(serde_json::to_value(&again).unwrap(), json);
         let payload = flags(&["--payload", "hello", "--payload-args", "a=1"]);

@@ -52,6 +52,7 @@ impl StopSignals {
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
+                crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Device);
                 let mut seen = 0;
                 for signo in self.signals.forever() {
                     seen += 1;

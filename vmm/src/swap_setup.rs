@@ -132,6 +132,7 @@ pub fn start(
         fault_threads: options.fault_threads,
         fault_thread_nice: options.fault_thread_nice,
         force_split_every: options.force_split_every,
+        thread_setup: crate::seccomp::engine_thread_setup(),
         ..EngineConfig::default()
     };
     let need = store_need(ram.len_bytes(), options, &config);

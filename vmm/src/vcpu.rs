@@ -4,15 +4,15 @@ use crate::console::{ConsoleSink, VcpuConsole};
 use crate::cpu;
 use crate::payload::layout::EXCEPTION_PORT;
 use crate::payload::port_trap;
+use crate::ratelimit::GuestLog;
 use devices::{MmioBus, PioBus};
 use guestmem::GuestRam;
 use kvm_bindings::{
     KVM_INTERNAL_ERROR_DELIVERY_EV, KVM_INTERNAL_ERROR_EMULATION, KVM_INTERNAL_ERROR_SIMUL_EX,
 };
 use kvm_ioctls::{VcpuExit, VcpuFd};
-use std::collections::HashSet;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Console port (byte writes).
 pub const CONSOLE_PORT: u16 = 0x3f8;
@@ -61,24 +61,33 @@ pub enum VcpuEvent {
     },
 }
 
-/// Logs the first access to each unknown port or MMIO address once per run.
-#[derive(Default)]
+/// Reports guest accesses to unknown ports and MMIO addresses, rate
+/// limited per kind (`ratelimit`): the guest chooses how many there are,
+/// and a set of seen addresses would grow with them.
 pub struct UnknownAccessLog {
-    seen: Mutex<HashSet<(bool, u64)>>,
+    limiter: &'static GuestLog,
+}
+
+impl Default for UnknownAccessLog {
+    fn default() -> Self {
+        UnknownAccessLog {
+            limiter: crate::ratelimit::global(),
+        }
+    }
 }
 
 impl UnknownAccessLog {
     fn note(&self, index: u32, mmio: bool, addr: u64, write: bool, len: usize) {
-        let first = self
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert((mmio, addr));
-        if first {
-            let what = if mmio { "MMIO address" } else { "I/O port" };
+        let what = if mmio { "MMIO address" } else { "I/O port" };
+        let kind = if mmio {
+            "unknown MMIO address"
+        } else {
+            "unknown I/O port"
+        };
+        if self.limiter.allow(kind) {
             let dir = if write { "write" } else { "read" };
             eprintln!(
-                "hugevmm: vCPU {index}: {dir} of {len} bytes at unknown {what} {addr:#x}: writes are ignored, reads return all ones (logged once per address)"
+                "hugevmm: vCPU {index}: {dir} of {len} bytes at unknown {what} {addr:#x}: writes are ignored, reads return all ones"
             );
         }
     }
@@ -128,6 +137,7 @@ enum Step {
 /// Runs the vCPU until the payload finishes or something fatal happens,
 /// and reports the outcome.
 pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
+    crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Vcpu);
     let mut console = VcpuConsole::new(ctx.console.clone());
     let index = ctx.index;
     let event = loop {

@@ -86,6 +86,8 @@ pub struct RunConfig {
     pub sample_interval: Option<Duration>,
     /// After the payload finished, evict all guest RAM and time it.
     pub pageout_at_exit: bool,
+    /// Install the per-thread seccomp filters (off: `--no-seccomp`).
+    pub seccomp: bool,
     /// Serve the API here while the guest runs.
     pub api_socket: Option<PathBuf>,
     /// Serve `GET /metrics` on this TCP address while the guest runs.
@@ -186,6 +188,7 @@ pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
 /// memory served while anything may still touch it ([`finish`]).
 pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let (layout, ranges, image, kind) = check_config(&config)?;
+    crate::seccomp::init(config.seccomp)?;
 
     if let Some(swap) = &config.swap {
         for warning in crate::host_check::check_swap_host(config.backing, &swap.store)? {
@@ -230,6 +233,8 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     )?;
     let (stop, vcpu_threads) = spawn_vcpus(vcpus, kind, &machine, &ram, &console, &events_tx)?;
     drop(events_tx);
+    // Last: every other thread has started, and filters only narrow.
+    crate::seccomp::install(crate::seccomp::ThreadKind::Main)?;
 
     let end = wait_for_the_end(&config, &events_rx, started, &engine, &stats);
     finish(

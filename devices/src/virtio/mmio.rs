@@ -155,7 +155,10 @@ impl<D: VirtioDevice> MmioTransport<D> {
     /// The device broke: tell the driver through DEVICE_NEEDS_RESET and a
     /// configuration-change interrupt, and stop running the device.
     fn fail(&mut self, err: &VirtioError) {
+        // The guest breaks a device as often as it likes: the binary rate
+        // limits records of this target.
         log::warn!(
+            target: "guest::virtio",
             "virtio device type {} needs a reset: {err}",
             self.device.device_type()
         );

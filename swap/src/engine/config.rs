@@ -131,6 +131,8 @@ pub struct EngineConfig {
     /// thousands of times in one test. Needs 2 MiB units of anonymous (THP)
     /// memory and a store that keeps pages.
     pub force_split_every: Option<u32>,
+    /// Run first thing on each engine thread (the VMM's seccomp filters).
+    pub thread_setup: Option<super::ThreadSetup>,
 }
 
 impl Default for EngineConfig {
@@ -147,6 +149,7 @@ impl Default for EngineConfig {
             refill_buffers: true,
             fault_thread_nice: -10,
             force_split_every: None,
+            thread_setup: None,
         }
     }
 }

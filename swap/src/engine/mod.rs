@@ -31,6 +31,7 @@ mod split;
 pub mod staging;
 mod start;
 pub mod stats;
+pub mod thread_setup;
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,6 +46,7 @@ pub use stats::{
     CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, PrefetchStats,
     SplitStats, SwapStats,
 };
+pub use thread_setup::{EngineThread, ThreadSetup};
 
 use crate::chunk::{ChunkTable, Tag, UnitState};
 use crate::store::SharedStore;
@@ -248,22 +250,34 @@ impl SwapEngine {
         for i in 0..shared.fault_threads {
             let s = shared.clone();
             let nice = config.fault_thread_nice;
+            let setup = config.thread_setup.clone();
             engine.spawn(format!("swap-fault-{i}"), move || {
                 set_thread_nice(nice);
+                ThreadSetup::run(&setup, EngineThread::FaultService);
                 fault::run(&s)
             })?;
         }
         if shared.granularity.auto {
             let s = shared.clone();
-            engine.spawn("swap-prefetch".into(), move || prefetch::run(&s))?;
+            let setup = config.thread_setup.clone();
+            engine.spawn("swap-prefetch".into(), move || {
+                // A prefetch is a restore without a fault: the same calls
+                // as a fault-service thread.
+                ThreadSetup::run(&setup, EngineThread::FaultService);
+                prefetch::run(&s)
+            })?;
         }
         let s = shared.clone();
+        let setup = config.thread_setup.clone();
         engine.spawn("swap-evictor".into(), move || {
+            ThreadSetup::run(&setup, EngineThread::Evictor);
             limit::run_background_evictor(&s)
         })?;
         if pool_mode == PoolMode::Thp && config.refill_buffers {
             let s = shared.clone();
+            let setup = config.thread_setup.clone();
             engine.spawn("swap-refill".into(), move || {
+                ThreadSetup::run(&setup, EngineThread::BufferRefill);
                 while !s.stopping() {
                     recycle::refill_step(&s, Duration::from_millis(50));
                 }

@@ -295,7 +295,11 @@ fn start<L: Listen>(
     let client_name = format!("{name}-client");
     let thread = std::thread::Builder::new()
         .name(name.into())
-        .spawn(move || accept_loop(&listener, &shared, &client_name))
+        .spawn(move || {
+            // Its client threads inherit the filter.
+            crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Control);
+            accept_loop(&listener, &shared, &client_name)
+        })
         .with_context(|| format!("cannot spawn the {name} listener's thread"))?;
     Ok(ControlServer {
         stop,

@@ -226,7 +226,10 @@ pub fn start(
         let stop = stop.clone();
         std::thread::Builder::new()
             .name("console-input".into())
-            .spawn(move || input_loop(&serial, &events, &stop))
+            .spawn(move || {
+                crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Device);
+                input_loop(&serial, &events, &stop)
+            })
     };
     let thread = match thread {
         Ok(thread) => thread,
