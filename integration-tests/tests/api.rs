@@ -443,11 +443,31 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         "/swap/split/pages_written",
     );
     for (family, kind, pointer) in [
-        ("hugevmm_swap_store_retries", "transient", "/swap/store/retries"),
-        ("hugevmm_swap_store_retries", "checksum", "/swap/store/checksum_rereads"),
-        ("hugevmm_swap_store_recovered", "transient", "/swap/store/recovered"),
-        ("hugevmm_swap_store_fatal", "transient", "/swap/store/exhausted"),
-        ("hugevmm_swap_store_fatal", "checksum", "/swap/store/checksum_fatal"),
+        (
+            "hugevmm_swap_store_retries",
+            "transient",
+            "/swap/store/retries",
+        ),
+        (
+            "hugevmm_swap_store_retries",
+            "checksum",
+            "/swap/store/checksum_rereads",
+        ),
+        (
+            "hugevmm_swap_store_recovered",
+            "transient",
+            "/swap/store/recovered",
+        ),
+        (
+            "hugevmm_swap_store_fatal",
+            "transient",
+            "/swap/store/exhausted",
+        ),
+        (
+            "hugevmm_swap_store_fatal",
+            "checksum",
+            "/swap/store/checksum_fatal",
+        ),
     ] {
         window(
             family,

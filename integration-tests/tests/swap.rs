@@ -405,7 +405,10 @@ fn pageout_and_quit_through_the_control_socket() {
         std::thread::sleep(Duration::from_millis(10));
         store - before >= taken
     });
-    assert!(restored, "the guest did not fault back the {taken} chunks paged out");
+    assert!(
+        restored,
+        "the guest did not fault back the {taken} chunks paged out"
+    );
     assert_eq!(ctl(&socket, &["quit"])["quitting"], true);
     let run = vm.finish(LIMIT);
     run.expect_status(0);

@@ -251,7 +251,13 @@ fn verify_passes_on_good_memory() {
 #[test]
 fn verify_runs_for_the_cycles_asked() {
     let want = 20_000_000u64;
-    let r = run("verify", 2, "3M", &format!("bytes=2M passes=1 cycles={want}"), &[]);
+    let r = run(
+        "verify",
+        2,
+        "3M",
+        &format!("bytes=2M passes=1 cycles={want}"),
+        &[],
+    );
     assert_eq!(r.status, 0);
     let mut lines = r.lines_starting("verify ");
     lines.sort_by_key(|l| field(l, "vcpu"));

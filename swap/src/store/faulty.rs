@@ -156,7 +156,7 @@ impl FaultyStore {
             return false;
         }
         let n = self.transient_ops.fetch_add(1, Ordering::Relaxed);
-        if (n + 1) % every != 0 {
+        if !(n + 1).is_multiple_of(every) {
             return false;
         }
         failed.insert((op, gpa));
@@ -187,7 +187,8 @@ impl FaultyStore {
             if failed.remove(&key) {
                 return false;
             }
-            let due = every > 0 && (self.unit_reads.fetch_add(1, Ordering::Relaxed) + 1) % every == 0;
+            let due = every > 0
+                && (self.unit_reads.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every);
             if due {
                 failed.insert(key);
             }

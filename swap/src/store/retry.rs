@@ -190,7 +190,11 @@ impl RetryingStore {
 
     /// Runs `op` under the policy. `op` must leave the store as it found
     /// it when it fails (every read does; see the trait's docs).
-    fn run(&self, what: &str, mut op: impl FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
+    fn run(
+        &self,
+        what: &str,
+        mut op: impl FnMut() -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
         let mut retry = 0u32;
         let mut reread = false;
         loop {
@@ -612,7 +616,10 @@ mod tests {
         let (inner, store) = failing(Some(libc::EIO));
         let mut buf = AlignedBuf::new(MIB2, 4096);
         let err = store.read(SlotId::new(0), 0xa0_0000, &mut buf).unwrap_err();
-        assert!(matches!(err, StoreError::Io { gpa: 0xa0_0000, .. }), "{err}");
+        assert!(
+            matches!(err, StoreError::Io { gpa: 0xa0_0000, .. }),
+            "{err}"
+        );
         assert_eq!(inner.attempts.load(Ordering::Relaxed), 6, "1 + 5 retries");
         let r = store.report();
         assert_eq!((r.transient_errors, r.retries, r.exhausted), (6, 5, 1));
@@ -633,6 +640,10 @@ mod tests {
             write(&store, 0, &img),
             Err(StoreError::Full { .. })
         ));
-        assert_eq!(store.report(), StoreReport::default(), "Full is no transient error");
+        assert_eq!(
+            store.report(),
+            StoreReport::default(),
+            "Full is no transient error"
+        );
     }
 }

@@ -483,7 +483,10 @@ mod tests {
         let store = parse("faulty:transient-eio-every=1,inner=mem:lz4")
             .open(2 << 20, 8 << 20)
             .unwrap();
-        assert_eq!(store.describe(), "faulty:transient-eio-every=1,inner=mem:lz4");
+        assert_eq!(
+            store.describe(),
+            "faulty:transient-eio-every=1,inner=mem:lz4"
+        );
         let img = unit_image(3, 2 << 20);
         let slot = store.write_batch(&[WriteRequest {
             gpa: 0x40_0000,

@@ -416,7 +416,10 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
         e,
         "swap_store_recovered",
         "Store operations that succeeded on a later attempt.",
-        [("transient", r.recovered), ("checksum", r.checksum_recovered)],
+        [
+            ("transient", r.recovered),
+            ("checksum", r.checksum_recovered),
+        ],
     )?;
     by_kind(
         e,
