@@ -221,6 +221,7 @@ fn a_failing_store_ends_the_run_naming_the_chunk() {
     for (fault, words) in [
         ("read-error-after=20", "i/o error"),
         ("corrupt-after=20", "checksum"),
+        ("write-error-after=40", "i/o error"),
         ("full-after=40", "full"),
     ] {
         let spec = format!("faulty:{fault},inner=mem:lz4");
@@ -264,6 +265,43 @@ fn a_failing_store_ends_the_run_naming_the_chunk() {
             run.stdout
         );
     }
+}
+
+/// Transient store faults (an EIO that passes when retried, a checksum
+/// failure that a re-read does not meet) are absorbed by the retry policy
+/// (docs/RETRY.md): the guest keeps every word, and the stats count them.
+#[test]
+fn transient_store_faults_are_retried_and_lose_nothing() {
+    if skip_without_kvm("transient_store_faults") {
+        return;
+    }
+    let run = verify_overcommitted(
+        "2",
+        &[
+            "--swap-store",
+            "faulty:transient-eio-every=20,transient-corrupt-every=10,delay-us=100,inner=mem:lz4",
+        ],
+    );
+    let injected = run.stat("/swap/store/injected/transient_errors");
+    let corruptions = run.stat("/swap/store/injected/transient_corruptions");
+    assert!(injected > 0 && corruptions > 0, "{injected} {corruptions}");
+    assert_eq!(run.stat("/swap/store/recovered"), injected);
+    assert_eq!(run.stat("/swap/store/checksum_recovered"), corruptions);
+    assert_eq!(run.stat("/swap/store/exhausted"), 0);
+    assert_eq!(run.stat("/swap/store/checksum_fatal"), 0);
+}
+
+/// hugetlb guest RAM under eviction on 4 vCPUs: `verify` checks every word.
+#[test]
+fn verify_on_four_vcpus_on_hugetlb() {
+    if skip_without_kvm("verify_on_four_vcpus_on_hugetlb") {
+        return;
+    }
+    if let Err(reason) = ensure_hugetlb_pages(512 + 64) {
+        skip("verify_on_four_vcpus_on_hugetlb", Resource::Hugetlb, reason);
+        return;
+    }
+    verify_overcommitted("4", &["--backing", "hugetlb"]);
 }
 
 /// The memory limit changes while the guest runs (`hugevmm ctl mem-limit`):
