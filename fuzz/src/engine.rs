@@ -145,6 +145,9 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
             corrupt_after: when(1, counts[1]),
             write_error_after: when(2, counts[2]),
             full_after_slots: when(3, counts[3]),
+            // The transient faults are the retry policy's (docs/RETRY.md),
+            // which this target does not wrap the store in.
+            ..Faults::default()
         },
     };
     setup.limit_units = limit(&setup, input.u8());

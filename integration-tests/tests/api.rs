@@ -442,6 +442,40 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         &json!({ "result": "written" }),
         "/swap/split/pages_written",
     );
+    for (family, kind, pointer) in [
+        (
+            "hugevmm_swap_store_retries",
+            "transient",
+            "/swap/store/retries",
+        ),
+        (
+            "hugevmm_swap_store_retries",
+            "checksum",
+            "/swap/store/checksum_rereads",
+        ),
+        (
+            "hugevmm_swap_store_recovered",
+            "transient",
+            "/swap/store/recovered",
+        ),
+        (
+            "hugevmm_swap_store_fatal",
+            "transient",
+            "/swap/store/exhausted",
+        ),
+        (
+            "hugevmm_swap_store_fatal",
+            "checksum",
+            "/swap/store/checksum_fatal",
+        ),
+    ] {
+        window(
+            family,
+            &format!("{family}_total"),
+            &json!({ "kind": kind }),
+            pointer,
+        );
+    }
     window(
         "hugevmm_swap_fault_latency_seconds",
         "hugevmm_swap_fault_latency_seconds_count",

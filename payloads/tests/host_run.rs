@@ -246,6 +246,44 @@ fn verify_passes_on_good_memory() {
     );
 }
 
+/// `cycles=` keeps a vCPU writing generations past `passes=` until that
+/// many TSC cycles have passed; every generation is still checked.
+#[test]
+fn verify_runs_for_the_cycles_asked() {
+    let want = 20_000_000u64;
+    let r = run(
+        "verify",
+        2,
+        "3M",
+        &format!("bytes=2M passes=1 cycles={want}"),
+        &[],
+    );
+    assert_eq!(r.status, 0);
+    let mut lines = r.lines_starting("verify ");
+    lines.sort_by_key(|l| field(l, "vcpu"));
+    assert_eq!(lines.len(), 2);
+    let mut checked = 0;
+    let mut generations = Vec::new();
+    for l in &lines {
+        assert!(l.ends_with(" ok"), "{l}");
+        // The last generation started before the budget ran out and a
+        // check-only pass followed it.
+        assert!(field(l, "cycles") >= want, "{l}");
+        assert!(field(l, "passes") >= 1, "{l}");
+        generations.push(field(l, "passes"));
+        checked += field(l, "pages");
+    }
+    // Each vCPU checks its own pages (page k is vCPU k mod 2's) once per
+    // generation written, and once more at the end.
+    let per_vcpu = [256u64, 256];
+    let expected: u64 = generations
+        .iter()
+        .zip(per_vcpu)
+        .map(|(g, pages)| pages * (g + 1))
+        .sum();
+    assert_eq!(checked, expected, "{lines:?}");
+}
+
 /// Runs verify and checks its report. A page visited twice or never in a
 /// generation (a visiting order that is not a permutation) is a mismatch.
 fn verify_ok(vcpus: u32, layout: &str, args: &str, pages: u64, passes: u64) {

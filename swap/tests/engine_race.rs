@@ -3,8 +3,9 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use common::*;
 use swap::engine::SwapUnit;
@@ -82,10 +83,17 @@ impl Rng {
     }
 }
 
+/// How long the writers keep going past their writes while the race has
+/// not been hit often enough: a bound, not a measurement (the race
+/// usually needs well under a second).
+const RACE_CAP: Duration = Duration::from_secs(120);
+
 /// Writers keep writing (and reading back) while the main thread evicts
 /// everything over and over; the store is slowed so faults land on staged
-/// units before and during their writes.
-fn writes_survive(unit: SwapUnit, len: u64, writes_per_thread: u64) {
+/// units before and during their writes. The writers go on past
+/// `writes_per_thread` until faults met a staged unit `min_staged` times,
+/// so the race the test names is proven to have happened.
+fn writes_survive(unit: SwapUnit, len: u64, writes_per_thread: u64, min_staged: u64) {
     let unit_bytes = unit.bytes();
     let store = VecStore::new(unit_bytes as usize);
     store.write_delay_us.store(1000, Ordering::SeqCst);
@@ -93,16 +101,21 @@ fn writes_survive(unit: SwapUnit, len: u64, writes_per_thread: u64) {
     let base = g.base();
     let pages = len / 4096;
     let done = Arc::new(AtomicU64::new(0));
+    let raced = Arc::new(AtomicBool::new(false));
+    let deadline = Instant::now() + RACE_CAP;
     let writers: Vec<_> = (0..2u64)
         .map(|t| {
             let done = done.clone();
+            let raced = raced.clone();
             std::thread::spawn(move || {
                 // Writer t owns pages p with p % 2 == t; expected[p/2] is the
                 // last value written at the start of page p (0: untouched).
                 let mut expected = vec![0u64; (pages / 2) as usize];
                 let mut rng = Rng(0x9e37_79b9 + t);
                 let mut n = 0u64;
-                while n < writes_per_thread {
+                while n < writes_per_thread
+                    || (!raced.load(Ordering::SeqCst) && Instant::now() < deadline)
+                {
                     let i = (rng.next() % (pages / 2)) as usize;
                     let p = i as u64 * 2 + t;
                     let at = base + p * 4096;
@@ -133,6 +146,9 @@ fn writes_survive(unit: SwapUnit, len: u64, writes_per_thread: u64) {
                 .unwrap()
         };
         reports.push(r);
+        if g.engine().stats().faults.staging >= min_staged {
+            raced.store(true, Ordering::SeqCst);
+        }
     }
     let rounds = round;
     let results: Vec<_> = writers.into_iter().map(|w| w.join().unwrap()).collect();
@@ -174,14 +190,19 @@ fn writes_survive(unit: SwapUnit, len: u64, writes_per_thread: u64) {
         st.faults, st.wp_faults, st.stale_faults, st.clean_hash_mismatches, st.evict_busy
     );
     assert!(g.fatal_messages().is_empty());
+    assert!(
+        st.faults.staging >= min_staged,
+        "faults met a staged unit only {} times in {rounds} rounds (wanted {min_staged}): the race was not hit",
+        st.faults.staging
+    );
 }
 
 #[test]
 fn writes_survive_racing_evictions_2m() {
-    writes_survive(SwapUnit::Huge2M, 64 * MB, 400_000);
+    writes_survive(SwapUnit::Huge2M, 64 * MB, 400_000, 20);
 }
 
 #[test]
 fn writes_survive_racing_evictions_4k() {
-    writes_survive(SwapUnit::Small4K, 4 * MB, 100_000);
+    writes_survive(SwapUnit::Small4K, 4 * MB, 100_000, 200);
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::smaps::huge_and_rss_bytes;
 use common::*;
@@ -102,7 +102,20 @@ fn faults_racing_file_store_writes_keep_every_write() {
     std::thread::spawn(move || (0..chunks).for_each(|c| fill(base + c * CHUNK, CHUNK, 0xc0)))
         .join()
         .unwrap();
-    for round in 1..=10u64 {
+    // At least 10 rounds, and on until faults met units whose write was in
+    // flight (handed back by a copy) often enough: the race is proven, not
+    // hoped for. The cap bounds a run that never meets it (a failure).
+    const MIN_WRITING: u64 = 8;
+    const MAX_ROUNDS: u64 = 400;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut rounds = 0u64;
+    while rounds < 10
+        || (g.engine().stats().faults.staging_writing < MIN_WRITING
+            && rounds < MAX_ROUNDS
+            && Instant::now() < deadline)
+    {
+        rounds += 1;
+        let round = rounds;
         // Touch every chunk while the eviction of all of them is written.
         let toucher = std::thread::spawn(move || {
             for c in 0..chunks {
@@ -114,7 +127,7 @@ fn faults_racing_file_store_writes_keep_every_write() {
     }
     std::thread::spawn(move || {
         for c in 0..chunks {
-            for round in 1..=10u64 {
+            for round in 1..=rounds {
                 assert_eq!(
                     get(base + c * CHUNK + 8 * round),
                     round,
@@ -127,8 +140,13 @@ fn faults_racing_file_store_writes_keep_every_write() {
     .unwrap();
     let st = g.engine().stats();
     println!(
-        "file store race: faults {:?}, written {} units, stale {}",
+        "file store race: {rounds} rounds, faults {:?}, written {} units, stale {}",
         st.faults, st.units_written, st.stale_faults
     );
     assert!(g.fatal_messages().is_empty());
+    assert!(
+        st.faults.staging_writing >= MIN_WRITING,
+        "faults met a unit whose write was in flight only {} times in {rounds} rounds (wanted {MIN_WRITING}): the race was not hit",
+        st.faults.staging_writing
+    );
 }

@@ -172,6 +172,7 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
             "total": s.faults.total,
             "store": s.faults.store,
             "staging": s.faults.staging,
+            "staging_writing": s.faults.staging_writing,
             "zero": s.faults.zero,
         },
         "wp_faults": s.wp_faults,
@@ -203,6 +204,7 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
             "waste": s.prefetch.waste,
             "skipped": s.prefetch.skipped,
         },
+        "store": store_json(&s.store),
         "buffers": {
             "recycled": s.buffers_recycled,
             "fresh": s.buffers_fresh,
@@ -241,6 +243,25 @@ pub fn sample_json(sample: &Sample) -> Value {
         value["swap"] = swap_json(swap, false);
     }
     value
+}
+
+/// What the store's retry policy did (`swap::store::retry`), and the
+/// faults a `faulty:` test store injected.
+fn store_json(r: &swap::store::StoreReport) -> Value {
+    json!({
+        "transient_errors": r.transient_errors,
+        "retries": r.retries,
+        "recovered": r.recovered,
+        "exhausted": r.exhausted,
+        "checksum_rereads": r.checksum_rereads,
+        "checksum_recovered": r.checksum_recovered,
+        "checksum_fatal": r.checksum_fatal,
+        "injected": {
+            "transient_errors": r.injected_transient_errors,
+            "transient_corruptions": r.injected_transient_corruptions,
+            "delays": r.injected_delays,
+        },
+    })
 }
 
 /// The split-chunk figures of `stats` (docs/SPLIT_CHUNKS.md says what each

@@ -106,20 +106,62 @@ impl PagemapScanner {
 mod tests {
     use super::*;
 
+    /// `AnonHugePages` of the mapping that starts at `base`, from
+    /// `/proc/self/smaps`: the kernel's own account, independent of
+    /// PAGEMAP_SCAN.
+    fn smaps_anon_huge_kib(base: u64) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut in_vma = false;
+        for line in smaps.lines() {
+            let range = line.split_whitespace().next().unwrap_or("");
+            if let Some((start, _)) = range.split_once('-') {
+                if let Ok(start) = u64::from_str_radix(start, 16) {
+                    in_vma = start == base;
+                    continue;
+                }
+            }
+            if in_vma {
+                if let Some(kib) = line.strip_prefix("AnonHugePages:") {
+                    return kib.trim().trim_end_matches("kB").trim().parse().unwrap();
+                }
+            }
+        }
+        panic!("no mapping at {base:#x} in /proc/self/smaps");
+    }
+
+    /// A mapping of 3 huge pages whose first one the kernel confirms is a
+    /// THP (smaps). A fault in a `MADV_HUGEPAGE` range takes a THP when
+    /// one is free, `MADV_COLLAPSE` compacts for one; a few attempts ride
+    /// out a moment without a free huge page.
+    fn mapping_with_a_huge_first_page() -> AnonMapping {
+        for _ in 0..20 {
+            let m = AnonMapping::new(3 * HUGE_PAGE_BYTES).unwrap();
+            let r = m.range();
+            r.advise_hugepage(0, HUGE_PAGE_BYTES).unwrap();
+            r.touch(0, HUGE_PAGE_BYTES);
+            if smaps_anon_huge_kib(r.base()) < HUGE_PAGE_BYTES / 1024 {
+                let _ = r.collapse(0, HUGE_PAGE_BYTES);
+            }
+            if smaps_anon_huge_kib(r.base()) == HUGE_PAGE_BYTES / 1024 {
+                return m;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("no transparent huge page after 20 faults and MADV_COLLAPSEs (THP disabled, or host memory too fragmented)");
+    }
+
     #[test]
     fn pagemap_scan_tells_huge_pages_from_small_and_empty_ones() {
         let scanner = PagemapScanner::open().expect("PAGEMAP_SCAN (Linux >= 6.7)");
-        let m = AnonMapping::new(3 * HUGE_PAGE_BYTES).unwrap();
-        let r = m.range();
-        assert!(!scanner.is_huge(r, 0, HUGE_PAGE_BYTES).unwrap(), "empty");
+        let empty = AnonMapping::new(HUGE_PAGE_BYTES).unwrap();
+        assert!(
+            !scanner.is_huge(empty.range(), 0, HUGE_PAGE_BYTES).unwrap(),
+            "empty"
+        );
 
-        r.advise_hugepage(0, HUGE_PAGE_BYTES).unwrap();
-        r.touch(0, HUGE_PAGE_BYTES);
-        // The machine may have no free huge page; only a confirmed THP must
-        // be reported huge.
-        if r.collapse(0, HUGE_PAGE_BYTES).is_ok() {
-            assert!(scanner.is_huge(r, 0, HUGE_PAGE_BYTES).unwrap(), "THP");
-        }
+        let m = mapping_with_a_huge_first_page();
+        let r = m.range();
+        assert!(scanner.is_huge(r, 0, HUGE_PAGE_BYTES).unwrap(), "THP");
 
         r.advise_nohugepage(HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
             .unwrap();

@@ -5,6 +5,11 @@
  *   bytes=SIZE   working set (default: all free RAM), whole 4 KiB pages
  *   passes=N     generations to write (default 2)
  *   seed=N       varies the data and the visiting orders (default 1)
+ *   cycles=N     keep writing generations, past passes, until N TSC cycles
+ *                have passed since this vCPU started (default 0: passes
+ *                alone); the host turns a duration into cycles with the
+ *                VM's TSC frequency (tsc_khz in --stats-json). Checked
+ *                between generations, so a vCPU overshoots by at most one.
  *
  * The working set is viewed as 4 KiB pages: page k is free-space offset
  * k * 4096. Pages are grouped in chunks of 512 consecutive pages (2 MiB of
@@ -21,6 +26,8 @@
  *
  * Output, one line per vCPU:
  *   verify vcpu=<i> pages=<page checks> passes=<p> cycles=<rdtsc> ok
+ * where p is the generations written (more than passes= with cycles=) and
+ * each page check covers its three words.
  * or, on the first wrong word (this vCPU then exits with status 1):
  *   verify: MISMATCH vcpu=<i> addr=0x<a> expected=0x<e> found=0x<f> gen=<g>
  * where gen is the generation the expected value belongs to (0 = zero).
@@ -91,11 +98,12 @@ static uint64_t word_value(uint64_t addr, uint64_t g, uint64_t gkey)
 int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
 {
     uint64_t free_bytes = hvmm_free_bytes(info);
-    uint64_t bytes = free_bytes, passes = 2, seed = 1;
+    uint64_t bytes = free_bytes, passes = 2, seed = 1, cycles = 0;
     const struct hvmm_arg_spec specs[] = {
         { "bytes", HVMM_ARG_SIZE, &bytes },
         { "passes", HVMM_ARG_NUMBER, &passes },
         { "seed", HVMM_ARG_NUMBER, &seed },
+        { "cycles", HVMM_ARG_NUMBER, &cycles },
         { NULL, 0, NULL },
     };
     if (hvmm_parse_args(info, "verify", specs, vcpu == 0) != 0 ||
@@ -121,9 +129,14 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
         lead = 0;
 
     uint64_t start = hvmm_rdtsc();
-    /* Generations 1..passes check g-1 and write g; pass passes+1 checks. */
-    for (uint64_t g = 1; g <= passes + 1; g++) {
-        int writing = g <= passes;
+    /*
+     * Generations 1..written check g-1 and write g; the pass after them
+     * only checks. written is passes, or more while cycles= has not passed.
+     */
+    uint64_t written = 0;
+    for (uint64_t g = 1;; g++) {
+        int writing = g <= passes ||
+                      (cycles != 0 && hvmm_rdtsc() - start < cycles);
         uint64_t want_key = gen_key(seed, g - 1);
         uint64_t write_key = gen_key(seed, g);
         uint64_t order_key = mix64(seed ^ mix64(g ^ ((uint64_t)vcpu << 32)));
@@ -169,10 +182,13 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
                 checked++;
             }
         }
+        if (!writing)
+            break;
+        written = g;
     }
-    uint64_t cycles = hvmm_rdtsc() - start;
+    uint64_t elapsed = hvmm_rdtsc() - start;
 
     hvmm_printf("verify vcpu=%u pages=%lu passes=%lu cycles=%lu ok\n", vcpu,
-                checked, passes, cycles);
+                checked, written, elapsed);
     return 0;
 }

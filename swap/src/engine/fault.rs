@@ -471,6 +471,9 @@ fn hand_back(s: &Shared, unit: usize, loading: UnitState) -> Result<Outcome, Swa
     }
     count_install(s, huge);
     bump(&s.counters.faults_staging);
+    if writing {
+        bump(&s.counters.faults_staging_writing);
+    }
     s.table.finish_restore(unit.into(), loading, restored(huge));
     wake_unit(s, unit, Some(FaultSource::Staging))
 }

@@ -328,6 +328,7 @@ impl SwapEngine {
         stats.split.chunks_huge = s.table.count_huge_resident();
         stats.buffers_idle_max = s.buffers.idle_max() as u64;
         stats.buffers_bound = s.buffers.bound() as u64;
+        stats.store = s.store.report();
         stats
     }
 

@@ -165,6 +165,10 @@ pub struct FaultCounts {
     pub store: u64,
     /// Restores handed back from the parking area (no I/O).
     pub staging: u64,
+    /// Of `staging`, units whose store write was in flight: the fault met
+    /// the writer and took a copy (the race the engine's write-back tests
+    /// must hit).
+    pub staging_writing: u64,
     /// Restores of never-written units (zero fill).
     pub zero: u64,
 }
@@ -331,6 +335,9 @@ pub struct SwapStats {
     pub unit_bytes: u64,
     /// The memory limit, if any.
     pub mem_limit_bytes: Option<u64>,
+    /// What the store's retry policy did, and the faults a test store
+    /// injected (`store::retry`).
+    pub store: crate::store::StoreReport,
 }
 
 /// The live counters.
@@ -339,6 +346,7 @@ pub(crate) struct Counters {
     pub faults_total: AtomicU64,
     pub faults_store: AtomicU64,
     pub faults_staging: AtomicU64,
+    pub faults_staging_writing: AtomicU64,
     pub faults_zero: AtomicU64,
     pub evictions: AtomicU64,
     pub clean_drops: AtomicU64,
@@ -440,6 +448,7 @@ impl Counters {
                 total: get(&self.faults_total),
                 store: get(&self.faults_store),
                 staging: get(&self.faults_staging),
+                staging_writing: get(&self.faults_staging_writing),
                 zero: get(&self.faults_zero),
             },
             evictions: get(&self.evictions),

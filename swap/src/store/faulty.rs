@@ -3,13 +3,19 @@
 //! --swap-store faulty:...`) can check that store failures reach the
 //! operator as errors naming the chunk, never as silently zeroed memory.
 //! Not meant for production use.
+//!
+//! Besides the lasting failures (from the Nth operation on, every one
+//! fails), it injects *transient* ones that the retry policy
+//! ([`super::retry`]) must absorb: an `EIO` that the same operation, tried
+//! again, does not meet; a checksum failure that a re-read does not meet;
+//! and delays.
 
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{PageWrite, SharedStore, SlotId, Store, StoreError, WriteRequest};
+use super::{PageWrite, SharedStore, SlotId, Store, StoreError, StoreReport, WriteRequest};
 
 /// Which failures a [`FaultyStore`] injects. Counts are of units (one
 /// request of a batch is one write), and "after N" means the first N succeed.
@@ -24,6 +30,27 @@ pub struct Faults {
     pub write_error_after: Option<u64>,
     /// Writes that would make more than N slots used fail with `Full`.
     pub full_after_slots: Option<u64>,
+    /// Every Nth operation (a read, one request of a batch, one page)
+    /// fails with `EIO`; the same operation tried again (same kind, same
+    /// guest address) passes.
+    pub transient_eio_every: Option<u64>,
+    /// Every Nth read of a whole unit finds its slot damaged in the inner
+    /// store (its checksum fails); the damage is undone right after, and
+    /// the next read of that slot meets none, so a re-read verifies.
+    pub transient_corrupt_every: Option<u64>,
+    /// Every operation first sleeps a pseudo-random time of 0 to N µs.
+    pub delay_us: Option<u64>,
+}
+
+/// The kinds of operation a transient `EIO` is remembered by, so that the
+/// retry of the one that failed passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Op {
+    Read,
+    Write,
+    PageWrite,
+    /// A whole-unit read that met a transient corruption (keyed by slot).
+    CorruptRead,
 }
 
 /// A store that forwards to an inner store and injects [`Faults`].
@@ -34,6 +61,15 @@ pub struct FaultyStore {
     writes: AtomicU64,
     /// Slots already damaged: damaging twice could undo the damage.
     corrupted: Mutex<HashSet<SlotId>>,
+    /// Operations counted for `transient_eio_every`.
+    transient_ops: AtomicU64,
+    /// Whole-unit reads counted for `transient_corrupt_every`.
+    unit_reads: AtomicU64,
+    /// Operations that met a transient `EIO`: their next attempt passes.
+    failed_once: Mutex<HashSet<(Op, u64)>>,
+    injected_eio: AtomicU64,
+    injected_corruptions: AtomicU64,
+    delays: AtomicU64,
 }
 
 impl std::fmt::Debug for FaultyStore {
@@ -54,6 +90,12 @@ impl FaultyStore {
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             corrupted: Mutex::new(HashSet::new()),
+            transient_ops: AtomicU64::new(0),
+            unit_reads: AtomicU64::new(0),
+            failed_once: Mutex::new(HashSet::new()),
+            injected_eio: AtomicU64::new(0),
+            injected_corruptions: AtomicU64::new(0),
+            delays: AtomicU64::new(0),
         }
     }
 
@@ -68,6 +110,10 @@ impl FaultyStore {
 
     /// Counts a read and injects its fault, if one is due.
     fn before_read(&self, slot: SlotId, gpa: u64) -> Result<(), StoreError> {
+        self.delay();
+        if self.transient_eio(Op::Read, gpa) {
+            return Err(Self::transient_error(gpa, slot));
+        }
         let n = self.reads.fetch_add(1, Ordering::Relaxed);
         if tripped(self.faults.read_error_after, n) {
             return Err(StoreError::Io {
@@ -84,11 +130,115 @@ impl FaultyStore {
         Ok(())
     }
 
+    /// Sleeps the injected delay, if any.
+    fn delay(&self) {
+        let Some(max_us) = self.faults.delay_us.filter(|&us| us > 0) else {
+            return;
+        };
+        let n = self.delays.fetch_add(1, Ordering::Relaxed);
+        // splitmix64 of the count: delays that vary, reproducibly.
+        let mut x = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        x ^= x >> 31;
+        std::thread::sleep(std::time::Duration::from_micros(x % (max_us + 1)));
+    }
+
+    /// Whether this attempt of the operation `op` on `gpa` meets a
+    /// transient `EIO`: every Nth operation does, and its next attempt
+    /// does not.
+    fn transient_eio(&self, op: Op, gpa: u64) -> bool {
+        let Some(every) = self.faults.transient_eio_every.filter(|&n| n > 0) else {
+            return false;
+        };
+        let mut failed = self.failed_once.lock().unwrap_or_else(|p| p.into_inner());
+        if failed.remove(&(op, gpa)) {
+            return false;
+        }
+        let n = self.transient_ops.fetch_add(1, Ordering::Relaxed);
+        if !(n + 1).is_multiple_of(every) {
+            return false;
+        }
+        failed.insert((op, gpa));
+        self.injected_eio.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    fn transient_error(gpa: u64, slot: SlotId) -> StoreError {
+        StoreError::Io {
+            gpa,
+            slot,
+            source: io::Error::from_raw_os_error(libc::EIO),
+        }
+    }
+
+    /// A whole-unit read of `slot` through `read`, with the transient
+    /// corruption injected when one is due: the slot is damaged for this
+    /// read only (damage is an XOR, so damaging again undoes it).
+    fn read_unit(
+        &self,
+        slot: SlotId,
+        gpa: u64,
+        read: impl FnOnce() -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let due = self.faults.transient_corrupt_every.is_some_and(|every| {
+            let mut failed = self.failed_once.lock().unwrap_or_else(|p| p.into_inner());
+            let key = (Op::CorruptRead, u64::from(slot));
+            if failed.remove(&key) {
+                return false;
+            }
+            let due = every > 0
+                && (self.unit_reads.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(every);
+            if due {
+                failed.insert(key);
+            }
+            due
+        });
+        // A slot damaged for good stays so; nobody else reads or writes
+        // the slot of a unit being restored.
+        if !due || self.corrupted().contains(&slot) {
+            return read();
+        }
+        self.inner
+            .corrupt_slot(slot)
+            .map_err(|source| StoreError::Io { gpa, slot, source })?;
+        self.injected_corruptions.fetch_add(1, Ordering::Relaxed);
+        let result = read();
+        self.inner
+            .corrupt_slot(slot)
+            .map_err(|source| StoreError::Io { gpa, slot, source })?;
+        result
+    }
+
     fn injected(what: &str) -> io::Error {
         io::Error::other(format!(
             "injected {what} error (faulty test store): {}",
             io::Error::from_raw_os_error(libc::EIO)
         ))
+    }
+}
+
+impl Faults {
+    /// The faults by their `faulty:` spec keys, in the spec's order.
+    pub fn by_key(&self) -> [(&'static str, Option<u64>); 7] {
+        let Faults {
+            read_error_after,
+            corrupt_after,
+            write_error_after,
+            full_after_slots,
+            transient_eio_every,
+            transient_corrupt_every,
+            delay_us,
+        } = *self;
+        [
+            ("read-error-after", read_error_after),
+            ("corrupt-after", corrupt_after),
+            ("write-error-after", write_error_after),
+            ("full-after", full_after_slots),
+            ("transient-eio-every", transient_eio_every),
+            ("transient-corrupt-every", transient_corrupt_every),
+            ("delay-us", delay_us),
+        ]
     }
 }
 
@@ -108,19 +258,8 @@ impl Store for FaultyStore {
     }
 
     fn describe(&self) -> String {
-        let Faults {
-            read_error_after,
-            corrupt_after,
-            write_error_after,
-            full_after_slots,
-        } = self.faults;
         let mut parts = Vec::new();
-        for (key, value) in [
-            ("read-error-after", read_error_after),
-            ("corrupt-after", corrupt_after),
-            ("write-error-after", write_error_after),
-            ("full-after", full_after_slots),
-        ] {
+        for (key, value) in self.faults.by_key() {
             if let Some(v) = value {
                 parts.push(format!("{key}={v}"));
             }
@@ -134,7 +273,12 @@ impl Store for FaultyStore {
             Vec::with_capacity(requests.len());
         let mut forwarded: Vec<WriteRequest<'_>> = Vec::new();
         let mut used = self.inner.used_slots();
+        self.delay();
         for req in requests {
+            if self.transient_eio(Op::Write, req.gpa) {
+                results.push(Some(Err(Self::transient_error(req.gpa, SlotId::new(0)))));
+                continue;
+            }
             let n = self.writes.fetch_add(1, Ordering::Relaxed);
             if tripped(self.faults.write_error_after, n) {
                 results.push(Some(Err(StoreError::Io {
@@ -173,7 +317,7 @@ impl Store for FaultyStore {
 
     fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.before_read(slot, gpa)?;
-        self.inner.read(slot, gpa, buf)
+        self.read_unit(slot, gpa, || self.inner.read(slot, gpa, buf))
     }
 
     fn supports_pages(&self) -> bool {
@@ -181,6 +325,7 @@ impl Store for FaultyStore {
     }
 
     fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+        self.delay();
         if tripped(self.faults.full_after_slots, self.inner.used_slots()) {
             let capacity_slots = self.capacity_slots();
             return Err(StoreError::Full {
@@ -195,14 +340,19 @@ impl Store for FaultyStore {
     /// Counts as one read of the slot (faults injected as for `read`).
     fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.before_read(slot, gpa)?;
-        self.inner.read_and_split(slot, gpa, buf)
+        self.read_unit(slot, gpa, || self.inner.read_and_split(slot, gpa, buf))
     }
 
     /// Each page counts as one write.
     fn write_pages(&self, slot: SlotId, pages: &[PageWrite<'_>]) -> Vec<Result<(), StoreError>> {
         let mut results: Vec<Option<Result<(), StoreError>>> = Vec::with_capacity(pages.len());
         let mut forwarded: Vec<PageWrite<'_>> = Vec::new();
+        self.delay();
         for p in pages {
+            if self.transient_eio(Op::PageWrite, p.gpa) {
+                results.push(Some(Err(Self::transient_error(p.gpa, slot))));
+                continue;
+            }
             let n = self.writes.fetch_add(1, Ordering::Relaxed);
             if tripped(self.faults.write_error_after, n) {
                 results.push(Some(Err(StoreError::Io {
@@ -266,6 +416,20 @@ impl Store for FaultyStore {
 
     fn corrupt_slot(&self, slot: SlotId) -> io::Result<()> {
         self.inner.corrupt_slot(slot)
+    }
+
+    fn report(&self) -> StoreReport {
+        StoreReport {
+            injected_transient_errors: self.injected_eio.load(Ordering::Relaxed),
+            injected_transient_corruptions: self.injected_corruptions.load(Ordering::Relaxed),
+            injected_delays: if self.faults.delay_us.is_some_and(|us| us > 0) {
+                self.delays.load(Ordering::Relaxed)
+            } else {
+                0
+            },
+            ..StoreReport::default()
+        }
+        .plus(self.inner.report())
     }
 }
 

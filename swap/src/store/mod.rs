@@ -10,6 +10,7 @@ pub mod file;
 pub mod mem;
 mod open_error;
 pub mod paged;
+pub mod retry;
 mod slots;
 pub mod spec;
 #[cfg(test)]
@@ -21,6 +22,7 @@ pub use faulty::{Faults, FaultyStore};
 pub use file::{FileOptions, FileStore};
 pub use mem::MemStore;
 pub use open_error::StoreOpenError;
+pub use retry::{RetryPolicy, RetryingStore, StoreReport};
 pub use spec::{StoreSpec, StoreSpecError};
 
 /// A store slot number. Slots are reused after [`Store::free`].
@@ -259,6 +261,12 @@ pub trait Store: Send + Sync {
             std::io::ErrorKind::Unsupported,
             format!("{} cannot corrupt slot {slot} for tests", self.describe()),
         ))
+    }
+    /// What the wrappers of this store did so far (retries, injected
+    /// faults), their inner store's counts included; stores that wrap
+    /// nothing report zeros.
+    fn report(&self) -> StoreReport {
+        StoreReport::default()
     }
 }
 

@@ -22,8 +22,14 @@
 //!   (guest RAM / unit) limits the store.
 //! - `faulty:[KEY=N,...,]inner=SPEC` (for tests): [`FaultyStore`] around
 //!   SPEC (default `mem:lz4`), KEY one of `read-error-after`,
-//!   `corrupt-after`, `write-error-after`, `full-after`. `inner=` takes the
-//!   rest of the value, so it comes last.
+//!   `corrupt-after`, `write-error-after`, `full-after` (lasting failures
+//!   from the Nth operation on) or `transient-eio-every`,
+//!   `transient-corrupt-every`, `delay-us` (failures the retry policy
+//!   absorbs, and delays; [`Faults`] says what each does). `inner=` takes
+//!   the rest of the value, so it comes last.
+//!
+//! Every store opened here is wrapped in a [`RetryingStore`] with the
+//! default [`RetryPolicy`] (see [`super::retry`]).
 //!
 //! SIZE is a number of bytes with an optional `K`, `M`, `G` or `T` suffix
 //! (powers of 1024; `KiB`/`KB` spellings accepted).
@@ -37,6 +43,7 @@ use super::codec::Codec;
 use super::faulty::{Faults, FaultyStore};
 use super::file::{FileOptions, FileStore};
 use super::mem::MemStore;
+use super::retry::{RetryPolicy, RetryingStore};
 use super::{CapacityNeed, SharedStore, StoreOpenError};
 use blockio::BlockOptions;
 
@@ -93,10 +100,22 @@ pub struct StoreSpecError {
 }
 
 impl StoreSpec {
-    /// Opens the store for units of `unit_bytes`. `default_capacity_bytes`
-    /// (normally the guest RAM size) sizes a file store without `size=`
-    /// and sets the slot count of a memory store.
+    /// Opens the store for units of `unit_bytes`, under the default retry
+    /// policy. `default_capacity_bytes` (normally the guest RAM size)
+    /// sizes a file store without `size=` and sets the slot count of a
+    /// memory store.
     pub fn open(
+        &self,
+        unit_bytes: usize,
+        default_capacity_bytes: u64,
+    ) -> Result<SharedStore, StoreOpenError> {
+        let store = self.open_bare(unit_bytes, default_capacity_bytes)?;
+        Ok(Arc::new(RetryingStore::new(store, RetryPolicy::default())))
+    }
+
+    /// [`StoreSpec::open`] without the retry policy, which wraps the whole
+    /// store once (a `faulty:` store's faults are then retried too).
+    fn open_bare(
         &self,
         unit_bytes: usize,
         default_capacity_bytes: u64,
@@ -137,7 +156,7 @@ impl StoreSpec {
                 Arc::new(MemStore::new(*codec, unit_bytes, slots, *size_bytes)?)
             }
             StoreSpec::Faulty { faults, inner } => Arc::new(FaultyStore::new(
-                inner.open(unit_bytes, default_capacity_bytes)?,
+                inner.open_bare(unit_bytes, default_capacity_bytes)?,
                 *faults,
             )),
         })
@@ -206,7 +225,7 @@ impl FromStr for StoreSpec {
             }
             "faulty" => parse_faulty(rest).map_err(|reason| {
                 fail(format!(
-                    "{reason} (test form: faulty:[read-error-after=N,][corrupt-after=N,][write-error-after=N,][full-after=N,]inner=SPEC)"
+                    "{reason} (test form: faulty:[read-error-after=N,][corrupt-after=N,][write-error-after=N,][full-after=N,][transient-eio-every=N,][transient-corrupt-every=N,][delay-us=N,]inner=SPEC)"
                 ))
             }),
             _ => Err(fail(format!("unknown store kind {kind:?}"))),
@@ -264,8 +283,14 @@ fn parse_faulty(rest: &str) -> Result<StoreSpec, String> {
             "corrupt-after" => &mut faults.corrupt_after,
             "write-error-after" => &mut faults.write_error_after,
             "full-after" => &mut faults.full_after_slots,
+            "transient-eio-every" => &mut faults.transient_eio_every,
+            "transient-corrupt-every" => &mut faults.transient_corrupt_every,
+            "delay-us" => &mut faults.delay_us,
             _ => return Err(format!("unknown fault {key:?}")),
         };
+        if key.ends_with("-every") && n == 0 {
+            return Err(format!("{key} needs a count of 1 or more, got 0"));
+        }
         *field = Some(n);
     }
     let inner: StoreSpec = inner
@@ -328,12 +353,7 @@ impl fmt::Display for StoreSpec {
             }
             StoreSpec::Faulty { faults, inner } => {
                 f.write_str("faulty:")?;
-                for (key, value) in [
-                    ("read-error-after", faults.read_error_after),
-                    ("corrupt-after", faults.corrupt_after),
-                    ("write-error-after", faults.write_error_after),
-                    ("full-after", faults.full_after_slots),
-                ] {
+                for (key, value) in faults.by_key() {
                     if let Some(n) = value {
                         write!(f, "{key}={n},")?;
                     }
@@ -440,6 +460,50 @@ mod tests {
     }
 
     #[test]
+    fn transient_faults_parse() {
+        assert_eq!(
+            parse("faulty:transient-eio-every=50,transient-corrupt-every=9,delay-us=200,inner=mem:zstd"),
+            StoreSpec::Faulty {
+                faults: Faults {
+                    transient_eio_every: Some(50),
+                    transient_corrupt_every: Some(9),
+                    delay_us: Some(200),
+                    ..Faults::default()
+                },
+                inner: Box::new(StoreSpec::Mem {
+                    codec: Codec::Zstd,
+                    size_bytes: None
+                })
+            }
+        );
+    }
+
+    #[test]
+    fn opened_stores_retry_a_transient_eio() {
+        let store = parse("faulty:transient-eio-every=1,inner=mem:lz4")
+            .open(2 << 20, 8 << 20)
+            .unwrap();
+        assert_eq!(
+            store.describe(),
+            "faulty:transient-eio-every=1,inner=mem:lz4"
+        );
+        let img = unit_image(3, 2 << 20);
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: 0x40_0000,
+            data: &img,
+        }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        let mut buf = AlignedBuf::new(2 << 20, 4096);
+        store.read(slot, 0x40_0000, &mut buf).unwrap();
+        assert!(buf[..] == img[..]);
+        let report = store.report();
+        assert_eq!(report.injected_transient_errors, 2, "{report:?}");
+        assert_eq!(report.recovered, 2, "{report:?}");
+    }
+
+    #[test]
     fn display_round_trips() {
         for s in [
             "default",
@@ -451,6 +515,7 @@ mod tests {
             "mem:lz4",
             "mem:zstd,size=4096",
             "faulty:read-error-after=3,full-after=9,inner=file:/var/tmp/y",
+            "faulty:transient-eio-every=7,transient-corrupt-every=5,delay-us=300,inner=default",
         ] {
             assert_eq!(parse(s).to_string(), s);
         }
@@ -484,6 +549,7 @@ mod tests {
             ("mem:lz4,size=lots", "bad size"),
             ("faulty:read-error-after=x", "whole number"),
             ("faulty:explode=1", "unknown fault"),
+            ("faulty:transient-eio-every=0", "1 or more"),
             ("faulty:inner=mem:none", "inner store"),
         ] {
             let err = bad.parse::<StoreSpec>().unwrap_err().to_string();

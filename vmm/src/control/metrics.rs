@@ -318,6 +318,7 @@ impl Collector for Figures {
             }
             gauge("swap_unit", "The swap unit.", Some(Unit::Bytes)).gauge(e, swap.unit_bytes)?;
             split_metrics(e, &swap.split, &swap.prefetch)?;
+            store_metrics(e, &swap.store)?;
             gauge(
                 "swap_metadata",
                 "Host memory the engine's own tables use.",
@@ -390,6 +391,44 @@ const _: () = {
 
 /// The split-chunk figures (docs/SPLIT_CHUNKS.md): chunks by mode, splits
 /// by origin, collapses by outcome, page faults and evictions.
+/// The store's retry policy (docs/RETRY.md).
+fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std::fmt::Result {
+    let by_kind = |e: &mut DescriptorEncoder,
+                   name: &str,
+                   help: &str,
+                   values: [(&str, u64); 2]|
+     -> std::fmt::Result {
+        let mut metric = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (kind, n) in values {
+            metric
+                .encode_family(&[("kind", kind)])?
+                .encode_counter::<NoLabelSet, _, f64>(&n, None)?;
+        }
+        Ok(())
+    };
+    by_kind(
+        e,
+        "swap_store_retries",
+        "Store operations attempted again: after a transient error (with backoff), or re-read after a checksum mismatch.",
+        [("transient", r.retries), ("checksum", r.checksum_rereads)],
+    )?;
+    by_kind(
+        e,
+        "swap_store_recovered",
+        "Store operations that succeeded on a later attempt.",
+        [
+            ("transient", r.recovered),
+            ("checksum", r.checksum_recovered),
+        ],
+    )?;
+    by_kind(
+        e,
+        "swap_store_fatal",
+        "Store operations given up (fatal for the VM): transient errors past the last retry, or a second checksum mismatch.",
+        [("transient", r.exhausted), ("checksum", r.checksum_fatal)],
+    )
+}
+
 fn split_metrics(
     e: &mut DescriptorEncoder,
     split: &swap::engine::SplitStats,
