@@ -372,6 +372,37 @@ mod tests {
     }
 
     #[test]
+    fn discard_drops_whole_chunks_and_refuses_parts() {
+        let ram = GuestRam::new(Layout::new(8 * MIB).unwrap(), Backing::Small4k).unwrap();
+        for chunk in 0..4u64 {
+            ram.write_bytes(chunk * 2 * MIB + 100, &[chunk as u8 + 1; 64])
+                .unwrap();
+        }
+        ram.discard(2 * MIB, 4 * MIB).unwrap();
+        let mut buf = [0u8; 64];
+        for (chunk, want) in [(0u64, 1u8), (1, 0), (2, 0), (3, 4)] {
+            ram.read_bytes(chunk * 2 * MIB + 100, &mut buf).unwrap();
+            assert_eq!(buf, [want; 64], "chunk {chunk}");
+        }
+        for (offset, len) in [
+            (MIB, 2 * MIB),
+            (0, MIB),
+            (6 * MIB, 4 * MIB),
+            (u64::MAX - 1, 2),
+        ] {
+            assert!(
+                matches!(
+                    ram.discard(offset, len),
+                    Err(GuestMemError::DiscardRange { .. })
+                ),
+                "{offset:#x}+{len:#x}"
+            );
+        }
+        ram.read_bytes(100, &mut buf).unwrap();
+        assert_eq!(buf, [1; 64], "a refused discard dropped nothing");
+    }
+
+    #[test]
     fn ram_is_send_and_sync() {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<GuestRam>();

@@ -77,3 +77,81 @@ fn discard_with_2m_units() {
 fn discard_with_4k_units() {
     discard_drops_whole_units_only(SwapUnit::Small4K);
 }
+
+/// Discards racing faults and evictions: a reader restores chunks (clean,
+/// write-protected) while an evictor takes them away and the discards drop
+/// the last two chunks again and again, so a discard meets units that are
+/// loading, evicting, staged, stored and clean-resident. Every read sees
+/// the chunk's data or, for the dropped chunks, zero; at the end nothing is
+/// in flight, the dropped chunks read zero, the others their data, and the
+/// store's slot count matches the units that hold one (the test store
+/// panics on a double free).
+#[test]
+fn discards_racing_faults_and_evictions_keep_the_rest_and_leak_no_slot() {
+    let store = VecStore::new(CHUNK as usize);
+    let chunks = 8u64;
+    let g = start_guest(chunks * CHUNK, store.clone(), config(SwapUnit::Huge2M));
+    let base = g.base();
+    std::thread::spawn(move || {
+        (0..chunks).for_each(|c| fill(base + c * CHUNK, CHUNK, c as u8 + 1))
+    })
+    .join()
+    .unwrap();
+    g.engine().evict_all().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut reads = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for c in 0..chunks {
+                    let got = get(base + c * CHUNK + 8 * 4096);
+                    let want = u64::from_ne_bytes([c as u8 + 1; 8]);
+                    assert!(
+                        got == want || (c >= 6 && got == 0),
+                        "chunk {c} read {got:#x}"
+                    );
+                    reads += 1;
+                }
+            }
+            reads
+        })
+    };
+    let mut dropped = 0;
+    for round in 0..200 {
+        if round % 2 == 0 {
+            g.engine().evict_range(0, chunks * CHUNK).unwrap();
+        }
+        dropped += g
+            .engine()
+            .discard_range(6 * CHUNK, 2 * CHUNK)
+            .unwrap()
+            .resident_units;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads = reader.join().unwrap();
+    println!("discard race: {reads} reads, {dropped} resident drops");
+    assert!(dropped > 0, "some discards met a resident chunk");
+    let states = g.engine().unit_states();
+    assert_eq!(
+        (states[4], states[5]),
+        (0, 0),
+        "nothing in flight: {states:?}"
+    );
+    std::thread::spawn(move || {
+        for c in 0..chunks {
+            let want = if c >= 6 { 0 } else { c as u8 + 1 };
+            assert!(all_equal(base + c * CHUNK, CHUNK, want), "chunk {c}");
+        }
+    })
+    .join()
+    .unwrap();
+    g.engine().evict_all().unwrap();
+    let stored = g.engine().unit_states()[3];
+    assert_eq!(
+        store.used_slots(),
+        stored,
+        "one slot per stored unit, none leaked"
+    );
+    assert!(g.fatal_messages().is_empty());
+}
