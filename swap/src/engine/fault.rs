@@ -142,25 +142,29 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                     return Ok(outcome);
                 }
             }
-            Tag::Absent | Tag::Stored
-                if !state.pinned()
-                    && (s.split.split_this_restore()
-                        || (state.tag() == Tag::Stored
-                            && s.granularity.refault(s, state, stream) == Refault::Split)) =>
-            {
-                let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
-                    continue;
-                };
-                let reason = if s.granularity.auto && state.tag() == Tag::Stored {
-                    SplitReason::Thrashing
-                } else {
-                    SplitReason::Forced
-                };
-                if !split::split_on_restore(s, unit, loading, state, reason)? {
-                    return Ok(Outcome::Blocked);
-                }
-            }
             Tag::Absent | Tag::Stored => {
+                // One verdict per restore: the knob first, then what the
+                // refault tells the policy (it also marks the chunk).
+                let forced = !state.pinned() && s.split.split_this_restore();
+                let refault = if forced || state.tag() != Tag::Stored {
+                    Refault::Keep
+                } else {
+                    s.granularity.refault(s, state, stream)
+                };
+                let split = match (forced, refault) {
+                    (true, _) => Some(SplitReason::Forced),
+                    (false, Refault::Split) => Some(SplitReason::Thrashing),
+                    _ => None,
+                };
+                if let Some(reason) = split {
+                    let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
+                        continue;
+                    };
+                    if !split::split_on_restore(s, unit, loading, state, reason)? {
+                        return Ok(Outcome::Blocked);
+                    }
+                    continue;
+                }
                 limit::claim_memory(s, s.limiter.unit_pages());
                 let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                     s.limiter.release(s.limiter.unit_pages());
@@ -169,8 +173,14 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                 let outcome = if state.tag() == Tag::Absent {
                     restore_zero(s, unit, loading)
                 } else {
-                    let loading = s.granularity.refault(s, state, stream).mark(loading);
-                    restore_from_store(s, unit, loading, state.store_slot(), write, false)
+                    restore_from_store(
+                        s,
+                        unit,
+                        refault.mark(loading),
+                        state.store_slot(),
+                        write,
+                        false,
+                    )
                 };
                 if stream && s.granularity.auto {
                     s.prefetch.offer(unit + 1);
