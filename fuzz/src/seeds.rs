@@ -81,8 +81,34 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
         "virtio_blk" => blk_seeds(),
         "virtio_balloon" => balloon_seeds(),
         "engine" => engine_seeds(),
+        "api_request" => api_request_seeds(),
         _ => Vec::new(),
     }
+}
+
+/// Requests as curl sends them to the API (whole, and a keep-alive pair
+/// arriving in 7-byte pieces), for the api_request target.
+fn api_request_seeds() -> Vec<(String, Vec<u8>)> {
+    let get =
+        b"GET /stats HTTP/1.1\r\nHost: localhost\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n"
+            .to_vec();
+    let body = br#"{"mem_limit_bytes": 268435456}"#;
+    let put = [
+        format!(
+            "PUT /mem-limit HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .as_bytes(),
+        body,
+    ]
+    .concat();
+    let close = b"PUT /actions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 20\r\n\r\n{\"action\": \"quit\"}\n\n".to_vec();
+    vec![
+        ("get".to_string(), [&[0u8][..], &get].concat()),
+        ("put".to_string(), [&[0u8][..], &put].concat()),
+        ("pipelined".to_string(), [&[7u8][..], &get, &put].concat()),
+        ("close".to_string(), [&[1u8][..], &close].concat()),
+    ]
 }
 
 /// Register-level setup as a driver does it, for the virtio_mmio target.

@@ -1,4 +1,4 @@
-//! vmm's image parsers, compiled here from vmm's own source files.
+//! vmm's image parsers and the API's HTTP framing, compiled here from vmm's own source files.
 //!
 //! vmm is a binary crate, and these files are pure code (bytes in, a
 //! result out) whose only crate-level dependency is their sibling modules,
@@ -10,6 +10,9 @@
 // The fuzz targets use part of what these files define.
 #![allow(dead_code)]
 
+/// The API's HTTP framing (vmm/src/control/http.rs).
+#[path = "../../vmm/src/control/http.rs"]
+pub mod http;
 #[path = "../../vmm/src/image_kind.rs"]
 pub mod image_kind;
 pub mod linux;
