@@ -4,9 +4,13 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::hugetlb::start_hugetlb_guest;
 use common::*;
 use swap::chunk::Tag;
-use swap::engine::SwapUnit;
+use swap::engine::{DiscardReport, SwapEngine, SwapUnit};
 use swap::store::Store;
 
 const MB: u64 = 1 << 20;
@@ -79,31 +83,47 @@ fn discard_with_4k_units() {
 }
 
 /// Discards racing faults and evictions: a reader restores chunks (clean,
-/// write-protected) while an evictor takes them away and the discards drop
-/// the last two chunks again and again, so a discard meets units that are
-/// loading, evicting, staged, stored and clean-resident. Every read sees
+/// write-protected, on every other pass written again) while an evictor
+/// takes them away and the discards drop the last two chunks again and
+/// again. The test goes on (up to 120 s) until the discards have met each
+/// state they must handle: a unit loading, evicting and staged (each
+/// waited for), stored and resident; a clean resident one is dropped
+/// first, on its own. Every read sees
 /// the chunk's data or, for the dropped chunks, zero; at the end nothing is
 /// in flight, the dropped chunks read zero, the others their data, and the
 /// store's slot count matches the units that hold one (the test store
 /// panics on a double free).
-#[test]
-fn discards_racing_faults_and_evictions_keep_the_rest_and_leak_no_slot() {
-    let store = VecStore::new(CHUNK as usize);
-    let chunks = 8u64;
-    let g = start_guest(chunks * CHUNK, store.clone(), config(SwapUnit::Huge2M));
-    let base = g.base();
+fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &VecStore) {
+    let chunks = RACE_CHUNKS;
     std::thread::spawn(move || {
         (0..chunks).for_each(|c| fill(base + c * CHUNK, CHUNK, c as u8 + 1))
     })
     .join()
     .unwrap();
-    g.engine().evict_all().unwrap();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let reader = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
+    engine.evict_all().unwrap();
+    // A clean resident chunk first, deterministically (in the race the
+    // evictor drops clean chunks again within microseconds): read back
+    // from the store write-protected, its slot kept, then discarded.
+    std::thread::spawn(move || get(base + 6 * CHUNK))
+        .join()
+        .unwrap();
+    let report = engine.discard_range(6 * CHUNK, CHUNK).unwrap();
+    assert_eq!(
+        (report.resident_units, report.clean_resident_units),
+        (1, 1),
+        "a chunk read back clean is dropped with its slot: {report:?}"
+    );
+    // Writes stay in flight long enough for a discard to meet a staged unit.
+    store.write_delay_us.store(500, Ordering::Relaxed);
+    let stop = AtomicBool::new(false);
+    let mut met = DiscardReport::default();
+    let started = Instant::now();
+    let mut rounds = 0u64;
+    let reads = std::thread::scope(|scope| {
+        let reader = scope.spawn(|| {
             let mut reads = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut pass = 0u64;
+            while !stop.load(Ordering::Relaxed) {
                 for c in 0..chunks {
                     let got = get(base + c * CHUNK + 8 * 4096);
                     let want = u64::from_ne_bytes([c as u8 + 1; 8]);
@@ -111,32 +131,89 @@ fn discards_racing_faults_and_evictions_keep_the_rest_and_leak_no_slot() {
                         got == want || (c >= 6 && got == 0),
                         "chunk {c} read {got:#x}"
                     );
-                    if c >= 6 {
-                        // Written again, so that the discards meet these
-                        // chunks with data: resident, staged or stored.
+                    // Written again on even passes, so that the discards
+                    // meet these chunks with data (resident, staged or
+                    // stored); left as read on odd ones, so that they meet
+                    // clean resident chunks too.
+                    if c >= 6 && pass % 2 == 0 {
                         put(base + c * CHUNK + 8 * 4096, want);
                     }
                     reads += 1;
                 }
+                pass += 1;
+                // A pass without faults takes nanoseconds; the pause keeps
+                // a restored chunk clean long enough for a discard to meet
+                // it before the next pass writes it.
+                std::thread::sleep(Duration::from_micros(50));
             }
             reads
-        })
-    };
-    let mut dropped = 0;
-    for round in 0..200 {
-        if round % 2 == 0 {
-            g.engine().evict_range(0, chunks * CHUNK).unwrap();
+        });
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                engine.evict_range(0, chunks * CHUNK).unwrap();
+                // Back to back, the evictor would drop every clean chunk
+                // again (without a write) before a discard could meet it.
+                std::thread::sleep(Duration::from_micros(300));
+            }
+        });
+        let all_met = |m: &DiscardReport| {
+            m.waits_loading > 0
+                && m.waits_evicting > 0
+                && m.waits_staged > 0
+                && m.stored_units > 0
+                && m.resident_units > 0
+        };
+        while rounds < 200 || (!all_met(&met) && started.elapsed() < Duration::from_secs(120)) {
+            let report = engine.discard_range(6 * CHUNK, 2 * CHUNK).unwrap();
+            met.waits_loading += report.waits_loading;
+            met.waits_evicting += report.waits_evicting;
+            met.waits_staged += report.waits_staged;
+            met.stored_units += report.stored_units;
+            met.resident_units += report.resident_units;
+            met.clean_resident_units += report.clean_resident_units;
+            rounds += 1;
+            // Back to back, most discards would find the chunks they
+            // dropped still absent; a pause lets the reader and the
+            // evictor take them through their states again.
+            std::thread::sleep(Duration::from_micros(100));
         }
-        let report = g.engine().discard_range(6 * CHUNK, 2 * CHUNK).unwrap();
-        dropped += report.resident_units + report.stored_units;
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let reads = reader.join().unwrap();
-    println!("discard race: {reads} reads, {dropped} resident or stored drops");
-    assert!(dropped > 0, "some discards met a chunk holding data");
+        stop.store(true, Ordering::Relaxed);
+        reader.join().unwrap()
+    });
+    println!(
+        "discard race: {rounds} rounds in {:.1} s, {reads} reads; discards met {} loading, {} evicting, {} staged, {} stored, {} resident ({} clean)",
+        started.elapsed().as_secs_f64(),
+        met.waits_loading,
+        met.waits_evicting,
+        met.waits_staged,
+        met.stored_units,
+        met.resident_units,
+        met.clean_resident_units
+    );
+    assert!(
+        met.waits_loading > 0,
+        "no discard met a loading unit: {met:?}"
+    );
+    assert!(
+        met.waits_evicting > 0,
+        "no discard met an evicting unit: {met:?}"
+    );
+    assert!(
+        met.waits_staged > 0,
+        "no discard met a staged unit: {met:?}"
+    );
+    assert!(
+        met.stored_units > 0,
+        "no discard met a stored unit: {met:?}"
+    );
+    assert!(
+        met.resident_units > 0,
+        "no discard met a resident unit: {met:?}"
+    );
+    store.write_delay_us.store(0, Ordering::Relaxed);
     // The last word on chunks 6 and 7 is a discard.
-    g.engine().discard_range(6 * CHUNK, 2 * CHUNK).unwrap();
-    let states = g.engine().unit_states();
+    engine.discard_range(6 * CHUNK, 2 * CHUNK).unwrap();
+    let states = engine.unit_states();
     assert_eq!(
         (states[4], states[5]),
         (0, 0),
@@ -150,12 +227,38 @@ fn discards_racing_faults_and_evictions_keep_the_rest_and_leak_no_slot() {
     })
     .join()
     .unwrap();
-    g.engine().evict_all().unwrap();
-    let stored = g.engine().unit_states()[3];
+    engine.evict_all().unwrap();
+    let stored = engine.unit_states()[3];
     assert_eq!(
         store.used_slots(),
         stored,
         "one slot per stored unit, none leaked"
     );
+}
+
+const RACE_CHUNKS: u64 = 8;
+
+#[test]
+fn discards_racing_faults_and_evictions_keep_the_rest_and_leak_no_slot() {
+    let store = VecStore::new(CHUNK as usize);
+    let g = start_guest(RACE_CHUNKS * CHUNK, store.clone(), config(SwapUnit::Huge2M));
+    discards_race_faults_and_evictions(g.base(), g.engine(), &store);
+    assert!(g.fatal_messages().is_empty());
+}
+
+/// The same race on hugetlb memory, where a discard punches a hole in the
+/// memfd instead of zapping anonymous pages.
+#[test]
+fn discards_racing_faults_and_evictions_on_hugetlb() {
+    let store = VecStore::new(CHUNK as usize);
+    let Some(g) = start_hugetlb_guest(
+        "discards_racing_faults_and_evictions_on_hugetlb",
+        RACE_CHUNKS,
+        store.clone(),
+        config(SwapUnit::Huge2M),
+    ) else {
+        return;
+    };
+    discards_race_faults_and_evictions(g.base(), g.engine(), &store);
     assert!(g.fatal_messages().is_empty());
 }

@@ -4,132 +4,27 @@
 
 mod common;
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
-
+use common::hugetlb::{meminfo, start_hugetlb_guest};
 use common::*;
-use swap::engine::{ManagedRegion, MemoryKind, SwapEngine, SwapUnit};
+use swap::engine::SwapUnit;
 
 const MB: u64 = 1 << 20;
 const CHUNK: u64 = 2 * MB;
 
-fn meminfo(key: &str) -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(key))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Makes sure `pages` free 2 MiB hugetlb pages exist; returns how many
-/// pages were added to vm.nr_hugepages (to give back), or why not.
-fn reserve(pages: u64) -> Result<u64, String> {
-    let free = meminfo("HugePages_Free:");
-    if free >= pages {
-        return Ok(0);
-    }
-    let path = "/proc/sys/vm/nr_hugepages";
-    let total: u64 = std::fs::read_to_string(path)
-        .map_err(|e| format!("read {path}: {e}"))?
-        .trim()
-        .parse()
-        .unwrap_or(0);
-    let add = pages - free;
-    std::fs::write(path, format!("{}", total + add))
-        .map_err(|e| format!("write {path} (needs root): {e}"))?;
-    if meminfo("HugePages_Free:") < pages {
-        let _ = std::fs::write(path, format!("{total}"));
-        return Err(format!(
-            "the kernel could not reserve {pages} free 2 MiB pages"
-        ));
-    }
-    Ok(add)
-}
-
-fn give_back(added: u64) {
-    if added > 0 {
-        let path = "/proc/sys/vm/nr_hugepages";
-        if let Ok(total) =
-            std::fs::read_to_string(path).map(|t| t.trim().parse::<u64>().unwrap_or(0))
-        {
-            let _ = std::fs::write(path, format!("{}", total.saturating_sub(added)));
-        }
-    }
-}
-
 #[test]
 fn hugetlb_chunks_round_trip_through_the_store() {
     let chunks = 16u64;
-    let len = chunks * CHUNK;
-    let added = match reserve(chunks + 4) {
-        Ok(added) => added,
-        Err(why) => {
-            test_resources::skip(
-                "hugetlb_chunks_round_trip_through_the_store",
-                test_resources::Resource::Hugetlb,
-                why,
-            );
-            return;
-        }
-    };
-    // SAFETY: memfd_create with a NUL-terminated name; returns a new fd.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"hugevmm-test".as_ptr(),
-            libc::MFD_HUGETLB | libc::MFD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        test_resources::skip(
-            "hugetlb_chunks_round_trip_through_the_store",
-            test_resources::Resource::Hugetlb,
-            format!(
-                "memfd_create(MFD_HUGETLB): {}",
-                std::io::Error::last_os_error()
-            ),
-        );
-        give_back(added);
-        return;
-    }
-    // SAFETY: fd was just created and is owned here.
-    let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ftruncate on our own memfd.
-    let sized = unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) };
-    assert_eq!(sized, 0);
-    // SAFETY: a fresh shared mapping of our memfd, unmapped at the end.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            memfd.as_raw_fd(),
-            0,
-        )
-    };
-    assert_ne!(ptr, libc::MAP_FAILED);
-    let base = ptr as u64;
-    let region = ManagedRegion {
-        host_base: base,
-        len_bytes: len,
-        kind: MemoryKind::Hugetlb {
-            memfd: memfd.as_raw_fd(),
-        },
-        gpa_ranges: vec![(GPA_BASE, 0, len)],
-    };
     let store = VecStore::new(CHUNK as usize);
-    let fatal = Arc::new(Mutex::new(Vec::<String>::new()));
-    let log = fatal.clone();
-    let engine = SwapEngine::start(
-        region,
+    let Some(g) = start_hugetlb_guest(
+        "hugetlb_chunks_round_trip_through_the_store",
+        chunks,
         store.clone(),
         config(SwapUnit::Huge2M),
-        Box::new(move |e: &swap::engine::SwapError| log.lock().unwrap().push(e.to_string())),
-    )
-    .unwrap();
-
+    ) else {
+        return;
+    };
+    let base = g.base();
+    let engine = g.engine();
     std::thread::spawn(move || {
         (0..chunks).for_each(|c| {
             if c % 4 != 3 {
@@ -182,10 +77,5 @@ fn hugetlb_chunks_round_trip_through_the_store() {
     std::thread::spawn(move || assert_eq!(get(base + 8), 42))
         .join()
         .unwrap();
-    assert!(fatal.lock().unwrap().is_empty());
-    engine.shutdown();
-    // SAFETY: unmaps the mapping created above; the engine is stopped.
-    unsafe { libc::munmap(ptr, len as usize) };
-    drop(memfd);
-    give_back(added);
+    assert!(g.fatal_messages().is_empty());
 }

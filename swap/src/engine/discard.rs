@@ -29,6 +29,17 @@ pub struct DiscardReport {
     /// Split chunks dropped whole (their resident pages released, their
     /// slot freed).
     pub split_units: u64,
+    /// Of `resident_units`, those that were clean (write-protected with
+    /// their store copy kept), whose slot was released too.
+    pub clean_resident_units: u64,
+    /// Times the discard found a unit being restored (`Loading`) and
+    /// waited for the restore to settle.
+    pub waits_loading: u64,
+    /// Times it found a unit being evicted (`Evicting`) and waited.
+    pub waits_evicting: u64,
+    /// Times it found a unit in an evictor's write batch (`Staged`) and
+    /// waited for the write to settle it.
+    pub waits_staged: u64,
 }
 
 /// Drops every unit in `units`.
@@ -56,6 +67,11 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
                 return Ok(());
             }
             Tag::Loading | Tag::Evicting => {
+                if state.tag() == Tag::Loading {
+                    report.waits_loading += 1;
+                } else {
+                    report.waits_evicting += 1;
+                }
                 s.table.wait_settled(unit, &|| s.stopping() || s.failed());
             }
             Tag::Split => {
@@ -65,7 +81,10 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
                 }
             }
             // Owned by an evictor's write batch until the write completes.
-            Tag::Staged => std::thread::sleep(Duration::from_millis(1)),
+            Tag::Staged => {
+                report.waits_staged += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
             Tag::Stored => {
                 if s.table.discard_stored(unit.into(), state).is_ok() {
                     s.store.free(state.store_slot());
@@ -92,6 +111,7 @@ fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(
                 }
                 if state.clean() {
                     s.store.free(state.store_slot());
+                    report.clean_resident_units += 1;
                 }
                 s.table.settle(unit.into(), evicting, Settled::Discarded);
                 s.limiter.release(s.limiter.unit_pages());

@@ -40,6 +40,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
+pub use discard::DiscardReport;
 pub use error::SwapError;
 pub use evict::EvictReport;
 pub use stats::{
@@ -350,11 +351,7 @@ impl SwapEngine {
     /// partly covered unit at either end is left alone): the guest declared
     /// this memory free, so nothing is written and the next touch reads
     /// zeros.
-    pub fn discard_range(
-        &self,
-        offset: u64,
-        len: u64,
-    ) -> Result<discard::DiscardReport, SwapError> {
+    pub fn discard_range(&self, offset: u64, len: u64) -> Result<DiscardReport, SwapError> {
         let s = &self.shared;
         let first = offset.div_ceil(s.unit_bytes) as usize;
         let end = ((offset.saturating_add(len) / s.unit_bytes) as usize).min(s.table.units());

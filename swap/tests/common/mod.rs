@@ -2,6 +2,7 @@
 //! operations, guest memory, and an engine launcher.
 #![allow(dead_code)]
 
+pub mod hugetlb;
 pub mod smaps;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
