@@ -135,7 +135,7 @@ fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &Ve
                     // meet these chunks with data (resident, staged or
                     // stored); left as read on odd ones, so that they meet
                     // clean resident chunks too.
-                    if c >= 6 && pass % 2 == 0 {
+                    if c >= 6 && pass.is_multiple_of(2) {
                         put(base + c * CHUNK + 8 * 4096, want);
                     }
                     reads += 1;
