@@ -20,6 +20,7 @@ mod buffer;
 mod error;
 pub mod lockfile;
 mod open;
+pub mod pin;
 mod sync;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;

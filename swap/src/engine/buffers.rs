@@ -138,6 +138,13 @@ impl BufferPool {
         self.lock().idle_max
     }
 
+    /// Advises the buffers `MADV_NOHUGEPAGE` (the `small_restore_buffers`
+    /// test knob): they fill with small pages and every restore takes the
+    /// small-page path.
+    pub fn refuse_huge_pages(&self) -> std::io::Result<()> {
+        self.range().advise_nohugepage(0, self.range().len())
+    }
+
     /// The pool's size: the bound on idle buffers.
     pub fn bound(&self) -> usize {
         self.count

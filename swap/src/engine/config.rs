@@ -133,6 +133,19 @@ pub struct EngineConfig {
     pub force_split_every: Option<u32>,
     /// Run first thing on each engine thread (the VMM's seccomp filters).
     pub thread_setup: Option<super::ThreadSetup>,
+    /// Test knob: restore buffers are never huge (advised
+    /// `MADV_NOHUGEPAGE`, and evicted huge pages are not recycled as
+    /// buffers), so every restore of a 2 MiB chunk on THP memory takes the
+    /// small-page fallback a host out of huge pages forces: 512 pages moved
+    /// in, the chunk mapped by small pages.
+    pub small_restore_buffers: bool,
+    /// Test knob: every THP restore buffer is pinned the way device DMA
+    /// pins pages ([`blockio::pin`]) before it is installed, and unpinned
+    /// only after this many microseconds of `EBUSY` retries, so that every
+    /// install takes the pinned-page retry. The engine's threads then call
+    /// `io_uring_setup`, which the VMM's seccomp filters forbid: for
+    /// engine tests only.
+    pub pin_restore_buffers_us: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -150,6 +163,8 @@ impl Default for EngineConfig {
             fault_thread_nice: -10,
             force_split_every: None,
             thread_setup: None,
+            small_restore_buffers: false,
+            pin_restore_buffers_us: None,
         }
     }
 }

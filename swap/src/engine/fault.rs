@@ -251,8 +251,29 @@ pub(super) fn install_thp_buffer(
     // after a second, which no deferred unpin takes. (A recycled buffer may
     // also still be pinned by the store write of the unit it held.)
     let started = std::time::Instant::now();
+    // The pinned-page test knob: pinned now, unpinned once the retries
+    // below have run for the knob's time, as a deferred unpin would.
+    let mut test_pin = match s.pin_restore_buffers_us {
+        Some(us) => match blockio::pin::PinnedPages::pin(buf.addr, s.unit_bytes as usize) {
+            Ok(pin) => Some((pin, std::time::Duration::from_micros(us))),
+            Err(e) => {
+                buf.give_back_populated(s);
+                return Err(SwapError::os(
+                    "pinning a restore buffer (pin_restore_buffers_us test knob)",
+                    e,
+                ));
+            }
+        },
+        None => None,
+    };
     let mut done = 0;
     let result = loop {
+        if test_pin
+            .as_ref()
+            .is_some_and(|(_, hold)| started.elapsed() >= *hold)
+        {
+            test_pin = None;
+        }
         // SAFETY: this thread owns the unit (Loading) and the buffer; the
         // unit's range is missing and nothing holds a reference into it
         // or into the buffer (raw addresses only).

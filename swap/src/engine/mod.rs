@@ -113,6 +113,10 @@ pub(crate) struct Shared {
     pub granularity: granularity::Granularity,
     /// Sequential prefetch (`--swap-unit auto`).
     pub prefetch: prefetch::Prefetcher,
+    /// Test knob [`EngineConfig::small_restore_buffers`].
+    pub small_restore_buffers: bool,
+    /// Test knob [`EngineConfig::pin_restore_buffers_us`].
+    pub pin_restore_buffers_us: Option<u64>,
 }
 
 impl Shared {
@@ -233,6 +237,8 @@ impl SwapEngine {
             split,
             granularity,
             prefetch: prefetch::Prefetcher::default(),
+            small_restore_buffers: config.small_restore_buffers,
+            pin_restore_buffers_us: config.pin_restore_buffers_us,
         });
         SwapEngine::start_threads(shared, &config, staging.pool_mode)
     }

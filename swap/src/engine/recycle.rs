@@ -83,10 +83,11 @@ impl RestoreBuffer {
     }
 }
 
-/// True when evicted pages are recycled: 2 MiB units on THP memory, and a
-/// kernel that tells whether a page is huge.
+/// True when evicted pages are recycled: 2 MiB units on THP memory, a
+/// kernel that tells whether a page is huge, and restore buffers that may
+/// be huge (not the `small_restore_buffers` test knob).
 fn enabled(s: &Shared) -> bool {
-    s.backing == Backing::Thp && s.pagemap.is_some()
+    s.backing == Backing::Thp && s.pagemap.is_some() && !s.small_restore_buffers
 }
 
 /// Whether parking slot `p` holds one whole huge page.

@@ -172,6 +172,12 @@ pub(super) fn staging_area(
         PoolMode::Reusable
     };
     let buffers = BufferPool::new(buffer_count, unit_bytes, pool_mode)
+        .and_then(|pool| {
+            if config.small_restore_buffers {
+                pool.refuse_huge_pages()?;
+            }
+            Ok(pool)
+        })
         .map_err(|e| SwapError::os("mapping restore buffers", e))?;
     Ok(StagingArea {
         parking,
