@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 
 mod fault_latency;
+mod fio;
 mod floor;
 mod hist;
 mod host_pageout;

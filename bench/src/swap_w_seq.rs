@@ -10,11 +10,12 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 
+use super::fio::{self, FioRate};
 use super::hist::median;
 use super::limits::Limits;
 use super::plots::{self, Bar, TimePoint};
 use super::report::{fmt_f, Headline, Table};
-use super::runner::{num, RunResult, RunSpec, CHUNK_BYTES, MIB};
+use super::runner::{num, RunResult, RunSpec, CHUNK_BYTES, GIB, MIB};
 use super::{Ctx, Mode};
 
 /// Sizes of one workload.
@@ -230,6 +231,8 @@ struct RunFigures {
     swapping_fraction: f64,
     /// Seconds of the run with store I/O.
     swapping_s: f64,
+    /// Store bytes read and written per second over those seconds.
+    swapping_io_bytes_per_s: f64,
     pages_2m_coverage: f64,
     store_p99_ms: f64,
     /// Restores from the store over `ideal_store_faults` (seqwrite only).
@@ -282,6 +285,7 @@ impl RunFigures {
             timed_out: r.timed_out,
             swapping_fraction: limits.store_fraction(&r.spec.store, win_r, win_w, swapping_s),
             swapping_s,
+            swapping_io_bytes_per_s: (win_r + win_w) / swapping_s.max(1e-9),
             case,
             unit: r.spec.unit,
             store: store_name(&r.spec.store).into(),
@@ -458,6 +462,7 @@ struct Group {
     fault_p99_us: f64,
     /// The worst fault of all the group's runs.
     fault_max_us: f64,
+    swapping_io_bytes_per_s: f64,
 }
 
 fn groups(figs: &[RunFigures]) -> Vec<Group> {
@@ -503,6 +508,7 @@ fn groups(figs: &[RunFigures]) -> Vec<Group> {
                 fault_p50_us: m(|f| f.fault_p50_us),
                 fault_p99_us: m(|f| f.fault_p99_us),
                 fault_max_us: g.iter().map(|f| f.fault_max_us).fold(0.0, f64::max),
+                swapping_io_bytes_per_s: m(|f| f.swapping_io_bytes_per_s),
             }
         })
         .collect()
@@ -526,7 +532,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let limits = ctx.limits()?;
     let p = plan(ctx.mode);
     let same_work = announce(ctx, &p);
-    let results = run_all(ctx, &p, &limits)?;
+    let (results, fio_rates) = run_all(ctx, &p, &limits)?;
     if results.is_empty() {
         // Nothing ran (no KVM here, said at the start): no empty tables.
         return Ok(());
@@ -537,7 +543,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let medians_table = medians_table(ctx, &groups, &limits);
     let ratios = Ratios::of(&groups);
     report_headlines(ctx, &p, &groups, &ratios);
-    let granularity = granularity_table(ctx, &groups);
+    let mut granularity = granularity_table(ctx, &groups);
+    fio_rows(ctx, &mut granularity, &groups, &fio_rates);
     ctx.report.tables.push(granularity);
     ctx.report.tables.push(medians_table);
     ctx.report.tables.push(runs_table);
@@ -575,8 +582,13 @@ const UNITS: [&str; 3] = ["2m", "4k", "auto"];
 /// Every VM run of the suite, in order: the warm-up (full mode), seqwrite
 /// on the file store, seqwrite on the compressed memory store, seqwrite
 /// with one vCPU, randwrite; units interleaved within each.
-fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<Vec<(RunFigures, RunResult)>> {
-    let mut results: Vec<(RunFigures, RunResult)> = Vec::new();
+fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<(Vec<RunOutcome>, Vec<FioRate>)> {
+    let mut results: Vec<RunOutcome> = Vec::new();
+    let mut fio_rates = Vec::new();
+    let fio_missing = fio::unavailable();
+    if let Some(why) = &fio_missing {
+        ctx.skip("fio ceilings of swap-w-seq", why);
+    }
     let ms = p.timeline_ms;
     if p.warmup {
         // The seed's one warm-up run: the store file's first blocks get
@@ -609,6 +621,13 @@ fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<Vec<(RunFigures, 
     ];
     for (case, tag, w, store, runs) in series {
         for i in 1..=runs {
+            if case == "seqwrite" && store.tag == "file" && fio_missing.is_none() {
+                // Interleaved with the runs it judges: the disk of a
+                // virtual machine varies from minute to minute.
+                if let Some(rate) = fio_step(ctx, p, i, runs)? {
+                    fio_rates.push(rate);
+                }
+            }
             for unit in UNITS {
                 let spec = w.spec(
                     format!("swsq-{tag}-{unit}-{}-{i}", store.tag),
@@ -623,7 +642,95 @@ fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<Vec<(RunFigures, 
             }
         }
     }
-    Ok(results)
+    Ok((results, fio_rates))
+}
+
+/// A VM run: its figures and its raw result.
+type RunOutcome = (RunFigures, RunResult);
+
+/// Seconds of each fio run.
+fn fio_seconds(p: &Plan) -> u64 {
+    if p.warmup {
+        10
+    } else {
+        3
+    }
+}
+
+/// One fio measurement of the store's filesystem as a progress step;
+/// `None` (reported as a failure) when fio fails.
+fn fio_step(ctx: &mut Ctx, p: &Plan, i: usize, runs: usize) -> Result<Option<FioRate>> {
+    let seconds = fio_seconds(p);
+    ctx.progress.start(&format!(
+        "fio: 2 MiB random reads and writes (half each), {} in flight, O_DIRECT, {seconds} s #{i}/{runs}",
+        fio::QUEUE_DEPTH
+    ));
+    // A file larger than the store a run uses, so the offsets are as
+    // scattered as the engine's slots.
+    match fio::mixed_2m_on_file(&ctx.store_dir, 2 << 30, seconds) {
+        Ok(rate) => {
+            ctx.progress.done(&format!(
+                "read {:.2} + write {:.2} GiB/s",
+                rate.read_bytes_per_s / GIB,
+                rate.write_bytes_per_s / GIB
+            ));
+            Ok(Some(rate))
+        }
+        Err(e) => {
+            let msg = format!("{e:#}");
+            ctx.progress.failed(&msg);
+            ctx.report.failures.push(format!("fio ceiling #{i}: {msg}"));
+            Ok(None)
+        }
+    }
+}
+
+/// The aim rows against fio's ceiling: each unit's store I/O while it
+/// swapped (seqwrite, file store, median) over the median fio rate of the
+/// same invocation.
+fn fio_rows(ctx: &mut Ctx, t: &mut Table, groups: &[Group], fio_rates: &[FioRate]) {
+    let Some(ceiling) = median(
+        &fio_rates
+            .iter()
+            .map(FioRate::total_bytes_per_s)
+            .collect::<Vec<_>>(),
+    ) else {
+        return;
+    };
+    for (unit, key) in [
+        ("2m", "swap_io_over_fio_seqwrite_2m"),
+        ("auto", "swap_io_over_fio_seqwrite_auto"),
+    ] {
+        let Some(g) = groups
+            .iter()
+            .find(|g| g.case == "seqwrite" && g.unit == unit && g.store == "file")
+        else {
+            continue;
+        };
+        let value = g.swapping_io_bytes_per_s / ceiling;
+        let what = format!("swap I/O / fio ceiling, seqwrite {unit}");
+        let met = value >= 0.8;
+        t.row(vec![
+            what.clone(),
+            format!("{value:.2}"),
+            ">= 0.8".into(),
+            if met { "yes" } else { "no" }.into(),
+        ]);
+        ctx.report.headline.push(Headline {
+            key,
+            what,
+            value,
+            aim: ">= 0.8",
+            met,
+            how: format!(
+                "store bytes read + written per second while swapping (median) over fio's mixed 2 MiB read+write rate, median of {} fio runs interleaved with the VM runs ({:.2} GiB/s)",
+                fio_rates.len(),
+                ceiling / GIB
+            ),
+        });
+        ctx.report
+            .csv("swap-w-seq", "fio", unit, 0, key, value, "x");
+    }
 }
 
 /// A store as the runs name it: `--swap-store` value, label in progress
