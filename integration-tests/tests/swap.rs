@@ -171,6 +171,11 @@ fn forced_splits_are_refused_where_chunks_cannot_split() {
             "--swap-unit 2m and --backing thp",
         ),
         (vec!["--force-split-every", "0"], "out of range"),
+        // The fixed units never prefetch: asking for it is a mistake.
+        (
+            vec!["--swap-unit", "2m", "--prefetch"],
+            "--prefetch is the auto unit's sequential prefetch",
+        ),
     ] {
         let mut full = vec![
             "run",

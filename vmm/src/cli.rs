@@ -188,6 +188,19 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         "--force-split-every",
         for_engine,
     )?;
+    not_applicable(
+        !engine && args.flags.prefetch.is_some(),
+        "--prefetch",
+        for_engine,
+    )?;
+    if args.flags.prefetch == Some(true)
+        && matches!(
+            args.flags.swap_unit,
+            Some(swap::engine::SwapUnit::Huge2M | swap::engine::SwapUnit::Small4K)
+        )
+    {
+        bail!("--prefetch is the auto unit's sequential prefetch: use --swap-unit auto (the default), or leave --prefetch out");
+    }
     if let Some(n) = args.flags.force_split_every {
         if !(1..=1_000_000).contains(&n) {
             bail!(
@@ -287,6 +300,7 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         fault_threads,
         fault_thread_nice,
         force_split_every: args.flags.force_split_every,
+        prefetch: args.flags.prefetch.unwrap_or(true),
     });
     Ok((guest, swap, balloon_target_pages))
 }

@@ -189,6 +189,13 @@ pub struct RunFlags {
     #[arg(long, hide = true)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub force_split_every: Option<u32>,
+    /// Sequential prefetch of the auto unit (docs/GRANULARITY.md): a fault
+    /// that continues a stream reads the stream's next chunk ahead, in the
+    /// limit's headroom; --prefetch=false turns it off, to measure what it
+    /// buys [default: true].
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<bool>,
     /// Run without the per-thread seccomp filters (docs/SECURITY.md), for
     /// debugging: e.g. under strace, or to tell whether a failure is a
     /// system call the filters lack; --no-seccomp=false turns off a file's.
@@ -234,6 +241,7 @@ impl RunFlags {
             stats_interval,
             pageout,
             force_split_every,
+            prefetch,
             no_seccomp,
         } = self;
         let guest_given = payload.is_some() || payload_file.is_some() || kernel.is_some();
@@ -272,6 +280,7 @@ impl RunFlags {
             stats_interval: stats_interval.or(file.stats_interval),
             pageout: pageout.or(file.pageout),
             force_split_every: force_split_every.or(file.force_split_every),
+            prefetch: prefetch.or(file.prefetch),
             no_seccomp: no_seccomp.or(file.no_seccomp),
         }
     }
@@ -536,6 +545,7 @@ mod tests {
             "--pageout",
             "--force-split-every",
             "3",
+            "--prefetch=false",
             "--no-seccomp",
         ]);
         let json = serde_json::to_value(&all).unwrap();

@@ -203,6 +203,7 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
             "hits": s.prefetch.hits,
             "waste": s.prefetch.waste,
             "skipped": s.prefetch.skipped,
+            "withheld": s.prefetch.withheld,
         },
         "store": store_json(&s.store),
         "buffers": {

@@ -24,6 +24,8 @@ pub struct SwapOptions {
     pub fault_thread_nice: i32,
     /// The split/collapse test knob (`--force-split-every`).
     pub force_split_every: Option<u32>,
+    /// Sequential prefetch of the auto unit (`--prefetch`).
+    pub prefetch: bool,
 }
 
 /// Why a memory limit is refused.
@@ -132,6 +134,7 @@ pub fn start(
         fault_threads: options.fault_threads,
         fault_thread_nice: options.fault_thread_nice,
         force_split_every: options.force_split_every,
+        prefetch: options.prefetch,
         thread_setup: crate::seccomp::engine_thread_setup(),
         ..EngineConfig::default()
     };

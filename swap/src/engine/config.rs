@@ -131,6 +131,10 @@ pub struct EngineConfig {
     /// thousands of times in one test. Needs 2 MiB units of anonymous (THP)
     /// memory and a store that keeps pages.
     pub force_split_every: Option<u32>,
+    /// Sequential prefetch with the auto unit (see `prefetch`): a fault
+    /// that continues a stream offers the next chunk to a prefetch thread.
+    /// Off: no prefetch thread (the fixed units never prefetch).
+    pub prefetch: bool,
     /// Run first thing on each engine thread (the VMM's seccomp filters).
     pub thread_setup: Option<super::ThreadSetup>,
     /// Test knob: restore buffers are never huge (advised
@@ -162,6 +166,7 @@ impl Default for EngineConfig {
             refill_buffers: true,
             fault_thread_nice: -10,
             force_split_every: None,
+            prefetch: true,
             thread_setup: None,
             small_restore_buffers: false,
             pin_restore_buffers_us: None,

@@ -182,8 +182,12 @@ fn handle(s: &Shared, address: u64, kind: FaultKind, write: bool) -> Result<Outc
                         false,
                     )
                 };
-                if stream && s.granularity.auto {
-                    s.prefetch.offer(unit + 1);
+                if stream && s.prefetch_on {
+                    if s.granularity.prefetch_pays() {
+                        s.prefetch.offer(unit + 1);
+                    } else {
+                        bump(&s.counters.prefetch_withheld);
+                    }
                 }
                 return outcome;
             }

@@ -104,16 +104,55 @@ pub(crate) struct Granularity {
     pub auto: bool,
     /// The last chunk of each stream (`u64::MAX`: none).
     streams: [AtomicU64; STREAMS],
+    /// When each stream last moved on to a new chunk, in `faults_seen`.
+    moved_at: [AtomicU64; STREAMS],
     next_stream: AtomicUsize,
+    /// Faults [`Granularity::note_fault`] has seen: the streams' clock.
+    faults_seen: AtomicU64,
+    /// CPUs this process may run on.
+    cpus: usize,
 }
+
+/// A stream is active while it moved on within this many faults: with
+/// `STREAMS` streams taking turns, each moves on every few faults.
+const ACTIVE_WINDOW_FAULTS: u64 = 4 * STREAMS as u64;
 
 impl Granularity {
     pub fn new(auto: bool) -> Granularity {
         Granularity {
             auto,
             streams: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+            moved_at: std::array::from_fn(|_| AtomicU64::new(0)),
             next_stream: AtomicUsize::new(0),
+            faults_seen: AtomicU64::new(0),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
+    }
+
+    /// Streams that moved on to a new chunk within the last
+    /// [`ACTIVE_WINDOW_FAULTS`] faults.
+    pub fn active_streams(&self) -> usize {
+        let now = self.faults_seen.load(Ordering::Relaxed);
+        self.moved_at
+            .iter()
+            .zip(&self.streams)
+            .filter(|(at, last)| {
+                last.load(Ordering::Relaxed) != u64::MAX
+                    && now.saturating_sub(at.load(Ordering::Relaxed)) < ACTIVE_WINDOW_FAULTS
+                    && at.load(Ordering::Relaxed) > 0
+            })
+            .count()
+    }
+
+    /// Whether a stream's next chunk is worth prefetching now: not while
+    /// more streams run than there are CPUs. Then the streams' threads
+    /// take turns, memory holds part of every stream, and each prefetched
+    /// chunk displaces the next chunk of a stream that is waiting for a
+    /// CPU: measured on seed 000's shape (4 vCPUs on 2 CPUs), prefetching
+    /// added about one store read and one write per prefetch and saved no
+    /// fault (docs/GRANULARITY.md).
+    pub fn prefetch_pays(&self) -> bool {
+        self.active_streams() <= self.cpus
     }
 
     /// Records a fault on page `page` of `chunk`; true when it continues a
@@ -124,7 +163,8 @@ impl Granularity {
     /// pass downwards). Races between fault threads only lose a sample.
     pub fn note_fault(&self, chunk: usize, page: usize) -> bool {
         let chunk = chunk as u64;
-        for stream in &self.streams {
+        let now = self.faults_seen.fetch_add(1, Ordering::Relaxed) + 1;
+        for (stream, moved_at) in self.streams.iter().zip(&self.moved_at) {
             let last = stream.load(Ordering::Relaxed);
             if last == chunk {
                 return true;
@@ -133,11 +173,14 @@ impl Granularity {
             let down = last == chunk + 1 && page >= PAGES_PER_CHUNK - STREAM_ENTRY_PAGES;
             if up || down {
                 stream.store(chunk, Ordering::Relaxed);
+                moved_at.store(now, Ordering::Relaxed);
                 return true;
             }
         }
         let i = self.next_stream.fetch_add(1, Ordering::Relaxed) % STREAMS;
         self.streams[i].store(chunk, Ordering::Relaxed);
+        // A new stream has not moved yet.
+        self.moved_at[i].store(0, Ordering::Relaxed);
         false
     }
 
@@ -221,5 +264,38 @@ mod tests {
             !g.note_fault(14, 0),
             "eight scattered faults pushed the stream out"
         );
+    }
+
+    #[test]
+    fn prefetch_pays_while_no_more_streams_move_than_cpus() {
+        let mut g = Granularity::new(true);
+        g.cpus = 2;
+        // Scattered faults start streams that never move: none active.
+        for chunk in [100, 300, 500, 700] {
+            g.note_fault(chunk, 0);
+        }
+        assert_eq!(g.active_streams(), 0);
+        assert!(g.prefetch_pays());
+        // Two streams taking turns.
+        for step in 1..10 {
+            g.note_fault(100 + step, 0);
+            g.note_fault(300 + step, 0);
+        }
+        assert_eq!(g.active_streams(), 2);
+        assert!(g.prefetch_pays());
+        // Four streams taking turns on two CPUs: no prefetch.
+        for step in 10..20 {
+            for base in [100, 300, 500, 700] {
+                g.note_fault(base + step, 0);
+            }
+        }
+        assert_eq!(g.active_streams(), 4);
+        assert!(!g.prefetch_pays());
+        // One stream goes on alone: the others go quiet.
+        for step in 20..20 + ACTIVE_WINDOW_FAULTS as usize {
+            g.note_fault(100 + step, 0);
+        }
+        assert_eq!(g.active_streams(), 1);
+        assert!(g.prefetch_pays());
     }
 }

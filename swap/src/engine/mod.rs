@@ -113,6 +113,9 @@ pub(crate) struct Shared {
     pub granularity: granularity::Granularity,
     /// Sequential prefetch (`--swap-unit auto`).
     pub prefetch: prefetch::Prefetcher,
+    /// Sequential prefetch runs: the auto unit with
+    /// [`EngineConfig::prefetch`] on.
+    pub prefetch_on: bool,
     /// Test knob [`EngineConfig::small_restore_buffers`].
     pub small_restore_buffers: bool,
     /// Test knob [`EngineConfig::pin_restore_buffers_us`].
@@ -207,6 +210,7 @@ impl SwapEngine {
         let split = start::split_control(backing, &store, &config)?;
         let granularity =
             granularity::Granularity::new(config.unit == SwapUnit::Auto && split.enabled);
+        let prefetch_on = config.prefetch && granularity.auto;
         let shared = Arc::new(Shared {
             uffd,
             region,
@@ -237,6 +241,7 @@ impl SwapEngine {
             split,
             granularity,
             prefetch: prefetch::Prefetcher::default(),
+            prefetch_on,
             small_restore_buffers: config.small_restore_buffers,
             pin_restore_buffers_us: config.pin_restore_buffers_us,
         });
@@ -264,7 +269,7 @@ impl SwapEngine {
                 fault::run(&s)
             })?;
         }
-        if shared.granularity.auto {
+        if shared.prefetch_on {
             let s = shared.clone();
             let setup = config.thread_setup.clone();
             engine.spawn("swap-prefetch".into(), move || {

@@ -261,6 +261,9 @@ pub struct PrefetchStats {
     pub waste: u64,
     /// Offers not taken: memory held was within the headroom of the limit.
     pub skipped: u64,
+    /// Stream faults that offered nothing: more streams ran than CPUs (see
+    /// `Granularity::prefetch_pays`).
+    pub withheld: u64,
 }
 
 /// A snapshot of the engine's counters.
@@ -374,6 +377,7 @@ pub(crate) struct Counters {
     pub prefetch_hits: AtomicU64,
     pub prefetch_waste: AtomicU64,
     pub prefetch_skipped: AtomicU64,
+    pub prefetch_withheld: AtomicU64,
     pub collapses_verified: AtomicU64,
     pub collapses_by_madvise: AtomicU64,
     pub collapse_failures: [AtomicU64; 4],
@@ -478,6 +482,7 @@ impl Counters {
                 hits: get(&self.prefetch_hits),
                 waste: get(&self.prefetch_waste),
                 skipped: get(&self.prefetch_skipped),
+                withheld: get(&self.prefetch_withheld),
             },
             split: SplitStats {
                 splits_by_origin: self.splits_by_origin.each_ref().map(get),

@@ -500,7 +500,7 @@ fn split_metrics(
     labelled(
         e,
         "swap_prefetches",
-        "Chunks prefetched ahead of a stream, by outcome (issued; hit: faulted on or written; waste: evicted unused).",
+        "Chunks prefetched ahead of a stream, by outcome (issued; hit: faulted on or written; waste: evicted unused; skipped: an offer found no headroom; withheld: a stream fault offered nothing, more streams ran than CPUs).",
         MetricType::Counter,
         "outcome",
         &[
@@ -508,6 +508,7 @@ fn split_metrics(
             ("hit", prefetch.hits),
             ("waste", prefetch.waste),
             ("skipped", prefetch.skipped),
+            ("withheld", prefetch.withheld),
         ],
     )?;
     labelled(
