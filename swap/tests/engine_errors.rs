@@ -50,6 +50,23 @@ fn read_failure_is_fatal(faults: Faults, expect: &str) {
         "the faulting thread must stay blocked (no zero fill)"
     );
     assert_eq!(g.engine().stats().faults.store, 0);
+    // The failed chunk stays in flight for good: calls that would wait for
+    // it say the engine failed instead of waiting for ever (found by the
+    // engine fuzz target: an evict_all racing the failing fault hung).
+    for (what, result) in [
+        ("evict_all", g.engine().evict_all().map(|_| ())),
+        ("evict_range", g.engine().evict_range(0, 8 * MB).map(|_| ())),
+        (
+            "discard_range",
+            g.engine().discard_range(CHUNK, CHUNK).map(|_| ()),
+        ),
+    ] {
+        let err = result.expect_err(what);
+        assert!(
+            matches!(err, swap::engine::SwapError::Failed),
+            "{what}: {err}"
+        );
+    }
     // Shutting down unregisters the range, which releases the toucher.
     g.engine.take().unwrap().shutdown();
     toucher.join().unwrap();

@@ -53,8 +53,11 @@ pub(crate) fn discard_units(s: &Shared, units: Range<usize>) -> Result<DiscardRe
 
 fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(), SwapError> {
     loop {
-        if s.stopping() || s.failed() {
+        if s.stopping() {
             return Err(SwapError::ShuttingDown);
+        }
+        if s.failed() {
+            return Err(SwapError::Failed);
         }
         let state = s.table.load(unit);
         if state.pinned() {

@@ -57,6 +57,11 @@ pub enum SwapError {
     /// The engine is shutting down.
     #[error("swap engine is shutting down")]
     ShuttingDown,
+    /// An earlier fatal error (reported through the fatal handler) stopped
+    /// the engine: units it left in flight never settle, so a call that
+    /// would wait for them returns this instead of waiting for ever.
+    #[error("swap engine stopped after an earlier fatal error (the first one reported says why); the VM cannot go on")]
+    Failed,
     /// An engine thread panicked (an engine bug): the guest memory it was
     /// serving can no longer be restored, so the VM must end.
     #[error("swap engine thread {thread} panicked: {message} (an engine bug; the VM cannot go on, guest memory faults are no longer served)")]

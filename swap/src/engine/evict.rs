@@ -413,6 +413,10 @@ impl<'a> Evictor<'a> {
             if self.s.stopping() {
                 return Err(SwapError::ShuttingDown);
             }
+            if self.s.failed() {
+                // A failed write may never give its parking slot back.
+                return Err(SwapError::Failed);
+            }
             if let Some(p) = self.s.parking.acquire_timeout(Duration::from_millis(10)) {
                 return Ok(p);
             }
@@ -741,7 +745,16 @@ pub(crate) fn evict_range(s: &Shared, units: Range<usize>) -> Result<EvictReport
         if s.stopping() {
             return Err(SwapError::ShuttingDown);
         }
-        let state = s.table.wait_settled(unit, &|| s.stopping());
+        // After a fatal error a unit can stay in flight for good (a fault
+        // whose store read failed keeps its toucher blocked): give up then.
+        let state = s.table.wait_settled(unit, &|| s.stopping() || s.failed());
+        if state.tag().in_flight() {
+            return Err(if s.stopping() {
+                SwapError::ShuttingDown
+            } else {
+                SwapError::Failed
+            });
+        }
         if matches!(state.tag(), Tag::Resident | Tag::Split) {
             evictor.evict(unit)?;
         }
