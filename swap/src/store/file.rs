@@ -3,7 +3,12 @@
 //!
 //! Slot `n` lives at byte `n * unit_bytes`. The image holds no metadata: the
 //! slot table and one crc32 per slot stay in memory, since the image only
-//! has to outlive swapping within one run of the VMM.
+//! has to outlive swapping within one run of the VMM. With
+//! [`FileStore::set_integrity`] and a sealer (`--swap-encrypt`), each slot
+//! (or page of a paged slot) is sealed instead: the image holds only
+//! ciphertext, and the generation and tag stay in memory in place of the
+//! crc32 ([`super::seal`]). Every store on a [`BlockFile`] (a local file,
+//! a block device, a network transport) gets this by being a `FileStore`.
 //!
 //! The file is not preallocated; it grows as higher slots are first written.
 //! The default capacity is the guest's whole RAM, and reserving that much
@@ -31,6 +36,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::open_error::check_unit_bytes;
 use super::paged::{PageChecksums, PAGES_PER_SLOT};
+use super::seal::{Check, CheckTable, Integrity, Place};
 use super::slots::SlotTable;
 use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
 use blockio::lockfile::{self, LockMode};
@@ -61,16 +67,27 @@ pub struct FileStore {
     /// Capacity allocated at start ([`Self::reserve_capacity`]); kept after
     /// the deferred truncation too.
     reserved: bool,
+    /// crc32 or sealing ([`Self::set_integrity`]).
+    integrity: Integrity,
+    /// Unit-sized buffers the sealed images of a batch are made in (a
+    /// sealed write cannot go from the caller's buffer, which must keep
+    /// the plaintext), kept for the next batch: a fresh 2 MiB allocation
+    /// per write would cost the kernel's zeroing of 512 pages each time.
+    bounce_pool: Mutex<Vec<AlignedBuf>>,
 }
+
+/// Unit buffers [`FileStore`] keeps for sealed writes: one eviction
+/// batch's worth at 2 MiB units is 16 MiB at most.
+const BOUNCE_POOL_MAX: usize = 8;
 
 /// The allocator and the checksums, under one lock because a slot's checksum
 /// is only meaningful while it is allocated.
 #[derive(Debug)]
 struct Slots {
     table: SlotTable,
-    /// crc32 of each slot's unit as written, indexed by slot; grows with the
-    /// highest slot written.
-    crcs: Vec<u32>,
+    /// crc32 (or seal) of each slot's unit as written, indexed by slot;
+    /// grows with the highest slot written.
+    crcs: CheckTable,
     /// The page checksums of paged slots (split chunks), by slot.
     paged: std::collections::HashMap<SlotId, PageChecksums>,
 }
@@ -308,13 +325,54 @@ impl FileStore {
             capacity_slots,
             slots: Mutex::new(Slots {
                 table: SlotTable::new(capacity_slots),
-                crcs: Vec::new(),
+                crcs: CheckTable::new(&Integrity::Checksum),
                 paged: std::collections::HashMap::new(),
             }),
             description,
             pending_truncate: Mutex::new(false),
             reserved: false,
+            integrity: Integrity::Checksum,
+            bounce_pool: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Chooses how slots are protected: crc32 (the default) or sealed
+    /// under a [`super::Sealer`]. Before the first write: `&mut self`
+    /// means the store is not shared yet.
+    pub fn set_integrity(&mut self, integrity: Integrity) {
+        let slots = self.slots.get_mut().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(
+            slots.table.used_slots(),
+            0,
+            "integrity chosen after slots were written"
+        );
+        slots.crcs = CheckTable::new(&integrity);
+        self.integrity = integrity;
+    }
+
+    /// A unit-sized buffer for a sealed image, from the pool if it has one.
+    fn take_bounce(&self, len: usize) -> AlignedBuf {
+        if len == self.unit_bytes {
+            if let Some(buf) = self
+                .bounce_pool
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop()
+            {
+                return buf;
+            }
+        }
+        AlignedBuf::new(len, self.block.mem_align_bytes())
+    }
+
+    /// Gives unit-sized buffers back to the pool (the rest are freed).
+    fn return_bounces(&self, bufs: impl IntoIterator<Item = AlignedBuf>) {
+        let mut pool = self.bounce_pool.lock().unwrap_or_else(|p| p.into_inner());
+        for buf in bufs {
+            if buf.len() == self.unit_bytes && pool.len() < BOUNCE_POOL_MAX {
+                pool.push(buf);
+            }
+        }
     }
 
     /// Cuts away an overwritten file's old content before the first write
@@ -345,6 +403,45 @@ impl FileStore {
             *pending = false;
         }
         Ok(())
+    }
+
+    /// Seals the verified unit `plain` (the content of `slot`) again page
+    /// by page and writes it over the slot: what a sealed slot needs to
+    /// become paged (see [`Store::read_and_split`] on this store).
+    fn reseal_pages(
+        &self,
+        slot: SlotId,
+        gpa: u64,
+        plain: &[u8],
+    ) -> Result<PageChecksums, StoreError> {
+        let mut image = self.take_bounce(plain.len());
+        image.copy_from_slice(plain);
+        let mut sums = PageChecksums::empty(&self.integrity);
+        for (page, data) in image.chunks_exact_mut(PAGE_BYTES).enumerate() {
+            let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+            sums.set(page, self.integrity.protect(at, data)?);
+        }
+        let written = self.block.write_at(self.offset(slot), &image);
+        self.return_bounces([image]);
+        if let Err(e) = written {
+            let mut slots = self.slots();
+            if slots.table.is_used(slot) {
+                slots
+                    .paged
+                    .insert(slot, PageChecksums::empty(&self.integrity));
+            }
+            let used = slots.table.used_slots();
+            let cause = self.store_error(gpa, slot, used, e);
+            // Not retried: the slot's old content is gone (see the docs).
+            return Err(StoreError::Io {
+                gpa,
+                slot,
+                source: io::Error::other(format!(
+                    "re-sealing the pages of the split chunk failed, its stored content is lost: {cause}"
+                )),
+            });
+        }
+        Ok(sums)
     }
 
     /// The underlying block file (for its engine name or path).
@@ -389,15 +486,16 @@ impl FileStore {
     }
 
     /// Reads `buf` at `offset` (through a bounce buffer when it is not
-    /// aligned for O_DIRECT) and checks it against the crc32 `expected`.
+    /// aligned for O_DIRECT) and verifies it against `check` (a sealed
+    /// image is opened in place).
     fn read_verified(
         &self,
         offset: u64,
-        gpa: u64,
-        slot: SlotId,
-        expected: u32,
+        at: Place,
+        check: Check,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
+        let (gpa, slot) = (at.gpa, at.slot);
         if self.is_aligned(buf) {
             self.block
                 .read_at(offset, buf)
@@ -409,16 +507,7 @@ impl FileStore {
                 .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
             buf.copy_from_slice(&bounce);
         }
-        let found = crc32fast::hash(buf);
-        if found != expected {
-            return Err(StoreError::Checksum {
-                gpa,
-                slot,
-                expected,
-                found,
-            });
-        }
-        Ok(())
+        self.integrity.verify(at, check, buf)
     }
 
     /// Maps a block error of `slot` to the store's error, keeping the file
@@ -482,7 +571,14 @@ impl Store for FileStore {
     }
 
     fn describe(&self) -> String {
-        self.description.clone()
+        match &self.integrity {
+            Integrity::Checksum => self.description.clone(),
+            sealed => format!("{} [{}]", self.description, sealed.describe()),
+        }
+    }
+
+    fn sealed(&self) -> bool {
+        self.integrity.is_sealed()
     }
 
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>> {
@@ -506,22 +602,29 @@ impl Store for FileStore {
                 }
             }
         }
-        let crcs: Vec<u32> = allocated
-            .iter()
-            .map(|&(i, _)| crc32fast::hash(requests[i].data))
-            .collect();
-        // The trait promises aligned data, so a copy is the rare exception.
-        let bounces: Vec<Option<AlignedBuf>> = allocated
+        // Sealed: every image is made in a buffer of the store's (the
+        // caller's keeps the plaintext). Otherwise the trait promises
+        // aligned data, so a copy is the rare exception.
+        let mut bounces: Vec<Option<AlignedBuf>> = allocated
             .iter()
             .map(|&(i, _)| {
                 let data = requests[i].data;
-                (!self.is_aligned(data)).then(|| {
-                    let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
+                (self.integrity.is_sealed() || !self.is_aligned(data)).then(|| {
+                    let mut b = self.take_bounce(data.len());
                     b.copy_from_slice(data);
                     b
                 })
             })
             .collect();
+        let mut crcs: Vec<Result<Check, StoreError>> = Vec::with_capacity(allocated.len());
+        for (&(i, slot), bounce) in allocated.iter().zip(bounces.iter_mut()) {
+            let at = Place::unit(slot, requests[i].gpa);
+            crcs.push(match bounce {
+                Some(b) if self.integrity.is_sealed() => self.integrity.protect(at, b),
+                Some(b) => Ok(Check::Crc(crc32fast::hash(b))),
+                None => Ok(Check::Crc(crc32fast::hash(requests[i].data))),
+            });
+        }
         let mut ops: Vec<BlockOp<'_>> = allocated
             .iter()
             .zip(&bounces)
@@ -553,17 +656,17 @@ impl Store for FileStore {
         drop(ops);
         {
             let mut slots = self.slots();
-            for ((&(i, slot), crc), outcome) in allocated.iter().zip(&crcs).zip(outcomes) {
-                results[i] = Some(match outcome {
-                    Ok(()) => {
-                        let idx = slot.index();
-                        if slots.crcs.len() <= idx {
-                            slots.crcs.resize(idx + 1, 0);
-                        }
-                        slots.crcs[idx] = *crc;
+            for ((&(i, slot), crc), outcome) in allocated.iter().zip(crcs).zip(outcomes) {
+                results[i] = Some(match (crc, outcome) {
+                    (Ok(check), Ok(())) => {
+                        slots.crcs.set(slot.index(), check);
                         Ok(slot)
                     }
-                    Err(e) => {
+                    (Err(e), _) => {
+                        slots.table.free(slot);
+                        Err(e)
+                    }
+                    (Ok(_), Err(e)) => {
                         slots.table.free(slot);
                         let used = slots.table.used_slots();
                         Err(self.store_error(requests[i].gpa, slot, used, e))
@@ -571,6 +674,7 @@ impl Store for FileStore {
                 });
             }
         }
+        self.return_bounces(bounces.into_iter().flatten());
         results
             .into_iter()
             .map(|r| r.expect("every request has a result"))
@@ -581,15 +685,18 @@ impl Store for FileStore {
         if buf.len() != self.unit_bytes {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
-        let expected = {
+        let check = {
             let slots = self.slots();
             // A paged slot's unit checksum is stale: it is read by page.
             if !slots.table.is_used(slot) || slots.paged.contains_key(&slot) {
                 return Err(StoreError::BadSlot { gpa, slot });
             }
-            slots.crcs.get(slot.index()).copied().unwrap_or(0)
+            slots
+                .crcs
+                .get(slot.index())
+                .ok_or(StoreError::BadSlot { gpa, slot })?
         };
-        self.read_verified(self.offset(slot), gpa, slot, expected, buf)
+        self.read_verified(self.offset(slot), Place::unit(slot, gpa), check, buf)
     }
 
     fn free(&self, slot: SlotId) {
@@ -606,13 +713,25 @@ impl Store for FileStore {
     fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
         let mut slots = self.slots();
         let slot = slots.table.alloc().ok_or_else(|| self.full(gpa))?;
-        slots.paged.insert(slot, PageChecksums::empty());
+        slots
+            .paged
+            .insert(slot, PageChecksums::empty(&self.integrity));
         Ok(slot)
     }
 
+    /// Sealed, the unit's one tag cannot vouch for its pages one by one
+    /// (GCM authenticates the whole message): the verified content is
+    /// sealed again page by page and written back over the slot, one
+    /// 2 MiB write. That write failing leaves the slot's content neither
+    /// the unit nor its pages: the slot is kept paged with no page written
+    /// (every read of it fails, never zeros) and the error is final.
     fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.read(slot, gpa, buf)?;
-        let sums = PageChecksums::of_unit(buf);
+        let sums = if self.integrity.is_sealed() {
+            self.reseal_pages(slot, gpa, buf)?
+        } else {
+            PageChecksums::of_unit(buf)
+        };
         let mut slots = self.slots();
         if !slots.table.is_used(slot) {
             return Err(StoreError::BadSlot { gpa, slot });
@@ -622,6 +741,7 @@ impl Store for FileStore {
     }
 
     fn write_pages(&self, slot: SlotId, pages: &[PageWrite<'_>]) -> Vec<Result<(), StoreError>> {
+        let sealed = self.integrity.is_sealed();
         let paged = self.slots().paged.contains_key(&slot);
         let mut results: Vec<Option<Result<(), StoreError>>> = pages
             .iter()
@@ -635,18 +755,35 @@ impl Store for FileStore {
                 }
             })
             .collect();
-        let todo: Vec<usize> = (0..pages.len()).filter(|&i| results[i].is_none()).collect();
-        let bounces: Vec<Option<AlignedBuf>> = todo
-            .iter()
-            .map(|&i| {
-                let data = pages[i].data;
-                (!self.is_aligned(data)).then(|| {
-                    let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
-                    b.copy_from_slice(data);
-                    b
-                })
-            })
-            .collect();
+        let mut checks: Vec<Option<Check>> = vec![None; pages.len()];
+        let mut bounces: Vec<Option<AlignedBuf>> = Vec::new();
+        let mut todo: Vec<usize> = Vec::new();
+        for i in 0..pages.len() {
+            if results[i].is_some() {
+                continue;
+            }
+            let (page, data) = (&pages[i], pages[i].data);
+            let mut bounce = (sealed || !self.is_aligned(data)).then(|| {
+                let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
+                b.copy_from_slice(data);
+                b
+            });
+            let check = match bounce.as_deref_mut() {
+                Some(b) if sealed => self
+                    .integrity
+                    .protect(Place::page(slot, page.page, page.gpa), b),
+                Some(b) => Ok(Check::Crc(crc32fast::hash(b))),
+                None => Ok(Check::Crc(crc32fast::hash(data))),
+            };
+            match check {
+                Ok(check) => {
+                    checks[i] = Some(check);
+                    bounces.push(bounce);
+                    todo.push(i);
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
         let mut ops: Vec<BlockOp<'_>> = todo
             .iter()
             .zip(&bounces)
@@ -678,7 +815,7 @@ impl Store for FileStore {
             results[i] = Some(match outcome {
                 Ok(()) => match slots.paged.get_mut(&slot) {
                     Some(sums) => {
-                        sums.set(page.page, crc32fast::hash(page.data));
+                        sums.set(page.page, checks[i].expect("checked before the write"));
                         Ok(())
                     }
                     None => Err(StoreError::BadSlot {
@@ -729,17 +866,10 @@ impl Store for FileStore {
             buf[..got_bytes].copy_from_slice(&bounce[..got_bytes]);
         }
         buf[got_bytes..].fill(0);
-        for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
-            if let Some(expected) = sums.get(page) {
-                let found = crc32fast::hash(data);
-                if found != expected {
-                    return Err(StoreError::Checksum {
-                        gpa: gpa + (page * PAGE_BYTES) as u64,
-                        slot,
-                        expected,
-                        found,
-                    });
-                }
+        for (page, data) in buf.chunks_exact_mut(PAGE_BYTES).enumerate() {
+            if let Some(check) = sums.get(page) {
+                let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+                self.integrity.verify(at, check, data)?;
             }
         }
         Ok(())
@@ -755,14 +885,14 @@ impl Store for FileStore {
         if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
-        let expected = self
+        let check = self
             .slots()
             .paged
             .get(&slot)
             .and_then(|sums| sums.get(page))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
         let offset = self.offset(slot) + (page * PAGE_BYTES) as u64;
-        self.read_verified(offset, gpa, slot, expected, buf)
+        self.read_verified(offset, Place::page(slot, page, gpa), check, buf)
     }
 
     fn used_slots(&self) -> u64 {
