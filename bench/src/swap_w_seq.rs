@@ -55,6 +55,7 @@ impl Workload {
             store: store.into(),
             unit,
             pageout: false,
+            encrypt: false,
             timeline_ms: Some(timeline_ms),
             // Generous: a 4 KiB run of the full size takes about two
             // minutes here; a hang must still end.
