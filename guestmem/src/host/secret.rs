@@ -111,7 +111,7 @@ mod tests {
             Err(SecretPageError::Lock(e)) => {
                 test_resources::skip_by_choice(
                     "a_secret_page_is_locked_and_writable",
-                    &format!("mlock refused here ({e}): no locked-memory allowance"),
+                    format!("mlock refused here ({e}): no locked-memory allowance"),
                 );
                 return;
             }
