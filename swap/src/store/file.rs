@@ -34,6 +34,7 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use super::bounce::{Bounce, BouncePool};
 use super::open_error::check_unit_bytes;
 use super::paged::{PageChecksums, PAGES_PER_SLOT};
 use super::seal::{Check, CheckTable, Integrity, Place};
@@ -69,16 +70,11 @@ pub struct FileStore {
     reserved: bool,
     /// crc32 or sealing ([`Self::set_integrity`]).
     integrity: Integrity,
-    /// Unit-sized buffers the sealed images of a batch are made in (a
-    /// sealed write cannot go from the caller's buffer, which must keep
-    /// the plaintext), kept for the next batch: a fresh 2 MiB allocation
-    /// per write would cost the kernel's zeroing of 512 pages each time.
-    bounce_pool: Mutex<Vec<AlignedBuf>>,
+    /// The huge-page buffers sealed images are made in (a sealed write
+    /// cannot go from the caller's buffer, which must keep the
+    /// plaintext); mapped when sealing is chosen ([`super::bounce`]).
+    bounce_pool: Option<BouncePool>,
 }
-
-/// Unit buffers [`FileStore`] keeps for sealed writes: one eviction
-/// batch's worth at 2 MiB units is 16 MiB at most.
-const BOUNCE_POOL_MAX: usize = 8;
 
 /// The allocator and the checksums, under one lock because a slot's checksum
 /// is only meaningful while it is allocated.
@@ -332,7 +328,7 @@ impl FileStore {
             pending_truncate: Mutex::new(false),
             reserved: false,
             integrity: Integrity::Checksum,
-            bounce_pool: Mutex::new(Vec::new()),
+            bounce_pool: None,
         })
     }
 
@@ -347,32 +343,16 @@ impl FileStore {
             "integrity chosen after slots were written"
         );
         slots.crcs = CheckTable::new(&integrity);
+        if integrity.is_sealed() && self.bounce_pool.is_none() {
+            self.bounce_pool = BouncePool::new(self.unit_bytes);
+        }
         self.integrity = integrity;
     }
 
-    /// A unit-sized buffer for a sealed image, from the pool if it has one.
-    fn take_bounce(&self, len: usize) -> AlignedBuf {
-        if len == self.unit_bytes {
-            if let Some(buf) = self
-                .bounce_pool
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop()
-            {
-                return buf;
-            }
-        }
-        AlignedBuf::new(len, self.block.mem_align_bytes())
-    }
-
-    /// Gives unit-sized buffers back to the pool (the rest are freed).
-    fn return_bounces(&self, bufs: impl IntoIterator<Item = AlignedBuf>) {
-        let mut pool = self.bounce_pool.lock().unwrap_or_else(|p| p.into_inner());
-        for buf in bufs {
-            if buf.len() == self.unit_bytes && pool.len() < BOUNCE_POOL_MAX {
-                pool.push(buf);
-            }
-        }
+    /// A buffer for an image of `len` bytes: from the pool while it has
+    /// one, else from the heap.
+    fn take_bounce(&self, len: usize) -> Bounce<'_> {
+        Bounce::take(self.bounce_pool.as_ref(), len, self.block.mem_align_bytes())
     }
 
     /// Cuts away an overwritten file's old content before the first write
@@ -422,7 +402,7 @@ impl FileStore {
             sums.set(page, self.integrity.protect(at, data)?);
         }
         let written = self.block.write_at(self.offset(slot), &image);
-        self.return_bounces([image]);
+        drop(image);
         if let Err(e) = written {
             let mut slots = self.slots();
             if slots.table.is_used(slot) {
@@ -605,7 +585,7 @@ impl Store for FileStore {
         // Sealed: every image is made in a buffer of the store's (the
         // caller's keeps the plaintext). Otherwise the trait promises
         // aligned data, so a copy is the rare exception.
-        let mut bounces: Vec<Option<AlignedBuf>> = allocated
+        let mut bounces: Vec<Option<Bounce<'_>>> = allocated
             .iter()
             .map(|&(i, _)| {
                 let data = requests[i].data;
@@ -674,7 +654,7 @@ impl Store for FileStore {
                 });
             }
         }
-        self.return_bounces(bounces.into_iter().flatten());
+        drop(bounces);
         results
             .into_iter()
             .map(|r| r.expect("every request has a result"))

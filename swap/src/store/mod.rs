@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+mod bounce;
 mod capacity;
 pub mod codec;
 pub mod faulty;
