@@ -56,6 +56,12 @@ fn verify_onto(store: &Path, extra: &[&str]) -> Run {
     assert!(run.stat("/swap/evictions") >= 256, "too few evictions");
     assert!(run.stat("/swap/faults/store") >= 128, "too few store reads");
     assert_eq!(run.stat("/swap/store/auth_fatal"), 0);
+    let sealed = run.stats.as_ref().unwrap().pointer("/swap/store/sealed");
+    assert_eq!(
+        sealed,
+        Some(&serde_json::Value::Bool(extra.contains(&"--swap-encrypt"))),
+        "swap.store.sealed"
+    );
     run
 }
 

@@ -90,6 +90,9 @@ pub struct StoreReport {
     pub auth_recovered: u64,
     /// Of those, the re-read failed too (fatal).
     pub auth_fatal: u64,
+    /// Whether the store seals what it keeps (`--swap-encrypt`), so that
+    /// the stats say so.
+    pub sealed: bool,
     /// Transient `EIO`s a `faulty:` test store injected.
     pub injected_transient_errors: u64,
     /// Transient checksum failures a `faulty:` test store injected.
@@ -113,6 +116,7 @@ impl StoreReport {
             auth_rereads: self.auth_rereads + other.auth_rereads,
             auth_recovered: self.auth_recovered + other.auth_recovered,
             auth_fatal: self.auth_fatal + other.auth_fatal,
+            sealed: self.sealed || other.sealed,
             injected_transient_errors: self.injected_transient_errors
                 + other.injected_transient_errors,
             injected_transient_corruptions: self.injected_transient_corruptions
@@ -442,6 +446,7 @@ impl Store for RetryingStore {
             auth_rereads: get(&c.auth_rereads),
             auth_recovered: get(&c.auth_recovered),
             auth_fatal: get(&c.auth_fatal),
+            sealed: self.inner.sealed(),
             ..StoreReport::default()
         }
         .plus(self.inner.report())

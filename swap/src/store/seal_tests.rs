@@ -377,6 +377,7 @@ fn authentication_failures_are_read_twice_then_fatal_and_counted() {
         "{r:?}"
     );
     assert_eq!((r.checksum_rereads, r.retries), (0, 0), "{r:?}");
+    assert!(r.sealed, "the report says the store is sealed");
 }
 
 #[test]
