@@ -125,6 +125,7 @@ fn spec(d: &RunDef) -> RunSpec {
         store: d.store.into(),
         unit: d.unit,
         pageout: false,
+        encrypt: false,
         timeline_ms: None,
         timeout_s: d.timeout_s.unwrap_or(900.0),
         allow_timeout: d.timeout_s.is_some(),

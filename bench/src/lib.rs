@@ -12,6 +12,8 @@
 //! - `fault-latency`: the distribution of fault service time per source
 //!   against the floor measured in the same run (seed 004: worst case, not
 //!   only the average).
+//! - `encryption`: seqwrite on the file store with `--swap-encrypt` on and
+//!   off, interleaved, beside the cipher's own throughput.
 //!
 //! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
 //! figures come from its `--stats-json`, exactly what a user would get, and
@@ -22,6 +24,7 @@
 
 #![deny(missing_docs)]
 
+mod encryption;
 mod fault_latency;
 mod fio;
 mod floor;
@@ -55,6 +58,8 @@ pub enum Suite {
     FaultLatency,
     /// Disk, memcpy and codec ceilings of this machine.
     Limits,
+    /// seqwrite on the file store with --swap-encrypt on vs off, and the cipher's own throughput.
+    Encryption,
     /// All of the above (limits first).
     All,
 }
@@ -66,6 +71,7 @@ impl Suite {
             Suite::Pageout => "pageout",
             Suite::FaultLatency => "fault-latency",
             Suite::Limits => "limits",
+            Suite::Encryption => "encryption",
             Suite::All => "all",
         }
     }
@@ -267,6 +273,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::SwapWSeq,
             Suite::Pageout,
             Suite::FaultLatency,
+            Suite::Encryption,
         ],
         one => vec![one],
     };
@@ -281,6 +288,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::SwapWSeq => swap_w_seq::run(&mut ctx),
             Suite::Pageout => pageout::run(&mut ctx),
             Suite::FaultLatency => fault_latency::run(&mut ctx),
+            Suite::Encryption => encryption::run(&mut ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = result {

@@ -39,6 +39,7 @@ fn spec(store: &str, rep: usize) -> RunSpec {
         store: store.into(),
         unit: "2m",
         pageout: true,
+        encrypt: false,
         timeline_ms: None,
         timeout_s: 300.0,
         allow_timeout: false,

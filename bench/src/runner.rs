@@ -37,6 +37,8 @@ pub struct RunSpec {
     pub unit: &'static str,
     /// `--pageout`.
     pub pageout: bool,
+    /// `--swap-encrypt`.
+    pub encrypt: bool,
     /// `--stats-timeline` sampling interval, if wanted.
     pub timeline_ms: Option<u64>,
     /// `--timeout`: a run that hangs ends as a failure instead of stalling
@@ -77,6 +79,9 @@ impl RunSpec {
         if self.pageout {
             a.push("--pageout".into());
         }
+        if self.encrypt {
+            a.push("--swap-encrypt".into());
+        }
         if let (Some(ms), Some(path)) = (self.timeline_ms, timeline) {
             a.push("--stats-timeline".into());
             a.push(path.display().to_string());
@@ -97,6 +102,9 @@ impl RunSpec {
         }
         if self.pageout {
             s += " --pageout";
+        }
+        if self.encrypt {
+            s += " --swap-encrypt";
         }
         s
     }

@@ -56,6 +56,7 @@ impl Workload {
             store: store.into(),
             unit,
             pageout: false,
+            encrypt: false,
             timeline_ms: Some(timeline_ms),
             // Generous: a 4 KiB run of the full size takes about two
             // minutes here; a hang must still end.

@@ -468,6 +468,16 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
             "checksum",
             "/swap/store/checksum_fatal",
         ),
+        (
+            "hugevmm_swap_store_retries",
+            "authentication",
+            "/swap/store/auth_rereads",
+        ),
+        (
+            "hugevmm_swap_store_fatal",
+            "authentication",
+            "/swap/store/auth_fatal",
+        ),
     ] {
         window(
             family,

@@ -183,6 +183,12 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         for_engine,
     )?;
     not_applicable(!engine && args.pageout(), "--pageout", for_engine)?;
+    not_applicable(!engine && args.swap_encrypt(), "--swap-encrypt", for_engine)?;
+    not_applicable(
+        args.flags.swap_key_file.is_some() && !args.swap_encrypt(),
+        "--swap-key-file",
+        "is the key of --swap-encrypt: add --swap-encrypt or drop the key file",
+    )?;
     not_applicable(
         !engine && args.flags.force_split_every.is_some(),
         "--force-split-every",
@@ -293,6 +299,15 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
             args: args.flags.payload_args.clone().unwrap_or_default(),
         },
     };
+    // The key is made (or the key file read and checked) now, before
+    // anything else is acquired, so a bad key file is a configuration
+    // error naming what to do.
+    let seal = match (engine && args.swap_encrypt(), &args.flags.swap_key_file) {
+        (false, _) => None,
+        (true, None) => Some(swap::store::Sealer::random()?),
+        (true, Some(path)) => Some(swap::store::Sealer::from_key_file(path)?),
+    }
+    .map(std::sync::Arc::new);
     let swap = engine.then(|| SwapOptions {
         mem_limit_bytes: args.flags.mem_limit,
         store: args.flags.swap_store.clone().unwrap_or(StoreSpec::Default),
@@ -301,6 +316,7 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         fault_thread_nice,
         force_split_every: args.flags.force_split_every,
         prefetch: args.flags.prefetch.unwrap_or(true),
+        seal,
     });
     Ok((guest, swap, balloon_target_pages))
 }

@@ -147,6 +147,20 @@ pub struct RunFlags {
     #[arg(long)]
     #[serde(with = "text", skip_serializing_if = "Option::is_none")]
     pub swap_store: Option<StoreSpec>,
+    /// Encrypt and authenticate everything written to --swap-store
+    /// (AES-256-GCM per 2 MiB slot or 4 KiB page, under a random per-run
+    /// key, or a subkey of --swap-key-file): whoever reads the store reads
+    /// no guest memory, whoever writes it cannot feed the guest forged
+    /// memory (docs/ENCRYPTION.md); --swap-encrypt=false turns off a file's.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap_encrypt: Option<bool>,
+    /// With --swap-encrypt: derive the run's key from this operator key (a
+    /// file of exactly 32 random bytes, mode 0600 or stricter) and a
+    /// random per-run salt, instead of a random key.
+    #[arg(long, value_name = "PATH")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap_key_file: Option<PathBuf>,
     /// Swap unit: auto (2 MiB chunks, each split into 4 KiB pages while
     /// its use is sparse and collapsed back when dense), 2m (whole 2 MiB
     /// chunks, restored as huge mappings) or 4k (the per-page baseline)
@@ -234,6 +248,8 @@ impl RunFlags {
             timeout,
             mem_limit,
             swap_store,
+            swap_encrypt,
+            swap_key_file,
             swap_unit,
             fault_threads,
             fault_thread_nice,
@@ -273,6 +289,8 @@ impl RunFlags {
             timeout: timeout.or(file.timeout),
             mem_limit: mem_limit.or(file.mem_limit),
             swap_store: swap_store.or(file.swap_store),
+            swap_encrypt: swap_encrypt.or(file.swap_encrypt),
+            swap_key_file: swap_key_file.or(file.swap_key_file),
             swap_unit: swap_unit.or(file.swap_unit),
             fault_threads: fault_threads.or(file.fault_threads),
             fault_thread_nice: fault_thread_nice.or(file.fault_thread_nice),
@@ -309,6 +327,11 @@ impl RunArgs {
     /// Whether to page out after the payload.
     pub fn pageout(&self) -> bool {
         self.flags.pageout.unwrap_or(false)
+    }
+
+    /// Whether swapped memory is sealed (`--swap-encrypt`).
+    pub fn swap_encrypt(&self) -> bool {
+        self.flags.swap_encrypt.unwrap_or(false)
     }
 
     /// Whether the threads get their seccomp filters (the default).
@@ -532,6 +555,9 @@ mod tests {
             "256M",
             "--swap-store",
             "mem:lz4",
+            "--swap-encrypt",
+            "--swap-key-file",
+            "/key",
             "--swap-unit",
             "4k",
             "--fault-threads",

@@ -257,6 +257,10 @@ fn store_json(r: &swap::store::StoreReport) -> Value {
         "checksum_rereads": r.checksum_rereads,
         "checksum_recovered": r.checksum_recovered,
         "checksum_fatal": r.checksum_fatal,
+        "auth_rereads": r.auth_rereads,
+        "auth_recovered": r.auth_recovered,
+        "auth_fatal": r.auth_fatal,
+        "sealed": r.sealed,
         "injected": {
             "transient_errors": r.injected_transient_errors,
             "transient_corruptions": r.injected_transient_corruptions,

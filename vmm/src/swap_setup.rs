@@ -7,7 +7,7 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
 use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapUnit};
-use swap::store::{CapacityNeed, StoreSpec};
+use swap::store::{CapacityNeed, Integrity, StoreSpec};
 
 /// The swap options of a run.
 #[derive(Clone, Debug)]
@@ -26,6 +26,8 @@ pub struct SwapOptions {
     pub force_split_every: Option<u32>,
     /// Sequential prefetch of the auto unit (`--prefetch`).
     pub prefetch: bool,
+    /// The run's sealing key (`--swap-encrypt`); None: crc32 only.
+    pub seal: Option<std::sync::Arc<swap::store::Sealer>>,
 }
 
 /// Why a memory limit is refused.
@@ -144,9 +146,13 @@ pub fn start(
         .store
         .check_size(&need)
         .with_context(|| format!("invalid --swap-store {}", options.store))?;
+    let integrity = match &options.seal {
+        Some(sealer) => Integrity::Sealed(std::sync::Arc::clone(sealer)),
+        None => Integrity::Checksum,
+    };
     let store = options
         .store
-        .open(options.unit.bytes() as usize, ram.len_bytes())
+        .open_with(options.unit.bytes() as usize, ram.len_bytes(), &integrity)
         .with_context(|| format!("cannot open --swap-store {}", options.store))?;
     // A block device can hold less than the size asked for. The test aid
     // `faulty:full-after=N` is left alone: filling up at run time is what

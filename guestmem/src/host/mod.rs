@@ -16,16 +16,20 @@
 //!   memory aligned to 2 MiB.
 //! - [`punch`]: [`punch_hole`] in a (hugetlbfs) file.
 //! - [`pagemap`]: [`PagemapScanner`], whether a range is mapped by huge pages.
+//! - [`secret`]: [`SecretPage`], a locked page kept out of core dumps for
+//!   key material.
 
 pub mod anon;
 pub mod pagemap;
 pub mod punch;
 pub mod range;
+pub mod secret;
 
 pub use anon::{map_anonymous_aligned, unmap, AnonMapping, ANON_FLAGS};
 pub use pagemap::PagemapScanner;
 pub use punch::punch_hole;
 pub use range::RawRange;
+pub use secret::{SecretPage, SecretPageError};
 
 /// 2 MiB, the PMD size on x86-64.
 pub const HUGE_PAGE_BYTES: u64 = 2 << 20;

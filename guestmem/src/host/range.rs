@@ -88,6 +88,14 @@ impl RawRange {
         self.advise(offset, len, libc::MADV_DONTFORK)
     }
 
+    /// Leaves a sub-range out of core dumps (`MADV_DONTDUMP`): the swap
+    /// engine's parking area and restore buffers hold guest memory on its
+    /// way to and from the store, which an encrypted store must not leak
+    /// through a dump.
+    pub fn dont_dump(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.advise(offset, len, libc::MADV_DONTDUMP)
+    }
+
     /// Synchronously collapses a fully populated 2 MiB sub-range into a
     /// huge page (succeeds at once if it already is one).
     pub fn collapse(&self, offset: u64, len: u64) -> io::Result<()> {

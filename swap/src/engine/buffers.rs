@@ -101,6 +101,9 @@ impl BufferPool {
     pub fn new(count: usize, buf_bytes: u64, mode: PoolMode) -> std::io::Result<BufferPool> {
         let count = count.max(1);
         let mapping = AnonMapping::new(count as u64 * buf_bytes)?;
+        // Restore buffers hold guest memory read (and decrypted) from the
+        // store: kept out of core dumps like the parking area.
+        mapping.range().dont_dump(0, mapping.range().len())?;
         match mode {
             PoolMode::Thp => mapping.range().advise_hugepage(0, mapping.range().len())?,
             PoolMode::Reusable => {}

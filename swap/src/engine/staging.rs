@@ -28,6 +28,10 @@ impl Parking {
     pub fn new(slots: usize, slot_bytes: u64) -> std::io::Result<Parking> {
         let slots = slots.max(1);
         let mapping = AnonMapping::new(slots as u64 * slot_bytes)?;
+        // Parked units are guest memory on its way to the store: a core
+        // dump of hugevmm must not hold them (with --swap-encrypt the store
+        // only ever sees them sealed; docs/ENCRYPTION.md).
+        mapping.range().dont_dump(0, mapping.range().len())?;
         Ok(Parking {
             mapping,
             slot_bytes,

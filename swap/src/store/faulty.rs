@@ -418,6 +418,10 @@ impl Store for FaultyStore {
         self.inner.corrupt_slot(slot)
     }
 
+    fn sealed(&self) -> bool {
+        self.inner.sealed()
+    }
+
     fn report(&self) -> StoreReport {
         StoreReport {
             injected_transient_errors: self.injected_eio.load(Ordering::Relaxed),

@@ -3,7 +3,12 @@
 //!
 //! Slot `n` lives at byte `n * unit_bytes`. The image holds no metadata: the
 //! slot table and one crc32 per slot stay in memory, since the image only
-//! has to outlive swapping within one run of the VMM.
+//! has to outlive swapping within one run of the VMM. With
+//! [`FileStore::set_integrity`] and a sealer (`--swap-encrypt`), each slot
+//! (or page of a paged slot) is sealed instead: the image holds only
+//! ciphertext, and the generation and tag stay in memory in place of the
+//! crc32 ([`super::seal`]). Every store on a [`BlockFile`] (a local file,
+//! a block device, a network transport) gets this by being a `FileStore`.
 //!
 //! The file is not preallocated; it grows as higher slots are first written.
 //! The default capacity is the guest's whole RAM, and reserving that much
@@ -29,8 +34,10 @@ use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use super::bounce::{Bounce, BouncePool};
 use super::open_error::check_unit_bytes;
 use super::paged::{PageChecksums, PAGES_PER_SLOT};
+use super::seal::{Check, CheckTable, Integrity, Place};
 use super::slots::SlotTable;
 use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
 use blockio::lockfile::{self, LockMode};
@@ -61,6 +68,12 @@ pub struct FileStore {
     /// Capacity allocated at start ([`Self::reserve_capacity`]); kept after
     /// the deferred truncation too.
     reserved: bool,
+    /// crc32 or sealing ([`Self::set_integrity`]).
+    integrity: Integrity,
+    /// The huge-page buffers sealed images are made in (a sealed write
+    /// cannot go from the caller's buffer, which must keep the
+    /// plaintext); mapped when sealing is chosen ([`super::bounce`]).
+    bounce_pool: Option<BouncePool>,
 }
 
 /// The allocator and the checksums, under one lock because a slot's checksum
@@ -68,9 +81,9 @@ pub struct FileStore {
 #[derive(Debug)]
 struct Slots {
     table: SlotTable,
-    /// crc32 of each slot's unit as written, indexed by slot; grows with the
-    /// highest slot written.
-    crcs: Vec<u32>,
+    /// crc32 (or seal) of each slot's unit as written, indexed by slot;
+    /// grows with the highest slot written.
+    crcs: CheckTable,
     /// The page checksums of paged slots (split chunks), by slot.
     paged: std::collections::HashMap<SlotId, PageChecksums>,
 }
@@ -308,13 +321,38 @@ impl FileStore {
             capacity_slots,
             slots: Mutex::new(Slots {
                 table: SlotTable::new(capacity_slots),
-                crcs: Vec::new(),
+                crcs: CheckTable::new(&Integrity::Checksum),
                 paged: std::collections::HashMap::new(),
             }),
             description,
             pending_truncate: Mutex::new(false),
             reserved: false,
+            integrity: Integrity::Checksum,
+            bounce_pool: None,
         })
+    }
+
+    /// Chooses how slots are protected: crc32 (the default) or sealed
+    /// under a [`super::Sealer`]. Before the first write: `&mut self`
+    /// means the store is not shared yet.
+    pub fn set_integrity(&mut self, integrity: Integrity) {
+        let slots = self.slots.get_mut().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(
+            slots.table.used_slots(),
+            0,
+            "integrity chosen after slots were written"
+        );
+        slots.crcs = CheckTable::new(&integrity);
+        if integrity.is_sealed() && self.bounce_pool.is_none() {
+            self.bounce_pool = BouncePool::new(self.unit_bytes);
+        }
+        self.integrity = integrity;
+    }
+
+    /// A buffer for an image of `len` bytes: from the pool while it has
+    /// one, else from the heap.
+    fn take_bounce(&self, len: usize) -> Bounce<'_> {
+        Bounce::take(self.bounce_pool.as_ref(), len, self.block.mem_align_bytes())
     }
 
     /// Cuts away an overwritten file's old content before the first write
@@ -345,6 +383,45 @@ impl FileStore {
             *pending = false;
         }
         Ok(())
+    }
+
+    /// Seals the verified unit `plain` (the content of `slot`) again page
+    /// by page and writes it over the slot: what a sealed slot needs to
+    /// become paged (see [`Store::read_and_split`] on this store).
+    fn reseal_pages(
+        &self,
+        slot: SlotId,
+        gpa: u64,
+        plain: &[u8],
+    ) -> Result<PageChecksums, StoreError> {
+        let mut image = self.take_bounce(plain.len());
+        image.copy_from_slice(plain);
+        let mut sums = PageChecksums::empty(&self.integrity);
+        for (page, data) in image.chunks_exact_mut(PAGE_BYTES).enumerate() {
+            let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+            sums.set(page, self.integrity.protect(at, data)?);
+        }
+        let written = self.block.write_at(self.offset(slot), &image);
+        drop(image);
+        if let Err(e) = written {
+            let mut slots = self.slots();
+            if slots.table.is_used(slot) {
+                slots
+                    .paged
+                    .insert(slot, PageChecksums::empty(&self.integrity));
+            }
+            let used = slots.table.used_slots();
+            let cause = self.store_error(gpa, slot, used, e);
+            // Not retried: the slot's old content is gone (see the docs).
+            return Err(StoreError::Io {
+                gpa,
+                slot,
+                source: io::Error::other(format!(
+                    "re-sealing the pages of the split chunk failed, its stored content is lost: {cause}"
+                )),
+            });
+        }
+        Ok(sums)
     }
 
     /// The underlying block file (for its engine name or path).
@@ -389,15 +466,16 @@ impl FileStore {
     }
 
     /// Reads `buf` at `offset` (through a bounce buffer when it is not
-    /// aligned for O_DIRECT) and checks it against the crc32 `expected`.
+    /// aligned for O_DIRECT) and verifies it against `check` (a sealed
+    /// image is opened in place).
     fn read_verified(
         &self,
         offset: u64,
-        gpa: u64,
-        slot: SlotId,
-        expected: u32,
+        at: Place,
+        check: Check,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
+        let (gpa, slot) = (at.gpa, at.slot);
         if self.is_aligned(buf) {
             self.block
                 .read_at(offset, buf)
@@ -409,16 +487,7 @@ impl FileStore {
                 .map_err(|e| self.store_error(gpa, slot, self.used_slots(), e))?;
             buf.copy_from_slice(&bounce);
         }
-        let found = crc32fast::hash(buf);
-        if found != expected {
-            return Err(StoreError::Checksum {
-                gpa,
-                slot,
-                expected,
-                found,
-            });
-        }
-        Ok(())
+        self.integrity.verify(at, check, buf)
     }
 
     /// Maps a block error of `slot` to the store's error, keeping the file
@@ -482,7 +551,14 @@ impl Store for FileStore {
     }
 
     fn describe(&self) -> String {
-        self.description.clone()
+        match &self.integrity {
+            Integrity::Checksum => self.description.clone(),
+            sealed => format!("{} [{}]", self.description, sealed.describe()),
+        }
+    }
+
+    fn sealed(&self) -> bool {
+        self.integrity.is_sealed()
     }
 
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>> {
@@ -506,22 +582,29 @@ impl Store for FileStore {
                 }
             }
         }
-        let crcs: Vec<u32> = allocated
-            .iter()
-            .map(|&(i, _)| crc32fast::hash(requests[i].data))
-            .collect();
-        // The trait promises aligned data, so a copy is the rare exception.
-        let bounces: Vec<Option<AlignedBuf>> = allocated
+        // Sealed: every image is made in a buffer of the store's (the
+        // caller's keeps the plaintext). Otherwise the trait promises
+        // aligned data, so a copy is the rare exception.
+        let mut bounces: Vec<Option<Bounce<'_>>> = allocated
             .iter()
             .map(|&(i, _)| {
                 let data = requests[i].data;
-                (!self.is_aligned(data)).then(|| {
-                    let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
+                (self.integrity.is_sealed() || !self.is_aligned(data)).then(|| {
+                    let mut b = self.take_bounce(data.len());
                     b.copy_from_slice(data);
                     b
                 })
             })
             .collect();
+        let mut crcs: Vec<Result<Check, StoreError>> = Vec::with_capacity(allocated.len());
+        for (&(i, slot), bounce) in allocated.iter().zip(bounces.iter_mut()) {
+            let at = Place::unit(slot, requests[i].gpa);
+            crcs.push(match bounce {
+                Some(b) if self.integrity.is_sealed() => self.integrity.protect(at, b),
+                Some(b) => Ok(Check::Crc(crc32fast::hash(b))),
+                None => Ok(Check::Crc(crc32fast::hash(requests[i].data))),
+            });
+        }
         let mut ops: Vec<BlockOp<'_>> = allocated
             .iter()
             .zip(&bounces)
@@ -553,17 +636,17 @@ impl Store for FileStore {
         drop(ops);
         {
             let mut slots = self.slots();
-            for ((&(i, slot), crc), outcome) in allocated.iter().zip(&crcs).zip(outcomes) {
-                results[i] = Some(match outcome {
-                    Ok(()) => {
-                        let idx = slot.index();
-                        if slots.crcs.len() <= idx {
-                            slots.crcs.resize(idx + 1, 0);
-                        }
-                        slots.crcs[idx] = *crc;
+            for ((&(i, slot), crc), outcome) in allocated.iter().zip(crcs).zip(outcomes) {
+                results[i] = Some(match (crc, outcome) {
+                    (Ok(check), Ok(())) => {
+                        slots.crcs.set(slot.index(), check);
                         Ok(slot)
                     }
-                    Err(e) => {
+                    (Err(e), _) => {
+                        slots.table.free(slot);
+                        Err(e)
+                    }
+                    (Ok(_), Err(e)) => {
                         slots.table.free(slot);
                         let used = slots.table.used_slots();
                         Err(self.store_error(requests[i].gpa, slot, used, e))
@@ -571,6 +654,7 @@ impl Store for FileStore {
                 });
             }
         }
+        drop(bounces);
         results
             .into_iter()
             .map(|r| r.expect("every request has a result"))
@@ -581,15 +665,18 @@ impl Store for FileStore {
         if buf.len() != self.unit_bytes {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
-        let expected = {
+        let check = {
             let slots = self.slots();
             // A paged slot's unit checksum is stale: it is read by page.
             if !slots.table.is_used(slot) || slots.paged.contains_key(&slot) {
                 return Err(StoreError::BadSlot { gpa, slot });
             }
-            slots.crcs.get(slot.index()).copied().unwrap_or(0)
+            slots
+                .crcs
+                .get(slot.index())
+                .ok_or(StoreError::BadSlot { gpa, slot })?
         };
-        self.read_verified(self.offset(slot), gpa, slot, expected, buf)
+        self.read_verified(self.offset(slot), Place::unit(slot, gpa), check, buf)
     }
 
     fn free(&self, slot: SlotId) {
@@ -606,13 +693,25 @@ impl Store for FileStore {
     fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
         let mut slots = self.slots();
         let slot = slots.table.alloc().ok_or_else(|| self.full(gpa))?;
-        slots.paged.insert(slot, PageChecksums::empty());
+        slots
+            .paged
+            .insert(slot, PageChecksums::empty(&self.integrity));
         Ok(slot)
     }
 
+    /// Sealed, the unit's one tag cannot vouch for its pages one by one
+    /// (GCM authenticates the whole message): the verified content is
+    /// sealed again page by page and written back over the slot, one
+    /// 2 MiB write. That write failing leaves the slot's content neither
+    /// the unit nor its pages: the slot is kept paged with no page written
+    /// (every read of it fails, never zeros) and the error is final.
     fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.read(slot, gpa, buf)?;
-        let sums = PageChecksums::of_unit(buf);
+        let sums = if self.integrity.is_sealed() {
+            self.reseal_pages(slot, gpa, buf)?
+        } else {
+            PageChecksums::of_unit(buf)
+        };
         let mut slots = self.slots();
         if !slots.table.is_used(slot) {
             return Err(StoreError::BadSlot { gpa, slot });
@@ -622,6 +721,7 @@ impl Store for FileStore {
     }
 
     fn write_pages(&self, slot: SlotId, pages: &[PageWrite<'_>]) -> Vec<Result<(), StoreError>> {
+        let sealed = self.integrity.is_sealed();
         let paged = self.slots().paged.contains_key(&slot);
         let mut results: Vec<Option<Result<(), StoreError>>> = pages
             .iter()
@@ -635,18 +735,35 @@ impl Store for FileStore {
                 }
             })
             .collect();
-        let todo: Vec<usize> = (0..pages.len()).filter(|&i| results[i].is_none()).collect();
-        let bounces: Vec<Option<AlignedBuf>> = todo
-            .iter()
-            .map(|&i| {
-                let data = pages[i].data;
-                (!self.is_aligned(data)).then(|| {
-                    let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
-                    b.copy_from_slice(data);
-                    b
-                })
-            })
-            .collect();
+        let mut checks: Vec<Option<Check>> = vec![None; pages.len()];
+        let mut bounces: Vec<Option<AlignedBuf>> = Vec::new();
+        let mut todo: Vec<usize> = Vec::new();
+        for i in 0..pages.len() {
+            if results[i].is_some() {
+                continue;
+            }
+            let (page, data) = (&pages[i], pages[i].data);
+            let mut bounce = (sealed || !self.is_aligned(data)).then(|| {
+                let mut b = AlignedBuf::new(data.len(), self.block.mem_align_bytes());
+                b.copy_from_slice(data);
+                b
+            });
+            let check = match bounce.as_deref_mut() {
+                Some(b) if sealed => self
+                    .integrity
+                    .protect(Place::page(slot, page.page, page.gpa), b),
+                Some(b) => Ok(Check::Crc(crc32fast::hash(b))),
+                None => Ok(Check::Crc(crc32fast::hash(data))),
+            };
+            match check {
+                Ok(check) => {
+                    checks[i] = Some(check);
+                    bounces.push(bounce);
+                    todo.push(i);
+                }
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
         let mut ops: Vec<BlockOp<'_>> = todo
             .iter()
             .zip(&bounces)
@@ -678,7 +795,7 @@ impl Store for FileStore {
             results[i] = Some(match outcome {
                 Ok(()) => match slots.paged.get_mut(&slot) {
                     Some(sums) => {
-                        sums.set(page.page, crc32fast::hash(page.data));
+                        sums.set(page.page, checks[i].expect("checked before the write"));
                         Ok(())
                     }
                     None => Err(StoreError::BadSlot {
@@ -729,17 +846,10 @@ impl Store for FileStore {
             buf[..got_bytes].copy_from_slice(&bounce[..got_bytes]);
         }
         buf[got_bytes..].fill(0);
-        for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
-            if let Some(expected) = sums.get(page) {
-                let found = crc32fast::hash(data);
-                if found != expected {
-                    return Err(StoreError::Checksum {
-                        gpa: gpa + (page * PAGE_BYTES) as u64,
-                        slot,
-                        expected,
-                        found,
-                    });
-                }
+        for (page, data) in buf.chunks_exact_mut(PAGE_BYTES).enumerate() {
+            if let Some(check) = sums.get(page) {
+                let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+                self.integrity.verify(at, check, data)?;
             }
         }
         Ok(())
@@ -755,14 +865,14 @@ impl Store for FileStore {
         if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
-        let expected = self
+        let check = self
             .slots()
             .paged
             .get(&slot)
             .and_then(|sums| sums.get(page))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
         let offset = self.offset(slot) + (page * PAGE_BYTES) as u64;
-        self.read_verified(offset, gpa, slot, expected, buf)
+        self.read_verified(offset, Place::page(slot, page, gpa), check, buf)
     }
 
     fn used_slots(&self) -> u64 {

@@ -5,6 +5,11 @@
 //! only to take or place a slot's reference-counted image: compression and
 //! decompression run outside every lock, so readers and writers on different
 //! threads do not wait for each other's CPU work.
+//!
+//! Sealed ([`MemStore::set_integrity`], `--swap-encrypt`), each image is
+//! compressed first and the compressed bytes sealed: ciphertext does not
+//! compress, so the other order would keep every unit at full size. The
+//! tag and generation take the crc32's place in the entry.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::codec::Codec;
 use super::open_error::check_unit_bytes;
 use super::paged::PAGES_PER_SLOT;
+use super::seal::{Check, Integrity, Place};
 use super::slots::SlotTable;
 use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
 use std::collections::HashMap;
@@ -28,12 +34,12 @@ struct Entry {
     data: Arc<[u8]>,
     /// Whether `data` is the unit uncompressed.
     raw: bool,
-    /// crc32 of the uncompressed unit.
-    crc: u32,
+    /// crc32 of the uncompressed unit, or the seal of `data`.
+    check: Check,
 }
 
-/// A stored image taken out of its lock: data, raw flag, checksum.
-type Image = (Arc<[u8]>, bool, u32);
+/// A stored image taken out of its lock: data, raw flag, check.
+type Image = (Arc<[u8]>, bool, Check);
 
 /// Compressed units in memory; see the module docs.
 pub struct MemStore {
@@ -47,6 +53,8 @@ pub struct MemStore {
     /// own checksum.
     paged: Mutex<HashMap<SlotId, Vec<Option<Entry>>>>,
     stored_bytes: AtomicU64,
+    /// crc32 or sealing.
+    integrity: Integrity,
 }
 
 impl std::fmt::Debug for MemStore {
@@ -93,7 +101,19 @@ impl MemStore {
             shards: (0..SHARDS).map(|_| Mutex::new(Vec::new())).collect(),
             paged: Mutex::new(HashMap::new()),
             stored_bytes: AtomicU64::new(0),
+            integrity: Integrity::Checksum,
         })
+    }
+
+    /// Chooses how images are protected: crc32 (the default) or sealed.
+    /// Before the first write (`&mut self`: not shared yet).
+    pub fn set_integrity(&mut self, integrity: Integrity) {
+        assert_eq!(
+            self.table().used_slots(),
+            0,
+            "integrity chosen after slots were written"
+        );
+        self.integrity = integrity;
     }
 
     /// The compression algorithm.
@@ -128,6 +148,40 @@ impl MemStore {
         entry.data = Arc::from(image);
         entry.raw = false;
         Ok(())
+    }
+
+    /// Test aid: the stored bytes of `slot` (or of one page of a paged
+    /// slot), as the medium holds them.
+    #[cfg(test)]
+    pub(crate) fn raw_image(&self, slot: SlotId, page: Option<usize>) -> Option<Arc<[u8]>> {
+        match page {
+            None => {
+                let (shard, idx) = self.shard(slot);
+                shard.get(idx)?.as_ref().map(|e| Arc::clone(&e.data))
+            }
+            Some(p) => self.paged().get(&slot)?[p]
+                .as_ref()
+                .map(|e| Arc::clone(&e.data)),
+        }
+    }
+
+    /// Test aid: replaces the stored bytes of `slot` (or of a page),
+    /// keeping the store's record of them: what an attacker with write
+    /// access to the medium can do.
+    #[cfg(test)]
+    pub(crate) fn set_raw_image(&self, slot: SlotId, page: Option<usize>, bytes: &[u8]) {
+        match page {
+            None => {
+                let (mut shard, idx) = self.shard(slot);
+                shard[idx].as_mut().expect("slot in use").data = Arc::from(bytes);
+            }
+            Some(p) => {
+                self.paged().get_mut(&slot).expect("paged slot")[p]
+                    .as_mut()
+                    .expect("page written")
+                    .data = Arc::from(bytes)
+            }
+        }
     }
 
     fn table(&self) -> MutexGuard<'_, SlotTable> {
@@ -168,19 +222,25 @@ impl MemStore {
         }
     }
 
-    /// Compresses `data` (a unit, or a page of a paged slot) and charges
-    /// its size to the budget.
-    fn pack(&self, data: &[u8], gpa: u64, slot: SlotId) -> Result<Entry, StoreError> {
-        let crc = crc32fast::hash(data);
+    /// Compresses `data` (a unit, or a page of a paged slot, as `at`
+    /// says), seals it when sealed, and charges its size to the budget.
+    fn pack(&self, data: &[u8], at: Place) -> Result<Entry, StoreError> {
+        let (gpa, slot) = (at.gpa, at.slot);
+        let crc = (!self.integrity.is_sealed()).then(|| crc32fast::hash(data));
         let packed =
             self.codec
                 .compress(data)
                 .map_err(|source| StoreError::Io { gpa, slot, source })?;
-        let (data, raw): (Arc<[u8]>, bool) = if packed.len() < data.len() {
-            (Arc::from(packed), false)
+        let (mut bytes, raw): (Box<[u8]>, bool) = if packed.len() < data.len() {
+            (packed, false)
         } else {
-            (Arc::from(data), true)
+            (Box::from(data), true)
         };
+        let check = match crc {
+            Some(crc) => Check::Crc(crc),
+            None => self.integrity.protect(at, &mut bytes)?,
+        };
+        let data: Arc<[u8]> = Arc::from(bytes);
         let len = data.len() as u64;
         let before = self.stored_bytes.fetch_add(len, Ordering::Relaxed);
         if self
@@ -190,7 +250,7 @@ impl MemStore {
             self.stored_bytes.fetch_sub(len, Ordering::Relaxed);
             return Err(self.full(gpa));
         }
-        Ok(Entry { data, raw, crc })
+        Ok(Entry { data, raw, check })
     }
 
     /// Gives back an entry's budget.
@@ -199,14 +259,43 @@ impl MemStore {
             .fetch_sub(entry.data.len() as u64, Ordering::Relaxed);
     }
 
-    /// Decompresses an entry into `buf` (its exact length) and verifies it.
+    /// Decompresses an entry into `buf` (its exact length) and verifies it
+    /// (sealed: opens it first, then decompresses what it vouched for).
     fn unpack(
         &self,
-        (data, raw, expected): Image,
-        gpa: u64,
-        slot: SlotId,
+        (data, raw, check): Image,
+        at: Place,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
+        let (gpa, slot) = (at.gpa, at.slot);
+        let expected = match check {
+            Check::Crc(crc) => crc,
+            Check::Sealed(_) if raw => {
+                if data.len() != buf.len() {
+                    return Err(Self::wrong_length(gpa, slot, data.len(), buf.len()));
+                }
+                buf.copy_from_slice(&data);
+                return self.integrity.verify(at, check, buf);
+            }
+            Check::Sealed(_) => {
+                // The shared image stays sealed: open a copy of it.
+                let mut opened = data.to_vec();
+                self.integrity.verify(at, check, &mut opened)?;
+                let got = self
+                    .codec
+                    .decompress_into(&opened, buf)
+                    .map_err(|source| StoreError::Io { gpa, slot, source })?;
+                if got != buf.len() {
+                    return Err(StoreError::ShortRead {
+                        gpa,
+                        slot,
+                        got_bytes: got,
+                        want_bytes: buf.len(),
+                    });
+                }
+                return Ok(());
+            }
+        };
         if raw {
             buf.copy_from_slice(&data);
         } else {
@@ -245,10 +334,16 @@ impl MemStore {
                 self.unit_bytes,
             ));
         }
-        let entry = self.pack(req.data, req.gpa, SlotId::new(0))?;
+        // The slot first: a sealed image is bound to it.
         let Some(slot) = self.table().alloc() else {
-            self.unpack_budget(&entry);
             return Err(self.full(req.gpa));
+        };
+        let entry = match self.pack(req.data, Place::unit(slot, req.gpa)) {
+            Ok(entry) => entry,
+            Err(e) => {
+                self.table().free(slot);
+                return Err(e);
+            }
         };
         let (mut shard, idx) = self.shard(slot);
         if shard.len() <= idx {
@@ -269,10 +364,18 @@ impl Store for MemStore {
     }
 
     fn describe(&self) -> String {
-        match self.budget_bytes {
+        let plain = match self.budget_bytes {
             Some(b) => format!("mem:{} (budget {} MiB)", self.codec, b >> 20),
             None => format!("mem:{}", self.codec),
+        };
+        match &self.integrity {
+            Integrity::Checksum => plain,
+            sealed => format!("{plain} [{}]", sealed.describe()),
         }
+    }
+
+    fn sealed(&self) -> bool {
+        self.integrity.is_sealed()
     }
 
     /// Compresses the batch on the calling thread, one unit after another.
@@ -284,14 +387,14 @@ impl Store for MemStore {
         let image = {
             let (shard, idx) = self.shard(slot);
             match shard.get(idx).and_then(Option::as_ref) {
-                Some(e) => (Arc::clone(&e.data), e.raw, e.crc),
+                Some(e) => (Arc::clone(&e.data), e.raw, e.check),
                 None => return Err(StoreError::BadSlot { gpa, slot }),
             }
         };
         if buf.len() != self.unit_bytes {
             return Err(Self::wrong_length(gpa, slot, buf.len(), self.unit_bytes));
         }
-        self.unpack(image, gpa, slot, buf)
+        self.unpack(image, Place::unit(slot, gpa), buf)
     }
 
     fn supports_pages(&self) -> bool {
@@ -311,7 +414,10 @@ impl Store for MemStore {
         self.read(slot, gpa, buf)?;
         let mut pages = Vec::with_capacity(PAGES_PER_SLOT);
         for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
-            match self.pack(data, gpa + (page * PAGE_BYTES) as u64, slot) {
+            match self.pack(
+                data,
+                Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64),
+            ) {
                 Ok(entry) => pages.push(Some(entry)),
                 Err(e) => {
                     pages.iter().flatten().for_each(|e| self.unpack_budget(e));
@@ -340,7 +446,7 @@ impl Store for MemStore {
                 if !self.paged().contains_key(&slot) {
                     return Err(StoreError::BadSlot { gpa: p.gpa, slot });
                 }
-                let entry = self.pack(p.data, p.gpa, slot)?;
+                let entry = self.pack(p.data, Place::page(slot, p.page, p.gpa))?;
                 let mut paged = self.paged();
                 match paged.get_mut(&slot) {
                     Some(pages) => {
@@ -367,7 +473,7 @@ impl Store for MemStore {
             .get(&slot)
             .ok_or(StoreError::BadSlot { gpa, slot })?
             .iter()
-            .map(|e| e.as_ref().map(|e| (Arc::clone(&e.data), e.raw, e.crc)))
+            .map(|e| e.as_ref().map(|e| (Arc::clone(&e.data), e.raw, e.check)))
             .collect();
         for (page, (image, data)) in images
             .into_iter()
@@ -375,7 +481,8 @@ impl Store for MemStore {
             .enumerate()
         {
             if let Some(image) = image {
-                self.unpack(image, gpa + (page * PAGE_BYTES) as u64, slot, data)?;
+                let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+                self.unpack(image, at, data)?;
             }
         }
         Ok(())
@@ -395,9 +502,9 @@ impl Store for MemStore {
             .paged()
             .get(&slot)
             .and_then(|pages| pages[page].as_ref())
-            .map(|e| (Arc::clone(&e.data), e.raw, e.crc))
+            .map(|e| (Arc::clone(&e.data), e.raw, e.check))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
-        self.unpack(image, gpa, slot, buf)
+        self.unpack(image, Place::page(slot, page, gpa), buf)
     }
 
     fn free(&self, slot: SlotId) {
@@ -444,6 +551,15 @@ impl Store for MemStore {
                 ))
             }
         };
+        if self.integrity.is_sealed() {
+            // Sealed bytes: flip one of them (flipping it again undoes it,
+            // which the faulty store's transient corruption relies on).
+            let mut sealed = entry.data.to_vec();
+            let at = sealed.len() / 2;
+            sealed[at] ^= 0x5a;
+            entry.data = Arc::from(sealed);
+            return Ok(());
+        }
         let mut unit = vec![0u8; unit_bytes];
         if entry.raw {
             unit.copy_from_slice(&entry.data);

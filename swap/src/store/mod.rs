@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+mod bounce;
 mod capacity;
 pub mod codec;
 pub mod faulty;
@@ -11,6 +12,9 @@ pub mod mem;
 mod open_error;
 pub mod paged;
 pub mod retry;
+pub mod seal;
+#[cfg(test)]
+mod seal_tests;
 mod slots;
 pub mod spec;
 #[cfg(test)]
@@ -23,6 +27,7 @@ pub use file::{FileOptions, FileStore};
 pub use mem::MemStore;
 pub use open_error::StoreOpenError;
 pub use retry::{RetryPolicy, RetryingStore, StoreReport};
+pub use seal::{Integrity, SealKeyError, Sealer};
 pub use spec::{StoreSpec, StoreSpecError};
 
 /// A store slot number. Slots are reused after [`Store::free`].
@@ -136,6 +141,19 @@ pub enum StoreError {
         expected: u32,
         /// Checksum of what was read.
         found: u32,
+    },
+    /// A sealed image (`--swap-encrypt`) failed to open: it is not the
+    /// image this store sealed for that slot, address and write generation
+    /// (a bit changed, a slot copied over another, an older image written
+    /// back). It was not decrypted into the guest.
+    #[error("swap store authentication failed on chunk at guest address {gpa:#x} (slot {slot}, write generation {generation}): the stored image is not the one sealed there (changed, copied from another slot, or an older image written back); nothing of it reaches the guest")]
+    Authentication {
+        /// Guest address of the unit (or page).
+        gpa: u64,
+        /// Slot involved.
+        slot: SlotId,
+        /// The generation the store expected.
+        generation: u64,
     },
     /// No free slot for the unit: the store's own capacity is used up (a
     /// full filesystem is [`StoreError::FilesystemFull`]).
@@ -261,6 +279,12 @@ pub trait Store: Send + Sync {
             std::io::ErrorKind::Unsupported,
             format!("{} cannot corrupt slot {slot} for tests", self.describe()),
         ))
+    }
+    /// Whether the store seals what it keeps (`--swap-encrypt`): encrypted
+    /// and authenticated per integrity unit instead of a crc32
+    /// ([`seal`]). Wrappers answer for their inner store.
+    fn sealed(&self) -> bool {
+        false
     }
     /// What the wrappers of this store did so far (retries, injected
     /// faults), their inner store's counts included; stores that wrap

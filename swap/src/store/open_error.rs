@@ -45,6 +45,12 @@ pub enum StoreOpenError {
         /// What it is, e.g. `directory`.
         what: &'static str,
     },
+    /// `--swap-encrypt` was asked for a store kind that does not seal.
+    #[error("swap store {store} cannot seal what it keeps, so --swap-encrypt cannot be used with it; use a file:, default or mem: store")]
+    CannotSeal {
+        /// The store's description.
+        store: String,
+    },
     /// The store's file is locked by another user.
     #[error(transparent)]
     Lock(#[from] LockError),

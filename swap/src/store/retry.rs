@@ -12,6 +12,10 @@
 //!   medium does not. A second mismatch is returned and is fatal. The
 //!   buffer is never handed on with anything but the verified bytes, and
 //!   nothing is ever replaced by zeros.
+//! - **An authentication failure** of a sealed image (`--swap-encrypt`) is
+//!   treated the same way, counted apart: re-read once (the damage may
+//!   have been on the way), then fatal, naming the guest address; a
+//!   tampered image opens on no re-read.
 //! - **Everything else** (a full store or filesystem, a slot that is not
 //!   allocated, an error without an errno that says it may pass) is
 //!   returned at once: retrying cannot change it.
@@ -80,6 +84,15 @@ pub struct StoreReport {
     pub checksum_recovered: u64,
     /// Of those, the re-read failed its checksum too (fatal).
     pub checksum_fatal: u64,
+    /// Sealed images that failed to open (authentication), read again.
+    pub auth_rereads: u64,
+    /// Of those, the re-read opened.
+    pub auth_recovered: u64,
+    /// Of those, the re-read failed too (fatal).
+    pub auth_fatal: u64,
+    /// Whether the store seals what it keeps (`--swap-encrypt`), so that
+    /// the stats say so.
+    pub sealed: bool,
     /// Transient `EIO`s a `faulty:` test store injected.
     pub injected_transient_errors: u64,
     /// Transient checksum failures a `faulty:` test store injected.
@@ -100,6 +113,10 @@ impl StoreReport {
             checksum_rereads: self.checksum_rereads + other.checksum_rereads,
             checksum_recovered: self.checksum_recovered + other.checksum_recovered,
             checksum_fatal: self.checksum_fatal + other.checksum_fatal,
+            auth_rereads: self.auth_rereads + other.auth_rereads,
+            auth_recovered: self.auth_recovered + other.auth_recovered,
+            auth_fatal: self.auth_fatal + other.auth_fatal,
+            sealed: self.sealed || other.sealed,
             injected_transient_errors: self.injected_transient_errors
                 + other.injected_transient_errors,
             injected_transient_corruptions: self.injected_transient_corruptions
@@ -116,6 +133,7 @@ pub fn is_transient(error: &StoreError) -> bool {
         StoreError::Io { source, .. } => io_is_transient(source),
         StoreError::ShortRead { .. } => true,
         StoreError::Checksum { .. }
+        | StoreError::Authentication { .. }
         | StoreError::Full { .. }
         | StoreError::FilesystemFull { .. }
         | StoreError::BadSlot { .. } => false,
@@ -150,6 +168,9 @@ struct Counters {
     checksum_rereads: AtomicU64,
     checksum_recovered: AtomicU64,
     checksum_fatal: AtomicU64,
+    auth_rereads: AtomicU64,
+    auth_recovered: AtomicU64,
+    auth_fatal: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -197,6 +218,7 @@ impl RetryingStore {
     ) -> Result<(), StoreError> {
         let mut retry = 0u32;
         let mut reread = false;
+        let mut auth_reread = false;
         loop {
             let error = match op() {
                 Ok(()) => {
@@ -205,6 +227,9 @@ impl RetryingStore {
                     }
                     if reread {
                         bump(&self.counters.checksum_recovered);
+                    }
+                    if auth_reread {
+                        bump(&self.counters.auth_recovered);
                     }
                     return Ok(());
                 }
@@ -218,6 +243,16 @@ impl RetryingStore {
                 }
                 reread = true;
                 bump(&self.counters.checksum_rereads);
+                continue;
+            }
+            if matches!(error, StoreError::Authentication { .. }) {
+                if auth_reread {
+                    bump(&self.counters.auth_fatal);
+                    log::warn!("swap store: {what} failed authentication twice: {error}");
+                    return Err(error);
+                }
+                auth_reread = true;
+                bump(&self.counters.auth_rereads);
                 continue;
             }
             if !is_transient(&error) {
@@ -393,6 +428,10 @@ impl Store for RetryingStore {
         self.inner.corrupt_slot(slot)
     }
 
+    fn sealed(&self) -> bool {
+        self.inner.sealed()
+    }
+
     fn report(&self) -> StoreReport {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let c = &self.counters;
@@ -404,6 +443,10 @@ impl Store for RetryingStore {
             checksum_rereads: get(&c.checksum_rereads),
             checksum_recovered: get(&c.checksum_recovered),
             checksum_fatal: get(&c.checksum_fatal),
+            auth_rereads: get(&c.auth_rereads),
+            auth_recovered: get(&c.auth_recovered),
+            auth_fatal: get(&c.auth_fatal),
+            sealed: self.inner.sealed(),
             ..StoreReport::default()
         }
         .plus(self.inner.report())

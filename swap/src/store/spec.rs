@@ -31,6 +31,14 @@
 //! Every store opened here is wrapped in a [`RetryingStore`] with the
 //! default [`RetryPolicy`] (see [`super::retry`]).
 //!
+//! [`StoreSpec::open_with`] opens it sealed (`--swap-encrypt`): every kind
+//! that keeps data takes the [`Integrity`] where it would take a checksum
+//! (file stores on any [`blockio::BlockFile`] transport through
+//! [`FileStore::set_integrity`], memory stores through
+//! [`MemStore::set_integrity`]), and a store that comes out unsealed when
+//! sealing was asked for is refused ([`StoreOpenError::CannotSeal`]), so a
+//! new kind that forgets it cannot run in the clear by mistake.
+//!
 //! SIZE is a number of bytes with an optional `K`, `M`, `G` or `T` suffix
 //! (powers of 1024; `KiB`/`KB` spellings accepted).
 
@@ -44,6 +52,7 @@ use super::faulty::{Faults, FaultyStore};
 use super::file::{FileOptions, FileStore};
 use super::mem::MemStore;
 use super::retry::{RetryPolicy, RetryingStore};
+use super::seal::Integrity;
 use super::{CapacityNeed, SharedStore, StoreOpenError};
 use blockio::BlockOptions;
 
@@ -109,16 +118,33 @@ impl StoreSpec {
         unit_bytes: usize,
         default_capacity_bytes: u64,
     ) -> Result<SharedStore, StoreOpenError> {
-        let store = self.open_bare(unit_bytes, default_capacity_bytes)?;
+        self.open_with(unit_bytes, default_capacity_bytes, &Integrity::Checksum)
+    }
+
+    /// [`StoreSpec::open`] with the images protected by `integrity`: a
+    /// crc32 each, or sealed (`--swap-encrypt`).
+    pub fn open_with(
+        &self,
+        unit_bytes: usize,
+        default_capacity_bytes: u64,
+        integrity: &Integrity,
+    ) -> Result<SharedStore, StoreOpenError> {
+        let store = self.open_bare(unit_bytes, default_capacity_bytes, integrity)?;
+        if store.sealed() != integrity.is_sealed() {
+            return Err(StoreOpenError::CannotSeal {
+                store: store.describe(),
+            });
+        }
         Ok(Arc::new(RetryingStore::new(store, RetryPolicy::default())))
     }
 
-    /// [`StoreSpec::open`] without the retry policy, which wraps the whole
-    /// store once (a `faulty:` store's faults are then retried too).
+    /// [`StoreSpec::open_with`] without the retry policy, which wraps the
+    /// whole store once (a `faulty:` store's faults are then retried too).
     fn open_bare(
         &self,
         unit_bytes: usize,
         default_capacity_bytes: u64,
+        integrity: &Integrity,
     ) -> Result<SharedStore, StoreOpenError> {
         Ok(match self {
             StoreSpec::Default | StoreSpec::DefaultReserved => {
@@ -129,6 +155,7 @@ impl StoreSpec {
                 if *self == StoreSpec::DefaultReserved {
                     store.reserve_capacity()?;
                 }
+                store.set_integrity(integrity.clone());
                 Arc::new(store)
             }
             StoreSpec::File {
@@ -149,14 +176,17 @@ impl StoreSpec {
                 if *reserve {
                     store.reserve_capacity()?;
                 }
+                store.set_integrity(integrity.clone());
                 Arc::new(store)
             }
             StoreSpec::Mem { codec, size_bytes } => {
                 let slots = (default_capacity_bytes / unit_bytes.max(1) as u64).max(1);
-                Arc::new(MemStore::new(*codec, unit_bytes, slots, *size_bytes)?)
+                let mut store = MemStore::new(*codec, unit_bytes, slots, *size_bytes)?;
+                store.set_integrity(integrity.clone());
+                Arc::new(store)
             }
             StoreSpec::Faulty { faults, inner } => Arc::new(FaultyStore::new(
-                inner.open_bare(unit_bytes, default_capacity_bytes)?,
+                inner.open_bare(unit_bytes, default_capacity_bytes, integrity)?,
                 *faults,
             )),
         })

@@ -195,28 +195,32 @@ pub(crate) fn check_paged(store: &dyn Store) {
     );
     assert!(results.into_iter().all(|r| r.is_ok()));
     let mut page = AlignedBuf::new(PAGE_BYTES, 4096);
-    store.read_page(slot, 3, GPA, &mut page).unwrap();
+    // A page is named by its own guest address (a sealed store binds it).
+    let page_gpa = |p: usize| GPA + (p * PAGE_BYTES) as u64;
+    store.read_page(slot, 3, page_gpa(3), &mut page).unwrap();
     assert_eq!(&page[..], &new_page[..]);
-    store.read_page(slot, 4, GPA, &mut page).unwrap();
+    store.read_page(slot, 4, page_gpa(4), &mut page).unwrap();
     assert_eq!(&page[..], &image[4 * PAGE_BYTES..5 * PAGE_BYTES]);
     store.read_paged_unit(slot, GPA, &mut whole).unwrap();
     assert_eq!(&whole[3 * PAGE_BYTES..4 * PAGE_BYTES], &new_page[..]);
     assert_eq!(&whole[5 * PAGE_BYTES..], &image[5 * PAGE_BYTES..]);
     // A fresh paged slot: only written pages can be read.
     let fresh = store.allocate_paged(GPA).unwrap();
-    assert!(store.read_page(fresh, 0, GPA, &mut page).is_err());
+    assert!(store.read_page(fresh, 0, page_gpa(0), &mut page).is_err());
     assert!(store
         .write_pages(
             fresh,
             &[PageWrite {
                 page: 511,
-                gpa: GPA,
+                gpa: page_gpa(511),
                 data: &new_page,
             }],
         )
         .into_iter()
         .all(|r| r.is_ok()));
-    store.read_page(fresh, 511, GPA, &mut page).unwrap();
+    store
+        .read_page(fresh, 511, page_gpa(511), &mut page)
+        .unwrap();
     assert_eq!(&page[..], &new_page[..]);
     store.read_paged_unit(fresh, GPA, &mut whole).unwrap();
     assert_eq!(&whole[511 * PAGE_BYTES..], &new_page[..]);
@@ -240,7 +244,7 @@ pub(crate) fn check_paged(store: &dyn Store) {
     // Damage is found, naming a page of the chunk.
     if store.corrupt_slot(fresh).is_ok() {
         match store.read_paged_unit(fresh, GPA, &mut whole) {
-            Err(StoreError::Checksum { gpa, .. }) => {
+            Err(StoreError::Checksum { gpa, .. } | StoreError::Authentication { gpa, .. }) => {
                 assert!((GPA..GPA + unit as u64).contains(&gpa), "{gpa:#x}")
             }
             other => panic!("expected a checksum error, got {other:?}"),

@@ -396,7 +396,7 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
     let by_kind = |e: &mut DescriptorEncoder,
                    name: &str,
                    help: &str,
-                   values: [(&str, u64); 2]|
+                   values: [(&str, u64); 3]|
      -> std::fmt::Result {
         let mut metric = e.encode_descriptor(name, help, None, MetricType::Counter)?;
         for (kind, n) in values {
@@ -409,8 +409,12 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
     by_kind(
         e,
         "swap_store_retries",
-        "Store operations attempted again: after a transient error (with backoff), or re-read after a checksum mismatch.",
-        [("transient", r.retries), ("checksum", r.checksum_rereads)],
+        "Store operations attempted again: after a transient error (with backoff), or re-read after a checksum mismatch or a sealed image that failed authentication (--swap-encrypt).",
+        [
+            ("transient", r.retries),
+            ("checksum", r.checksum_rereads),
+            ("authentication", r.auth_rereads),
+        ],
     )?;
     by_kind(
         e,
@@ -419,13 +423,18 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
         [
             ("transient", r.recovered),
             ("checksum", r.checksum_recovered),
+            ("authentication", r.auth_recovered),
         ],
     )?;
     by_kind(
         e,
         "swap_store_fatal",
-        "Store operations given up (fatal for the VM): transient errors past the last retry, or a second checksum mismatch.",
-        [("transient", r.exhausted), ("checksum", r.checksum_fatal)],
+        "Store operations given up (fatal for the VM): transient errors past the last retry, a second checksum mismatch, or a second authentication failure.",
+        [
+            ("transient", r.exhausted),
+            ("checksum", r.checksum_fatal),
+            ("authentication", r.auth_fatal),
+        ],
     )
 }
 
