@@ -444,14 +444,7 @@ mod disks {
     use serde::{de, Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &[DiskSpec], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(v.iter().map(|d| {
-            let path = d.path.display().to_string();
-            if d.readonly {
-                path + ",readonly"
-            } else {
-                path
-            }
-        }))
+        s.collect_seq(v.iter().map(|d| d.to_string()))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<DiskSpec>, D::Error> {

@@ -189,6 +189,13 @@ pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
 pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let (layout, ranges, image, kind) = check_config(&config)?;
     crate::seccomp::init(config.seccomp)?;
+    if crate::seccomp::enabled() {
+        // Before any store or disk is opened: their NBD reader threads
+        // install the filter of their kind first thing.
+        blockio::nbd::set_reader_thread_setup(|| {
+            crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Nbd)
+        });
+    }
 
     if let Some(swap) = &config.swap {
         for warning in crate::host_check::check_swap_host(config.backing, &swap.store)? {

@@ -107,7 +107,11 @@ impl Outcome {
 impl Block {
     /// Opens the image named by `spec`.
     pub fn open(spec: &DiskSpec) -> Result<Block, DiskError> {
-        Ok(Block::new(Disk::open(&spec.path, spec.readonly)?))
+        let disk = match &spec.nbd {
+            Some(nbd) => Disk::open_nbd(nbd, spec.readonly)?,
+            None => Disk::open(&spec.path, spec.readonly)?,
+        };
+        Ok(Block::new(disk))
     }
 
     /// A device over an open disk.
