@@ -85,6 +85,17 @@ pub fn set_reader_thread_setup(setup: impl Fn() + Send + Sync + 'static) -> bool
     READER_SETUP.set(Box::new(setup)).is_ok()
 }
 
+/// Clients of this process whose connection is down and being retried.
+static DISCONNECTED_CLIENTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many NBD clients of this process are reconnecting right now: their
+/// callers are blocked until the server is back or the bound passes. The
+/// VMM's end of a run asks, so that it does not join threads that wait on
+/// a server that may never come back (a SIGTERM must still end the VM).
+pub fn clients_reconnecting() -> u64 {
+    DISCONNECTED_CLIENTS.load(Ordering::Relaxed)
+}
+
 /// The outcome of one request.
 #[derive(Clone, Debug)]
 pub(crate) enum Outcome {
@@ -140,6 +151,11 @@ struct State {
 /// The sending side: the current socket and its generation.
 struct Tx {
     stream: Option<Stream>,
+    /// Cleared by a sender whose write failed. The socket itself is only
+    /// dropped by the reader thread (or the client's drop): closing a
+    /// descriptor in a debug build makes std check it with `fcntl`, which
+    /// the submitting threads' seccomp filters do not allow.
+    usable: bool,
     generation: u64,
 }
 
@@ -196,6 +212,7 @@ impl NbdClient {
             reconnect_timeout,
             tx: Mutex::new(Tx {
                 stream: Some(stream),
+                usable: true,
                 generation: 1,
             }),
             state: Mutex::new(State {
@@ -327,6 +344,9 @@ impl Shared {
         for &cookie in cookies {
             let mut tx = lock(&self.tx);
             let generation = tx.generation;
+            if !tx.usable {
+                return;
+            }
             let Some(stream) = tx.stream.as_mut() else {
                 return;
             };
@@ -363,7 +383,7 @@ impl Shared {
                     self.uri
                 );
                 stream.shutdown();
-                tx.stream = None;
+                tx.usable = false;
                 return;
             }
         }
@@ -389,12 +409,16 @@ impl Shared {
             );
             {
                 let mut tx = lock(&self.tx);
+                tx.usable = false;
                 if let Some(s) = tx.stream.take() {
                     s.shutdown();
                 }
             }
             lock(&self.state).generation = 0;
-            match self.reconnect(&error) {
+            DISCONNECTED_CLIENTS.fetch_add(1, Ordering::Relaxed);
+            let reconnected = self.reconnect(&error);
+            DISCONNECTED_CLIENTS.fetch_sub(1, Ordering::Relaxed);
+            match reconnected {
                 Some(new_stream) => {
                     generation += 1;
                     stream = new_stream;
@@ -411,6 +435,7 @@ impl Shared {
             {
                 let mut tx = lock(&self.tx);
                 tx.stream = Some(sender);
+                tx.usable = true;
                 tx.generation = generation;
             }
             lock(&self.state).generation = generation;

@@ -24,7 +24,7 @@ mod conn;
 mod handshake;
 mod uri;
 
-pub use conn::{set_reader_thread_setup, NbdClient};
+pub use conn::{clients_reconnecting, set_reader_thread_setup, NbdClient};
 pub use handshake::ExportInfo;
 pub use uri::{NbdAddress, NbdUri, NbdUriError, DEFAULT_PORT, NBD_URI_FORMS};
 
