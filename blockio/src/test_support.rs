@@ -258,16 +258,14 @@ impl NbdServer {
         // fails the test with its own messages after a generous wait.
         let started = std::time::Instant::now();
         loop {
-            let ready = if self.socket.as_os_str().is_empty() {
-                let port = self
-                    .uri
-                    .rsplit(':')
-                    .next()
-                    .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok());
-                port.is_some_and(|p| std::net::TcpStream::connect(("127.0.0.1", p)).is_ok())
-            } else {
-                std::os::unix::net::UnixStream::connect(&self.socket).is_ok()
-            };
+            // A whole handshake, not just a connect: a server that accepts
+            // before it can serve (qemu-nbd resets such early connections)
+            // is not ready yet.
+            let uri: crate::nbd::NbdUri = self.uri.parse().expect("our own URI parses");
+            let ready = uri
+                .resolve()
+                .ok()
+                .is_some_and(|addrs| crate::nbd::handshake::connect(&uri, &addrs).is_ok());
             if ready {
                 return;
             }

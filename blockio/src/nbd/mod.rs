@@ -21,7 +21,7 @@
 //! virtio-blk disk on NBD is write-through for the same reason.
 
 mod conn;
-mod handshake;
+pub(crate) mod handshake;
 mod uri;
 
 pub use conn::{clients_reconnecting, set_reader_thread_setup, NbdClient};

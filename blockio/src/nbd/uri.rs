@@ -64,8 +64,8 @@ impl NbdUri {
     /// The socket addresses to try, resolved now. Resolution opens files
     /// (`/etc/hosts`, `/etc/resolv.conf`), which no thread may do once the
     /// VM runs under seccomp, so the client resolves once at open and
-    /// reconnects to what it found then.
-    pub(crate) fn resolve(&self) -> std::io::Result<Vec<SocketAddr>> {
+    /// reconnects to what it found then. (Empty for a Unix socket.)
+    pub fn resolve(&self) -> std::io::Result<Vec<SocketAddr>> {
         match &self.address {
             NbdAddress::Tcp { host, port } => {
                 Ok((host.as_str(), *port).to_socket_addrs()?.collect())
