@@ -12,6 +12,8 @@
 //! - `fault-latency`: the distribution of fault service time per source
 //!   against the floor measured in the same run (seed 004: worst case, not
 //!   only the average).
+//! - `nbd`: seqwrite on an NBD store over loopback against fio's nbd
+//!   engine on the same server, same request size and queue depth.
 //!
 //! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
 //! figures come from its `--stats-json`, exactly what a user would get, and
@@ -28,6 +30,7 @@ mod hist;
 mod host_pageout;
 mod interrupt;
 mod limits;
+mod nbd;
 mod pageout;
 mod plots;
 mod progress;
@@ -54,6 +57,8 @@ pub enum Suite {
     FaultLatency,
     /// Disk, memcpy and codec ceilings of this machine.
     Limits,
+    /// seqwrite on an NBD store over loopback vs fio's nbd engine on the same server.
+    Nbd,
     /// All of the above (limits first).
     All,
 }
@@ -65,6 +70,7 @@ impl Suite {
             Suite::Pageout => "pageout",
             Suite::FaultLatency => "fault-latency",
             Suite::Limits => "limits",
+            Suite::Nbd => "nbd",
             Suite::All => "all",
         }
     }
@@ -266,6 +272,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::SwapWSeq,
             Suite::Pageout,
             Suite::FaultLatency,
+            Suite::Nbd,
         ],
         one => vec![one],
     };
@@ -280,6 +287,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::SwapWSeq => swap_w_seq::run(&mut ctx),
             Suite::Pageout => pageout::run(&mut ctx),
             Suite::FaultLatency => fault_latency::run(&mut ctx),
+            Suite::Nbd => nbd::run(&mut ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = result {
