@@ -321,7 +321,11 @@ fn negotiate(s: &mut Stream, export: &str) -> Result<ExportInfo, AttemptError> {
             r if r & REP_FLAG_ERROR != 0 => {
                 let text = String::from_utf8_lossy(&payload).into_owned();
                 let _ = send_option(s, OPT_ABORT, &[]);
-                return Err(AttemptError::protocol(option_error(r, export, &text)));
+                // A server shutting down (a restart under way) may take
+                // the next connection; any other refusal stays.
+                let mut error = AttemptError::protocol(option_error(r, export, &text));
+                error.retryable = r == REP_FLAG_ERROR | 7;
+                return Err(error);
             }
             r => {
                 return Err(AttemptError::protocol(format!(

@@ -245,6 +245,11 @@ impl Disk {
         })
     }
 
+    /// The export's name, when the disk is an NBD export.
+    pub fn nbd_export(&self) -> Option<&str> {
+        self.buffered.nbd().map(|c| c.uri().export.as_str())
+    }
+
     /// The image path (the URI of an NBD export).
     pub fn path(&self) -> &Path {
         &self.path
