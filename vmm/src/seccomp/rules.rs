@@ -336,14 +336,10 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         );
         // ioctl(FIONBIO) only: std switches a connecting socket to and
         // from non-blocking with it.
-        let fionbio = SeccompCondition::new(
-            1,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::Eq,
-            libc::FIONBIO as u64,
-        )
-        .and_then(|c| SeccompRule::new(vec![c]))
-        .expect("a one-condition rule on argument 1 is valid");
+        let fionbio =
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONBIO)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .expect("a one-condition rule on argument 1 is valid");
         rules.insert(sys::ioctl, vec![fionbio]);
     }
     if kind == ThreadKind::Control {
