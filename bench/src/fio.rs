@@ -47,52 +47,87 @@ pub fn unavailable() -> Option<String> {
     }
 }
 
-/// The mixed 2 MiB pattern on a file of `file_bytes` in `dir` for
-/// `seconds` (the file is laid out first, outside the timed part, and
-/// removed after).
-pub fn mixed_2m_on_file(dir: &Path, file_bytes: u64, seconds: u64) -> Result<FioRate> {
-    let file = Scratch(dir.join(format!("hugevmm-bench-fio-{}.img", std::process::id())));
-    let filename = format!("--filename={}", file.0.display());
-    let size = format!("--size={file_bytes}");
-    run_mixed_2m(
-        &["--ioengine=io_uring", "--direct=1", &filename, &size],
-        seconds,
-    )
+/// What a fio run does: write the target once (sequentially, laying out
+/// data so that later reads read data, not holes), or the mixed pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// Sequential 2 MiB writes over the whole size, once.
+    Fill,
+    /// 2 MiB random reads and writes, half each.
+    Mixed,
 }
 
-/// The same pattern through `extra` (the engine and target arguments,
-/// e.g. `--ioengine=nbd --uri=...`).
-pub fn run_mixed_2m(extra: &[&str], seconds: u64) -> Result<FioRate> {
-    let iodepth = format!("--iodepth={QUEUE_DEPTH}");
-    let runtime = format!("--runtime={seconds}");
+/// One fio run: its rates and the command, for the report.
+#[derive(Debug, Clone)]
+pub struct FioRun {
+    /// What it moved.
+    pub rate: FioRate,
+    /// The command line, as a user would type it.
+    pub command: String,
+}
+
+/// Runs fio on `target` (the engine and where: `--ioengine=nbd
+/// --uri=...`, or `--ioengine=io_uring --direct=1 --filename=...`) over
+/// `size` bytes (fio's size syntax), for `seconds` when given (else once
+/// over the size).
+pub fn run(
+    target: &[String],
+    pattern: Pattern,
+    size: &str,
+    seconds: Option<u64>,
+) -> Result<FioRun> {
+    let mut args = vec![
+        "--name=hugevmm-2m".to_string(),
+        "--bs=2M".into(),
+        format!("--iodepth={QUEUE_DEPTH}"),
+        "--numjobs=1".into(),
+        format!("--size={size}"),
+        "--output-format=json".into(),
+    ];
+    match pattern {
+        Pattern::Fill => args.push("--rw=write".into()),
+        Pattern::Mixed => {
+            args.push("--rw=randrw".into());
+            args.push("--rwmixread=50".into());
+        }
+    }
+    if let Some(s) = seconds {
+        args.push("--time_based".into());
+        args.push(format!("--runtime={s}"));
+    }
+    args.extend(target.iter().cloned());
+    let command = format!("fio {}", args.join(" "));
     let out = Command::new("fio")
-        .args([
-            "--name=hugevmm-mixed-2m",
-            "--rw=randrw",
-            "--rwmixread=50",
-            "--bs=2M",
-            &iodepth,
-            "--numjobs=1",
-            "--time_based",
-            &runtime,
-            // The file is laid out before the clock starts; its first
-            // writes would otherwise be allocation, not the store's steady
-            // state.
-            "--fallocate=native",
-            "--output-format=json",
-        ])
-        .args(extra)
+        .args(&args)
         .output()
         .context("running fio")?;
     if !out.status.success() {
         bail!(
-            "fio {} failed ({}): {}",
-            extra.join(" "),
+            "{command} failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    parse(&out.stdout)
+    Ok(FioRun {
+        rate: parse(&out.stdout)?,
+        command,
+    })
+}
+
+/// The mixed pattern on a file of `file_bytes` in `dir` for `seconds`:
+/// the file is written once first (outside the measurement: a store's
+/// slots hold data once it swaps, and first writes to a file's unwritten
+/// extents cost the filesystem more) and removed after.
+pub fn mixed_2m_on_file(dir: &Path, file_bytes: u64, seconds: u64) -> Result<FioRun> {
+    let file = Scratch(dir.join(format!("hugevmm-bench-fio-{}.img", std::process::id())));
+    let target = [
+        "--ioengine=io_uring".to_string(),
+        "--direct=1".into(),
+        format!("--filename={}", file.0.display()),
+    ];
+    let size = file_bytes.to_string();
+    run(&target, Pattern::Fill, &size, None).context("writing fio's file once")?;
+    run(&target, Pattern::Mixed, &size, Some(seconds))
 }
 
 /// The rates of fio's JSON output (its first job).
@@ -149,7 +184,7 @@ mod tests {
             return;
         }
         let dir = std::env::temp_dir();
-        let r = mixed_2m_on_file(&dir, 64 << 20, 1).unwrap();
+        let r = mixed_2m_on_file(&dir, 64 << 20, 1).unwrap().rate;
         assert!(
             r.read_bytes_per_s > 0.0 && r.write_bytes_per_s > 0.0,
             "{r:?}"

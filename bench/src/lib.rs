@@ -14,6 +14,8 @@
 //!   only the average).
 //! - `encryption`: seqwrite on the file store with `--swap-encrypt` on and
 //!   off, interleaved, beside the cipher's own throughput.
+//! - `nbd`: seqwrite on an NBD store over loopback against fio's nbd
+//!   engine on the same server, same request size and queue depth.
 //!
 //! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
 //! figures come from its `--stats-json`, exactly what a user would get, and
@@ -32,6 +34,7 @@ mod hist;
 mod host_pageout;
 mod interrupt;
 mod limits;
+mod nbd;
 mod pageout;
 mod plots;
 mod progress;
@@ -60,6 +63,8 @@ pub enum Suite {
     Limits,
     /// seqwrite on the file store with --swap-encrypt on vs off, and the cipher's own throughput.
     Encryption,
+    /// seqwrite on an NBD store over loopback vs fio's nbd engine on the same server.
+    Nbd,
     /// All of the above (limits first).
     All,
 }
@@ -72,6 +77,7 @@ impl Suite {
             Suite::FaultLatency => "fault-latency",
             Suite::Limits => "limits",
             Suite::Encryption => "encryption",
+            Suite::Nbd => "nbd",
             Suite::All => "all",
         }
     }
@@ -274,6 +280,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Pageout,
             Suite::FaultLatency,
             Suite::Encryption,
+            Suite::Nbd,
         ],
         one => vec![one],
     };
@@ -289,6 +296,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Pageout => pageout::run(&mut ctx),
             Suite::FaultLatency => fault_latency::run(&mut ctx),
             Suite::Encryption => encryption::run(&mut ctx),
+            Suite::Nbd => nbd::run(&mut ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = result {

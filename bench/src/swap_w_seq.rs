@@ -707,9 +707,10 @@ fn fio_step(ctx: &mut Ctx, p: &Plan, i: usize, runs: usize) -> Result<Option<Fio
         "fio: 2 MiB random reads and writes (half each), {} in flight, O_DIRECT, {seconds} s #{i}/{runs}",
         fio::QUEUE_DEPTH
     ));
-    // A file larger than the store a run uses, so the offsets are as
-    // scattered as the engine's slots.
-    match fio::mixed_2m_on_file(&ctx.store_dir, 2 << 30, seconds) {
+    // A file of the size of the store the runs use (guest RAM), so that
+    // the offsets spread as the engine's slots do.
+    let file_bytes = guestmem::parse_size(p.seq.mem).unwrap_or(2 << 30);
+    match fio::mixed_2m_on_file(&ctx.store_dir, file_bytes, seconds).map(|r| r.rate) {
         Ok(rate) => {
             ctx.progress.done(&format!(
                 "read {:.2} + write {:.2} GiB/s",

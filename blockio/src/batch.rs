@@ -78,7 +78,8 @@ impl Tracker<'_> {
         }
     }
 
-    fn fail(&mut self, i: usize, source: io::Error) {
+    /// Records that request `i` failed with `source`.
+    pub(crate) fn fail(&mut self, i: usize, source: io::Error) {
         let op = self.ops[i];
         self.results[i] = Some(Err(BlockIoError::Io {
             path: self.file.path.clone(),

@@ -77,6 +77,14 @@ pub enum BlockIoError {
         /// Bytes requested.
         want_bytes: usize,
     },
+    /// An NBD export could not be reached or negotiated.
+    #[error("cannot use the NBD export {uri}: {reason}; check that the server runs and serves this export (e.g. `nbdkit memory 4G`, or `qemu-nbd --persistent -f raw FILE`)")]
+    Nbd {
+        /// The export's URI.
+        uri: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// A flush, discard or size query failed.
     #[error("{what} on {} failed: {source}", path.display())]
     Control {
@@ -100,6 +108,7 @@ impl From<BlockIoError> for io::Error {
             | BlockIoError::Io { source, .. }
             | BlockIoError::Control { source, .. } => source,
             BlockIoError::ShortRead { .. } => io::Error::new(io::ErrorKind::UnexpectedEof, err),
+            BlockIoError::Nbd { .. } => io::Error::new(io::ErrorKind::NotConnected, err),
             BlockIoError::Misaligned { .. } | BlockIoError::DirectIoUnsupported { .. } => {
                 io::Error::new(io::ErrorKind::InvalidInput, err)
             }

@@ -13,12 +13,17 @@
 //! queued behind an eviction thread's large write batch. When io_uring cannot
 //! be set up (e.g. `kernel.io_uring_disabled`), requests fall back to
 //! `pread`/`pwrite`, one at a time per calling thread.
+//!
+//! A [`BlockFile`] can also be an export of a Network Block Device server
+//! ([`BlockFile::open_nbd`], module [`nbd`]): the same batches then travel
+//! as NBD requests, pipelined on one connection.
 #![deny(missing_docs)]
 
 mod batch;
 mod buffer;
 mod error;
 pub mod lockfile;
+pub mod nbd;
 mod open;
 pub mod pin;
 mod sync;
@@ -150,7 +155,8 @@ impl Default for BlockOptions {
 
 /// A file or block device opened for block I/O.
 pub struct BlockFile {
-    file: File,
+    /// The local file; `None` for an NBD export.
+    file: Option<File>,
     path: PathBuf,
     is_block_device: bool,
     direct: bool,
@@ -168,19 +174,21 @@ pub struct BlockFile {
 /// outcome (bytes or -errno) to [`Tracker::complete`], so ordering, error
 /// mapping and short-read detection stay the same whichever one runs.
 ///
-/// A network transport (the NBD client of the remote-store issue) plugs in
-/// as a further variant holding its connection(s): its `run` arm sends each
-/// piece as an `NBD_CMD_READ`/`NBD_CMD_WRITE` and feeds the replies to
-/// `Tracker::complete`, as the ring pool feeds completions; [`BlockFile::flush`],
-/// [`BlockFile::discard`] and [`BlockFile::len_bytes`] gain arms for
-/// `NBD_CMD_FLUSH`, `NBD_CMD_TRIM` and the size from the handshake. Its
-/// constructor sits beside [`BlockFile::open`] (in `open.rs`), and the local
-/// `File` of today's `BlockFile` then moves into the local variants.
+/// The network transport is [`nbd::NbdClient`]: its arm sends each
+/// request as `NBD_CMD_READ`/`NBD_CMD_WRITE` pieces, all of a batch before
+/// any reply is awaited, and reports each request's outcome to the
+/// tracker; [`BlockFile::flush`], [`BlockFile::discard`],
+/// [`BlockFile::trim`] and [`BlockFile::len_bytes`] have arms for
+/// `NBD_CMD_FLUSH`, `NBD_CMD_WRITE_ZEROES`, `NBD_CMD_TRIM` and the size
+/// from the handshake. Its constructor is [`BlockFile::open_nbd`]
+/// (`nbd/mod.rs`); a local variant's file is `BlockFile::file`.
 enum Backend {
     /// io_uring: a pool of rings (`uring.rs`).
     Uring(RingPool),
     /// `pread`/`pwrite` on the calling thread (`sync.rs`).
     Sync,
+    /// An NBD export (`nbd/`).
+    Nbd(nbd::NbdClient),
 }
 
 impl Backend {
@@ -198,6 +206,9 @@ impl Backend {
             Backend::Uring(pool) => unsafe { pool.run(fd, tracker, pending) },
             // SAFETY: as above.
             Backend::Sync => unsafe { sync::run_sync(fd, tracker, pending) },
+            // SAFETY: as above; the client does not return before every
+            // request has its reply (or has been given up on).
+            Backend::Nbd(client) => unsafe { client.run_batch(tracker, pending) },
         }
     }
 }
@@ -218,16 +229,17 @@ impl BlockFile {
         &self.path
     }
 
-    /// `"io_uring"` or `"pread/pwrite"`.
+    /// `"io_uring"`, `"pread/pwrite"` or `"nbd"`.
     pub fn engine_name(&self) -> &'static str {
         match self.backend {
             Backend::Uring(_) => "io_uring",
             Backend::Sync => "pread/pwrite",
+            Backend::Nbd(_) => "nbd",
         }
     }
 
     /// Whether the file is a block device (fixed size; no holes to punch
-    /// but discard still works).
+    /// but discard still works). An NBD export counts as one.
     pub fn is_block_device(&self) -> bool {
         self.is_block_device
     }
@@ -247,9 +259,19 @@ impl BlockFile {
         self.mem_align_bytes
     }
 
-    /// The file descriptor, e.g. for `fallocate` by the caller.
+    /// The file descriptor, e.g. for `fallocate` by the caller; -1 for an
+    /// NBD export, which has no local file.
     pub fn as_raw_fd(&self) -> RawFd {
-        self.file.as_raw_fd()
+        self.file.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// The local file, or the error for an operation an NBD export lacks.
+    fn local_file(&self, what: &'static str) -> Result<&File, BlockIoError> {
+        self.file.as_ref().ok_or_else(|| BlockIoError::Control {
+            what,
+            path: self.path.clone(),
+            source: io::Error::new(io::ErrorKind::Unsupported, "not possible on an NBD export"),
+        })
     }
 
     /// Runs a batch: all requests go to the kernel together and the call
@@ -294,10 +316,7 @@ impl BlockFile {
             // SAFETY: the caller's contract covers the buffers for the whole
             // call, and the backend does not return before it is done with
             // them.
-            unsafe {
-                self.backend
-                    .run(self.file.as_raw_fd(), &mut tracker, pending)
-            }
+            unsafe { self.backend.run(self.as_raw_fd(), &mut tracker, pending) }
         }
         results
             .into_iter()
@@ -317,9 +336,12 @@ impl BlockFile {
         self.submit(&mut ops).pop().expect("one result per request")
     }
 
-    /// Makes completed writes durable (`fdatasync`).
+    /// Makes completed writes durable (`fdatasync`, or `NBD_CMD_FLUSH`).
     pub fn flush(&self) -> Result<(), BlockIoError> {
-        self.file
+        if let Backend::Nbd(client) = &self.backend {
+            return client.flush();
+        }
+        self.local_file("fdatasync")?
             .sync_data()
             .map_err(|source| BlockIoError::Control {
                 what: "fdatasync",
@@ -329,8 +351,12 @@ impl BlockFile {
     }
 
     /// Gives `len_bytes` from `offset` back to the storage (punches a hole in
-    /// a file, discards on a device); the range then reads as zeros.
+    /// a file, discards on a device; `NBD_CMD_WRITE_ZEROES`, which may
+    /// punch, on an NBD export); the range then reads as zeros.
     pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), BlockIoError> {
+        if let Backend::Nbd(client) = &self.backend {
+            return client.write_zeroes(offset, len_bytes);
+        }
         let control_err = |source| BlockIoError::Control {
             what: "fallocate(PUNCH_HOLE)",
             path: self.path.clone(),
@@ -343,7 +369,7 @@ impl BlockFile {
             // SAFETY: fallocate on an fd we own; it does not touch our memory.
             let rc = unsafe {
                 libc::fallocate64(
-                    self.file.as_raw_fd(),
+                    self.as_raw_fd(),
                     libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
                     off,
                     len,
@@ -356,6 +382,16 @@ impl BlockFile {
             if err.raw_os_error() != Some(libc::EINTR) {
                 return Err(control_err(err));
             }
+        }
+    }
+
+    /// Tells the storage that `len_bytes` from `offset` are no longer
+    /// needed: `NBD_CMD_TRIM` on an NBD export (what the range reads as
+    /// afterwards is the server's choice), [`Self::discard`] on a local file.
+    pub fn trim(&self, offset: u64, len_bytes: u64) -> Result<(), BlockIoError> {
+        match &self.backend {
+            Backend::Nbd(client) => client.trim(offset, len_bytes),
+            _ => self.discard(offset, len_bytes),
         }
     }
 

@@ -161,7 +161,7 @@ impl BlockFile {
             },
         };
         Ok(Self {
-            file,
+            file: Some(file),
             path: name,
             is_block_device,
             direct: opts.direct,
@@ -171,11 +171,14 @@ impl BlockFile {
         })
     }
 
-    /// Current size of the file or device in bytes.
+    /// Current size of the file or device (or NBD export) in bytes.
     pub fn len_bytes(&self) -> Result<u64, BlockIoError> {
+        if let Some(client) = self.nbd() {
+            return Ok(client.export().size_bytes);
+        }
         // lseek(SEEK_END) is what gives a block device's size; metadata says 0.
         // SAFETY: lseek on an fd we own; it does not touch memory.
-        let end = unsafe { libc::lseek(self.file.as_raw_fd(), 0, libc::SEEK_END) };
+        let end = unsafe { libc::lseek(self.as_raw_fd(), 0, libc::SEEK_END) };
         if end < 0 {
             return Err(BlockIoError::Control {
                 what: "lseek(SEEK_END)",
@@ -190,17 +193,18 @@ impl BlockFile {
     /// holding the file (`fstatvfs`: `f_bavail * f_frsize`), for messages
     /// about a full filesystem.
     pub fn fs_free_bytes(&self) -> io::Result<u64> {
-        fs_free_bytes(&self.file)
+        fs_free_bytes(self.local_file("fstatvfs")?)
     }
 
     /// Allocates blocks for `[0, len_bytes)` (`fallocate` mode 0), so that
     /// later writes there cannot fail for want of space. Existing content
     /// is kept and the file grows to `len_bytes` if it is shorter.
     pub fn reserve(&self, len_bytes: u64) -> Result<(), BlockIoError> {
+        self.local_file("fallocate")?;
         let len = i64::try_from(len_bytes).unwrap_or(i64::MAX);
         loop {
             // SAFETY: fallocate on a descriptor we own; it touches no memory.
-            let rc = unsafe { libc::fallocate64(self.file.as_raw_fd(), 0, 0, len) };
+            let rc = unsafe { libc::fallocate64(self.as_raw_fd(), 0, 0, len) };
             if rc == 0 {
                 return Ok(());
             }
@@ -217,7 +221,7 @@ impl BlockFile {
 
     /// Cuts or extends the file to `len_bytes` (`ftruncate`).
     pub fn set_len(&self, len_bytes: u64) -> Result<(), BlockIoError> {
-        self.file
+        self.local_file("ftruncate")?
             .set_len(len_bytes)
             .map_err(|source| BlockIoError::Control {
                 what: "ftruncate",

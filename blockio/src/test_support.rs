@@ -83,3 +83,214 @@ pub fn with_mount<R: Send>(
             .expect("ramfs test thread")
     })
 }
+
+/// An NBD server a test started (nbdkit or qemu-nbd) on a Unix socket of
+/// its own, killed when dropped. Tests use Unix sockets so that parallel
+/// tests never compete for TCP ports; [`NbdServer::nbdkit_tcp`] is for the
+/// one that checks TCP.
+#[derive(Debug)]
+pub struct NbdServer {
+    child: Option<std::process::Child>,
+    program: &'static str,
+    args: Vec<String>,
+    socket: PathBuf,
+    uri: String,
+    dir: PathBuf,
+}
+
+impl NbdServer {
+    /// `nbdkit ARGS...` (filters, plugin, its parameters) serving on a
+    /// fresh Unix socket; `None` (after a visible skip of `test`) when
+    /// nbdkit is not installed.
+    pub fn nbdkit(test: &str, args: &[&str]) -> Option<NbdServer> {
+        if !test_resources::have_program("nbdkit") {
+            test_resources::skip(
+                test,
+                test_resources::Resource::Nbdkit,
+                "nbdkit is not installed (Debian: apt-get install nbdkit)",
+            );
+            return None;
+        }
+        let dir = Self::fresh_dir();
+        let socket = dir.join("sock");
+        let mut all: Vec<String> = [
+            "--foreground",
+            "--exit-with-parent",
+            "-U",
+            socket.to_str().expect("UTF-8 temp dir"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        all.extend(args.iter().map(|s| s.to_string()));
+        Some(Self::start("nbdkit", all, socket, dir, ""))
+    }
+
+    /// `nbdkit -i 127.0.0.1 -p PORT ARGS...` on a free TCP port of the
+    /// loopback interface; `None` as for [`Self::nbdkit`].
+    pub fn nbdkit_tcp(test: &str, args: &[&str]) -> Option<NbdServer> {
+        if !test_resources::have_program("nbdkit") {
+            test_resources::skip(
+                test,
+                test_resources::Resource::Nbdkit,
+                "nbdkit is not installed (Debian: apt-get install nbdkit)",
+            );
+            return None;
+        }
+        let dir = Self::fresh_dir();
+        // A port the kernel just handed out and we released: another test
+        // taking it in between is possible but unlikely, and would show
+        // as nbdkit failing to bind, not as a wrong result.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let mut all: Vec<String> = [
+            "--foreground".to_string(),
+            "--exit-with-parent".to_string(),
+            "-i".to_string(),
+            "127.0.0.1".to_string(),
+            "-p".to_string(),
+            port.to_string(),
+        ]
+        .to_vec();
+        all.extend(args.iter().map(|s| s.to_string()));
+        let uri = format!("nbd://127.0.0.1:{port}/");
+        Some(Self::start("nbdkit", all, PathBuf::new(), dir, &uri))
+    }
+
+    /// `qemu-nbd --persistent -f raw FILE` (export name empty) on a fresh
+    /// Unix socket; `None` (after a visible skip) without qemu-nbd.
+    pub fn qemu_nbd(test: &str, file: &Path) -> Option<NbdServer> {
+        if !test_resources::have_program("qemu-nbd") {
+            test_resources::skip(
+                test,
+                test_resources::Resource::QemuNbd,
+                "qemu-nbd is not installed (Debian: apt-get install qemu-utils)",
+            );
+            return None;
+        }
+        let dir = Self::fresh_dir();
+        let socket = dir.join("sock");
+        let all = vec![
+            "--persistent".to_string(),
+            "--shared=8".to_string(),
+            "-f".to_string(),
+            "raw".to_string(),
+            "--cache=none".to_string(),
+            "--aio=threads".to_string(),
+            "-k".to_string(),
+            socket.to_str().expect("UTF-8 temp dir").to_string(),
+            file.to_str().expect("UTF-8 path").to_string(),
+        ];
+        Some(Self::start("qemu-nbd", all, socket, dir, ""))
+    }
+
+    fn fresh_dir() -> PathBuf {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        // Under the system temp dir, not test_dir(): a socket path must be
+        // short (108 bytes) and need not take O_DIRECT.
+        let dir = std::env::temp_dir().join(format!(
+            "hugevmm-nbd-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).expect("a directory for the NBD socket");
+        dir
+    }
+
+    fn start(
+        program: &'static str,
+        args: Vec<String>,
+        socket: PathBuf,
+        dir: PathBuf,
+        tcp_uri: &str,
+    ) -> NbdServer {
+        let uri = if tcp_uri.is_empty() {
+            format!("nbd+unix:///?socket={}", socket.display())
+        } else {
+            tcp_uri.to_string()
+        };
+        let mut server = NbdServer {
+            child: None,
+            program,
+            args,
+            socket,
+            uri,
+            dir,
+        };
+        server.restart();
+        server
+    }
+
+    /// The URI to connect to (export name empty).
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    /// Ends the server at once (SIGKILL: a crash, nothing flushed on the
+    /// way out) and waits for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again with the same arguments (after [`Self::kill`],
+    /// or killing it first) and waits until it accepts connections.
+    pub fn restart(&mut self) {
+        self.kill();
+        if !self.socket.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+        let stderr = std::fs::File::create(self.dir.join("stderr")).expect("server log file");
+        let child = std::process::Command::new(self.program)
+            .args(&self.args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.program));
+        self.child = Some(child);
+        // Readiness, not a timed assertion: a server that never listens
+        // fails the test with its own messages after a generous wait.
+        let started = std::time::Instant::now();
+        loop {
+            // A whole handshake, not just a connect: a server that accepts
+            // before it can serve (qemu-nbd resets such early connections)
+            // is not ready yet.
+            let uri: crate::nbd::NbdUri = self.uri.parse().expect("our own URI parses");
+            let ready = uri
+                .resolve()
+                .ok()
+                .is_some_and(|addrs| crate::nbd::handshake::connect(&uri, &addrs).is_ok());
+            if ready {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!(
+                    "{} {:?} exited ({status}) before listening: {}",
+                    self.program,
+                    self.args,
+                    std::fs::read_to_string(self.dir.join("stderr")).unwrap_or_default()
+                );
+            }
+            if started.elapsed() > std::time::Duration::from_secs(30) {
+                panic!(
+                    "{} {:?} did not listen within 30 s",
+                    self.program, self.args
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for NbdServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

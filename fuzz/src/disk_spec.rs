@@ -1,5 +1,7 @@
-//! The `--disk PATH[,readonly]` value (`devices::virtio::DiskSpec`).
+//! The `--disk PATH[,readonly]` value (`devices::virtio::DiskSpec`), and
+//! its NBD form (`nbd://...[,readonly][,timeout=SECONDS]`).
 
+use blockio::nbd::NbdUri;
 use devices::virtio::DiskSpec;
 
 /// Runs one input: the text of the value.
@@ -7,8 +9,19 @@ pub fn run(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
+    let nbd = NbdUri::looks_like(text);
     match text.parse::<DiskSpec>() {
+        Ok(spec) if nbd => {
+            // An NBD disk prints back in a form that parses to the same spec.
+            assert!(spec.nbd.is_some(), "{text:?}");
+            let printed = spec.to_string();
+            let again: DiskSpec = printed
+                .parse()
+                .unwrap_or_else(|e| panic!("{text:?} printed as {printed:?}: {e}"));
+            assert_eq!(again, spec, "{text:?} printed as {printed:?}");
+        }
         Ok(spec) => {
+            assert!(spec.nbd.is_none(), "{text:?}");
             assert!(!spec.path.as_os_str().is_empty(), "{text:?}");
             assert_eq!(spec.readonly, text.ends_with(",readonly"), "{text:?}");
             let path = spec.path.to_str().expect("parsed from a str");
@@ -20,7 +33,11 @@ pub fn run(data: &[u8]) {
             assert_eq!(rebuilt, text);
         }
         Err(err) => {
-            assert!(text.is_empty() || text == ",readonly", "{text:?}: {err}");
+            let text_err = err.to_string();
+            assert!(
+                nbd || text.is_empty() || text == ",readonly",
+                "{text:?}: {text_err}"
+            );
         }
     }
 }

@@ -44,6 +44,9 @@ fn opens_no_file(spec: &StoreSpec) -> bool {
     match spec {
         StoreSpec::Mem { .. } => true,
         StoreSpec::Faulty { inner, .. } => opens_no_file(inner),
-        StoreSpec::Default | StoreSpec::DefaultReserved | StoreSpec::File { .. } => false,
+        StoreSpec::Default
+        | StoreSpec::DefaultReserved
+        | StoreSpec::File { .. }
+        | StoreSpec::Nbd { .. } => false,
     }
 }

@@ -10,26 +10,6 @@ use std::path::Path;
 use std::time::Duration;
 
 const LIMIT: Duration = Duration::from_secs(600);
-const PAGE: usize = 4096;
-
-/// Pages of `image` shaped as the `verify` payload leaves guest pages:
-/// its three words per page (the first, the middle and the last 8 bytes,
-/// each non-zero, payloads/src/guest/verify.c) and zeros everywhere else.
-/// A sealed page looks like this with probability about 2^-32000.
-fn verify_pages(image: &[u8]) -> usize {
-    let words = [0, PAGE / 2, PAGE - 8];
-    image
-        .chunks_exact(PAGE)
-        .filter(|page| {
-            let word = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().unwrap());
-            words.iter().all(|&at| word(at) != 0)
-                && page
-                    .chunks_exact(8)
-                    .enumerate()
-                    .all(|(i, w)| words.contains(&(i * 8)) || w.iter().all(|&b| b == 0))
-        })
-        .count()
-}
 
 /// `verify` on 2 vCPUs, 512 MiB held to 128 MiB, onto a new `file:` store
 /// at `store`, with `extra` options; the store file is left for the caller.
@@ -74,7 +54,7 @@ fn an_encrypted_store_holds_none_of_the_guest_pages_a_plain_one_does() {
     verify_onto(&plain, &[]);
     let image = std::fs::read(&plain).unwrap();
     let _ = std::fs::remove_file(&plain);
-    let found_plain = verify_pages(&image);
+    let found_plain = verify_pages_in(&image);
     // The control: the scan recognises the guest's pages in a plain store.
     assert!(
         found_plain >= 10_000,
@@ -86,7 +66,7 @@ fn an_encrypted_store_holds_none_of_the_guest_pages_a_plain_one_does() {
     let run = verify_onto(&sealed, &["--swap-encrypt"]);
     let image = std::fs::read(&sealed).unwrap();
     let _ = std::fs::remove_file(&sealed);
-    let found_sealed = verify_pages(&image);
+    let found_sealed = verify_pages_in(&image);
     eprintln!(
         "verify pages: {found_plain} in the plain store, {found_sealed} in the sealed one ({} bytes; {} evictions, {} store faults)",
         image.len(),

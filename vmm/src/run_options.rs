@@ -83,8 +83,10 @@ pub struct RunFlags {
     #[arg(long, value_enum)]
     #[serde(with = "announce", skip_serializing_if = "Option::is_none")]
     pub virtio_announce: Option<VirtioAnnounce>,
-    /// virtio-blk disk: a raw image, PATH[,readonly]; repeat for more (in
-    /// the file: a list).
+    /// virtio-blk disk: a raw image, PATH[,readonly], or an NBD export,
+    /// nbd://HOST[:PORT]/EXPORT[,readonly][,timeout=SECONDS] or
+    /// nbd+unix:///EXPORT?socket=PATH[,...]; repeat for more (in the file:
+    /// a list).
     #[arg(long = "disk")]
     #[serde(rename = "disk", with = "disks", skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<DiskSpec>,
@@ -143,7 +145,8 @@ pub struct RunFlags {
     pub mem_limit: Option<u64>,
     /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
     /// $TMPDIR or /var/tmp), file:PATH[,size=SIZE], mem:lz4[,size=SIZE],
-    /// mem:zstd[,size=SIZE]. Giving a store starts the swap engine.
+    /// mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS],
+    /// nbd+unix:///EXPORT?socket=PATH[,...]. Giving a store starts the swap engine.
     #[arg(long)]
     #[serde(with = "text", skip_serializing_if = "Option::is_none")]
     pub swap_store: Option<StoreSpec>,
@@ -476,14 +479,7 @@ mod disks {
     use serde::{de, Deserialize, Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &[DiskSpec], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(v.iter().map(|d| {
-            let path = d.path.display().to_string();
-            if d.readonly {
-                path + ",readonly"
-            } else {
-                path
-            }
-        }))
+        s.collect_seq(v.iter().map(|d| d.to_string()))
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<DiskSpec>, D::Error> {

@@ -162,7 +162,17 @@ pub fn start(
             &store.describe(),
             store.capacity_slots() * store.unit_bytes() as u64,
         )
-        .with_context(|| format!("cannot use --swap-store {}", options.store))?;
+        .with_context(|| match options.store {
+            // size= only lowers an export's capacity: the fix is a larger
+            // export.
+            StoreSpec::Nbd { .. } => format!(
+                "cannot use --swap-store {}: the NBD export is too small for this run; export at least {} bytes (e.g. `nbdkit memory {}`) or raise --mem-limit",
+                options.store,
+                need.bytes(),
+                need.bytes()
+            ),
+            _ => format!("cannot use --swap-store {}", options.store),
+        })?;
     }
     // The engine calls this from its own threads; the run loop ends the VM.
     let events = Mutex::new(events);

@@ -189,6 +189,13 @@ pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
 pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let (layout, ranges, image, kind) = check_config(&config)?;
     crate::seccomp::init(config.seccomp)?;
+    if crate::seccomp::enabled() {
+        // Before any store or disk is opened: their NBD reader threads
+        // install the filter of their kind first thing.
+        blockio::nbd::set_reader_thread_setup(|| {
+            crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Nbd)
+        });
+    }
 
     if let Some(swap) = &config.swap {
         for warning in crate::host_check::check_swap_host(config.backing, &swap.store)? {
@@ -688,11 +695,22 @@ fn finish(
     });
     // The devices hold the engine too (balloon drops); release them first.
     drop(machine);
+    // A fault thread may be blocked on an NBD server that is down (its
+    // client retries for the store's timeout=, possibly long): shutting the
+    // engine down would join it, so a SIGTERM could not end the VM.
+    let store_unreachable = blockio::nbd::clients_reconnecting() > 0;
+    if store_unreachable && engine.is_some() {
+        eprintln!(
+            "hugevmm: an NBD server is unreachable: not waiting for the requests to it (the process exit ends them)"
+        );
+    }
     match engine.map(Arc::try_unwrap) {
         // Every vCPU thread has ended and the devices (served on vCPU
         // threads) and the control socket are gone: nothing can fault any
         // more.
-        Some(Ok(engine)) if failure.is_none() && !vcpus_still_running => engine.shutdown(),
+        Some(Ok(engine)) if failure.is_none() && !vcpus_still_running && !store_unreachable => {
+            engine.shutdown()
+        }
         // vCPUs may still run or be blocked in faults. Unregistering would
         // let them see empty memory before the process exits; keep the
         // engine (and its threads) until then.

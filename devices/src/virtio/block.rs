@@ -107,7 +107,11 @@ impl Outcome {
 impl Block {
     /// Opens the image named by `spec`.
     pub fn open(spec: &DiskSpec) -> Result<Block, DiskError> {
-        Ok(Block::new(Disk::open(&spec.path, spec.readonly)?))
+        let disk = match &spec.nbd {
+            Some(nbd) => Disk::open_nbd(nbd, spec.readonly)?,
+            None => Disk::open(&spec.path, spec.readonly)?,
+        };
+        Ok(Block::new(disk))
     }
 
     /// A device over an open disk.
@@ -205,11 +209,16 @@ fn build_config(disk: &Disk) -> Vec<u8> {
 /// image's file name, cut to fit.
 fn disk_id(disk: &Disk) -> [u8; VIRTIO_BLK_ID_BYTES as usize] {
     let mut id = [0u8; VIRTIO_BLK_ID_BYTES as usize];
-    let name = disk
-        .path()
-        .file_name()
-        .map(|n| n.as_encoded_bytes())
-        .unwrap_or(b"hugevmm-disk");
+    // An NBD disk's "path" is its URI, whose last component is no name.
+    let nbd_name = disk.nbd_export().map(|e| format!("nbd:{e}"));
+    let name = match &nbd_name {
+        Some(n) => n.as_bytes(),
+        None => disk
+            .path()
+            .file_name()
+            .map(|n| n.as_encoded_bytes())
+            .unwrap_or(b"hugevmm-disk"),
+    };
     let count = name.len().min(id.len());
     id[..count].copy_from_slice(&name[..count]);
     id

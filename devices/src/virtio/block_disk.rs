@@ -10,6 +10,14 @@
 //! direct and buffered I/O of one file coherent when they do not overlap
 //! in time: direct I/O writes back and drops cached pages of its range.
 //! A filesystem that refuses O_DIRECT (tmpfs) gets the buffered path only.
+//!
+//! An NBD export ([`Disk::open_nbd`]) is one `blockio` block file on the
+//! NBD transport in the buffered role: it takes any alignment down to the
+//! server's minimum block size, its writes are durable when they complete
+//! (FUA or a covering flush, see `blockio::nbd`), and discards are
+//! `NBD_CMD_WRITE_ZEROES` so that a discarded range reads as zeros, as
+//! virtio-blk's write-zeroes promises. It is not locked: keeping other
+//! clients off an export is the server's business.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -17,7 +25,11 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use blockio::lockfile::{self, LockError, LockMode};
+use blockio::nbd::{NbdOptions, DEFAULT_RECONNECT_TIMEOUT};
 use blockio::{AlignedBuf, BlockFile, BlockIoError, BlockOptions, OpKind, RawBlockOp};
+use std::time::Duration;
+
+use super::block_spec::NbdDisk;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 use guestmem::GuestMemoryView;
@@ -194,7 +206,51 @@ impl Disk {
         })
     }
 
-    /// The image path.
+    /// Connects to the NBD export `nbd` names. Its size, rounded down to
+    /// whole sectors, is the disk's capacity; discard is offered where the
+    /// server takes `NBD_CMD_WRITE_ZEROES`.
+    pub fn open_nbd(nbd: &NbdDisk, readonly: bool) -> Result<Disk, DiskError> {
+        let file = BlockFile::open_nbd(
+            &nbd.uri,
+            &NbdOptions {
+                reconnect_timeout: nbd
+                    .timeout_secs
+                    .map_or(DEFAULT_RECONNECT_TIMEOUT, Duration::from_secs),
+                read_only: readonly,
+            },
+        )?;
+        let path = PathBuf::from(nbd.uri.to_string());
+        if file.offset_align_bytes() as u64 > SECTOR_BYTES {
+            return Err(DiskError::Block(BlockIoError::Nbd {
+                uri: nbd.uri.to_string(),
+                reason: format!(
+                    "its minimum block size is {} bytes, larger than the {SECTOR_BYTES}-byte sector the guest may write",
+                    file.offset_align_bytes()
+                ),
+            }));
+        }
+        let export = *file.nbd().expect("an NBD block file").export();
+        let capacity_bytes = export.size_bytes - export.size_bytes % SECTOR_BYTES;
+        if capacity_bytes == 0 {
+            return Err(DiskError::Empty { path });
+        }
+        Ok(Disk {
+            path,
+            direct: None,
+            buffered: file,
+            capacity_bytes,
+            readonly,
+            can_discard: !readonly && export.can_write_zeroes(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// The export's name, when the disk is an NBD export.
+    pub fn nbd_export(&self) -> Option<&str> {
+        self.buffered.nbd().map(|c| c.uri().export.as_str())
+    }
+
+    /// The image path (the URI of an NBD export).
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -31,7 +31,7 @@ pub use balloon::Balloon;
 pub use balloon_stats::BalloonStats;
 pub use block::Block;
 pub use block_disk::{Disk, DiskError, DiskPathCounts};
-pub use block_spec::{DiskSpec, DiskSpecError};
+pub use block_spec::{DiskSpec, DiskSpecError, NbdDisk};
 pub use chain::{ChainError, GuestRange, ParsedChain};
 pub use cmdline::kernel_cmdline_fragment;
 pub use device::VirtioDevice;

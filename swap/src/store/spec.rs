@@ -17,6 +17,15 @@
 //!
 //! Every file store is locked (`flock`, exclusive) before anything is
 //! written to it; see [`blockio::lockfile`].
+//! - `nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS]` and
+//!   `nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS]`: the
+//!   slots in an export of an NBD server ([`blockio::nbd`]), as the file
+//!   store keeps them in a block device. The capacity is the export's
+//!   size, or SIZE if smaller; an export smaller than the run can need is
+//!   refused at start. `timeout=` bounds how long a dropped connection is
+//!   retried (default 30 s) before the VM ends with the error. The URI
+//!   cannot contain a comma unescaped (write `%2C`). Nothing is locked:
+//!   keeping other clients off the export is the server's business.
 //! - `mem:lz4[,size=SIZE]`, `mem:zstd[,size=SIZE]`: compressed memory. SIZE
 //!   is the budget of compressed bytes; without it, only the slot count
 //!   (guest RAM / unit) limits the store.
@@ -54,9 +63,11 @@ use super::mem::MemStore;
 use super::retry::{RetryPolicy, RetryingStore};
 use super::seal::Integrity;
 use super::{CapacityNeed, SharedStore, StoreOpenError};
-use blockio::BlockOptions;
+use blockio::nbd::{NbdOptions, NbdUri, NbdUriError, DEFAULT_RECONNECT_TIMEOUT};
+use blockio::{BlockFile, BlockOptions};
+use std::time::Duration;
 
-const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
+const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS], nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
 
 /// A parsed `--swap-store` value; see the module docs for the forms.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -86,6 +97,17 @@ pub enum StoreSpec {
         codec: Codec,
         /// Budget of compressed bytes; `None`: no byte limit.
         size_bytes: Option<u64>,
+    },
+    /// An NBD export.
+    Nbd {
+        /// The server and export.
+        uri: NbdUri,
+        /// Cap on the store's size; `None`: the guest RAM size (and never
+        /// more than the export).
+        size_bytes: Option<u64>,
+        /// `timeout=`: seconds a dropped connection is retried; `None`:
+        /// [`blockio::nbd::DEFAULT_RECONNECT_TIMEOUT`].
+        timeout_secs: Option<u64>,
     },
     /// A test aid: `inner` with failures injected.
     Faulty {
@@ -185,6 +207,38 @@ impl StoreSpec {
                 store.set_integrity(integrity.clone());
                 Arc::new(store)
             }
+            StoreSpec::Nbd {
+                uri,
+                size_bytes,
+                timeout_secs,
+            } => {
+                let opts = NbdOptions {
+                    reconnect_timeout: timeout_secs
+                        .map_or(DEFAULT_RECONNECT_TIMEOUT, Duration::from_secs),
+                    read_only: false,
+                };
+                let block = BlockFile::open_nbd(uri, &opts)?;
+                let export = *block.nbd().expect("an NBD block file").export();
+                let description = format!(
+                    "{uri} (NBD export of {} bytes; writes durable by {})",
+                    export.size_bytes,
+                    if export.can_fua() {
+                        "FUA"
+                    } else if export.can_flush() {
+                        "flush"
+                    } else {
+                        "the server's acknowledgement (it offers neither FUA nor flush)"
+                    }
+                );
+                let mut store = FileStore::from_block(
+                    block,
+                    unit_bytes,
+                    size_bytes.unwrap_or(default_capacity_bytes),
+                    description,
+                )?;
+                store.set_integrity(integrity.clone());
+                Arc::new(store)
+            }
             StoreSpec::Faulty { faults, inner } => Arc::new(FaultyStore::new(
                 inner.open_bare(unit_bytes, default_capacity_bytes, integrity)?,
                 *faults,
@@ -201,6 +255,10 @@ impl StoreSpec {
     pub fn check_size(&self, need: &CapacityNeed) -> Result<(), StoreOpenError> {
         match self {
             StoreSpec::File {
+                size_bytes: Some(size_bytes),
+                ..
+            }
+            | StoreSpec::Nbd {
                 size_bytes: Some(size_bytes),
                 ..
             } => need.check(&format!("size={size_bytes}"), *size_bytes),
@@ -253,6 +311,7 @@ impl FromStr for StoreSpec {
                 let (size_bytes, _) = parse_options(parts, &[]).map_err(fail)?;
                 Ok(StoreSpec::Mem { codec, size_bytes })
             }
+            _ if NbdUri::looks_like(s) => parse_nbd(s),
             "faulty" => parse_faulty(rest).map_err(|reason| {
                 fail(format!(
                     "{reason} (test form: faulty:[read-error-after=N,][corrupt-after=N,][write-error-after=N,][full-after=N,][transient-eio-every=N,][transient-corrupt-every=N,][delay-us=N,]inner=SPEC)"
@@ -289,6 +348,46 @@ fn parse_options<'a>(
         }
     }
     Ok((size, given))
+}
+
+/// `URI[,size=SIZE][,timeout=SECONDS]`.
+fn parse_nbd(text: &str) -> Result<StoreSpec, StoreSpecError> {
+    let fail = |reason: String| StoreSpecError {
+        spec: text.to_string(),
+        reason,
+        valid: VALID_FORMS,
+    };
+    let mut parts = text.split(',');
+    let uri: NbdUri = parts
+        .next()
+        .unwrap_or("")
+        .parse()
+        .map_err(|e: NbdUriError| fail(e.to_string()))?;
+    let mut size_bytes = None;
+    let mut timeout_secs = None;
+    for part in parts {
+        match part.split_once('=') {
+            Some(("size", value)) => size_bytes = Some(parse_size(value).map_err(fail)?),
+            Some(("timeout", value)) => {
+                let secs = value.parse::<u64>().ok().filter(|&s| s > 0 && s <= 86_400);
+                timeout_secs = Some(secs.ok_or_else(|| {
+                    fail(format!(
+                        "timeout= takes whole seconds from 1 to 86400, got {value:?}"
+                    ))
+                })?);
+            }
+            _ => {
+                return Err(fail(format!(
+                    "unknown option {part:?} of an NBD store, the options are size=SIZE and timeout=SECONDS (a comma inside the URI is written %2C)"
+                )))
+            }
+        }
+    }
+    Ok(StoreSpec::Nbd {
+        uri,
+        size_bytes,
+        timeout_secs,
+    })
 }
 
 fn parse_faulty(rest: &str) -> Result<StoreSpec, String> {
@@ -380,6 +479,18 @@ impl fmt::Display for StoreSpec {
             StoreSpec::Mem { codec, size_bytes } => {
                 write!(f, "mem:{codec}")?;
                 size(f, size_bytes)
+            }
+            StoreSpec::Nbd {
+                uri,
+                size_bytes,
+                timeout_secs,
+            } => {
+                write!(f, "{uri}")?;
+                size(f, size_bytes)?;
+                if let Some(secs) = timeout_secs {
+                    write!(f, ",timeout={secs}")?;
+                }
+                Ok(())
             }
             StoreSpec::Faulty { faults, inner } => {
                 f.write_str("faulty:")?;
@@ -487,6 +598,91 @@ mod tests {
                 })
             }
         );
+    }
+
+    #[test]
+    fn nbd_forms_parse_and_print_back() {
+        let spec = parse("nbd://127.0.0.1/swap");
+        assert_eq!(
+            spec,
+            StoreSpec::Nbd {
+                uri: "nbd://127.0.0.1/swap".parse().unwrap(),
+                size_bytes: None,
+                timeout_secs: None,
+            }
+        );
+        for text in [
+            "nbd://127.0.0.1/swap",
+            "nbd://storage:10900/vol,size=8G,timeout=120",
+            "nbd+unix:///swap?socket=/run/nbd.sock,timeout=5",
+            "nbd://h/a%2Cb",
+            "faulty:transient-eio-every=3,inner=nbd://h/x,size=1G",
+        ] {
+            let spec = parse(text);
+            assert_eq!(parse(&spec.to_string()), spec, "{text}");
+        }
+        assert_eq!(
+            parse("nbd://h:10900/vol,size=8G,timeout=120").to_string(),
+            "nbd://h:10900/vol,size=8589934592,timeout=120"
+        );
+    }
+
+    #[test]
+    fn bad_nbd_stores_say_what_is_expected() {
+        for (bad, why) in [
+            ("nbd:///swap", "needs a host"),
+            ("nbd+unix:///swap", "socket=PATH"),
+            ("nbd://h/x,timeout=0", "whole seconds from 1"),
+            ("nbd://h/x,timeout=soon", "whole seconds from 1"),
+            ("nbd://h/x,size=lots", "bad size"),
+            (
+                "nbd://h/x,overwrite",
+                "the options are size=SIZE and timeout=SECONDS",
+            ),
+            ("nbds://h/x", "TLS"),
+        ] {
+            let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+            assert!(
+                err.contains("nbd+unix:///EXPORT?socket=PATH"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_nbd_store_keeps_units_on_the_server() {
+        let Some(server) =
+            blockio::test_support::NbdServer::nbdkit("nbd store", &["memory", "size=16M"])
+        else {
+            return;
+        };
+        // Asked for more than the export holds: the export's size wins.
+        let store = parse(server.uri()).open(2 << 20, 64 << 20).unwrap();
+        assert_eq!(store.capacity_slots(), 8);
+        assert!(store.describe().contains("NBD export of 16777216 bytes"));
+        assert!(store.describe().contains("durable by FUA"));
+        let imgs: Vec<_> = (0..8).map(|i| unit_image(i, 2 << 20)).collect();
+        let requests: Vec<WriteRequest> = imgs
+            .iter()
+            .enumerate()
+            .map(|(i, img)| WriteRequest {
+                gpa: (i as u64) << 21,
+                data: img,
+            })
+            .collect();
+        let slots: Vec<_> = store
+            .write_batch(&requests)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let mut buf = AlignedBuf::new(2 << 20, 4096);
+        for (slot, img) in slots.iter().zip(&imgs) {
+            store.read(*slot, 0, &mut buf).unwrap();
+            assert!(buf[..] == img[..]);
+        }
+        let full = store.write_batch(&requests[..1]).pop().unwrap();
+        assert!(matches!(full, Err(StoreError::Full { .. })), "{full:?}");
     }
 
     #[test]

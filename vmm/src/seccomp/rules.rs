@@ -26,17 +26,23 @@ pub enum ThreadKind {
     Device,
     /// The API and metrics listeners and their client threads.
     Control,
+    /// The reply reader of an NBD store or disk (`blockio::nbd`), which
+    /// also reconnects to the server after a drop: the one kind that may
+    /// make sockets (stream sockets of the Unix and IP families) and
+    /// connect them.
+    Nbd,
 }
 
 impl ThreadKind {
     /// Every kind.
-    pub const ALL: [ThreadKind; 6] = [
+    pub const ALL: [ThreadKind; 7] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::FaultService,
         ThreadKind::Evictor,
         ThreadKind::Device,
         ThreadKind::Control,
+        ThreadKind::Nbd,
     ];
 
     /// The kind's name in messages (and `HUGEVMM_SECCOMP_PROBE`).
@@ -48,6 +54,7 @@ impl ThreadKind {
             ThreadKind::Evictor => "evictor",
             ThreadKind::Device => "device",
             ThreadKind::Control => "control",
+            ThreadKind::Nbd => "nbd",
         }
     }
 }
@@ -177,8 +184,12 @@ const COMMON: &[i64] = &[
 
 /// Block I/O through `blockio` (stores and disks): io_uring submissions
 /// on rings made before the filters, or pread/pwrite, flushes; hole
-/// punching (hugetlb discards, store trims).
+/// punching (hugetlb discards, store trims). On an NBD export requests go
+/// out as `writev`/`sendto` on its connected socket (COMMON and the
+/// `sendto` rule), and a sender whose write failed shuts the socket down
+/// so that the reader thread notices the drop.
 const BLOCK_IO: &[i64] = &[
+    sys::shutdown,
     sys::io_uring_enter,
     sys::pread64,
     sys::preadv,
@@ -250,6 +261,25 @@ fn kind_calls(kind: ThreadKind) -> Vec<&'static [i64]> {
         // with `clone`, see `control_rules`), the stop eventfd, the KVM
         // statistics fd, the balloon (its interrupt), PUT /mem-limit and
         // pageout through the engine.
+        // Reading replies (recvfrom), and reconnecting: std's TCP connect
+        // with a timeout (socket, ioctl FIONBIO, connect, poll, getsockopt
+        // SO_ERROR), TCP_NODELAY and the handshake's receive timeout
+        // (setsockopt), the broken socket shut down. `socket` and `ioctl`
+        // are narrowed in `rules`.
+        ThreadKind::Nbd => vec![
+            COMMON,
+            &[
+                sys::read,
+                sys::recvfrom,
+                sys::connect,
+                sys::poll,
+                sys::ppoll,
+                sys::getsockopt,
+                sys::setsockopt,
+                sys::shutdown,
+                sys::fcntl,
+            ],
+        ],
         ThreadKind::Control => vec![
             COMMON,
             BLOCK_IO,
@@ -288,6 +318,30 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         .and_then(|c| SeccompRule::new(vec![c]))
         .expect("a one-condition rule on argument 4 is valid");
     rules.entry(sys::sendto).or_insert_with(|| vec![no_address]);
+    if kind == ThreadKind::Nbd {
+        // socket(AF_UNIX | AF_INET | AF_INET6, ...) only: what an NBD URI
+        // can name. (The type carries SOCK_CLOEXEC, so it is not matched.)
+        let family = |af: i32| {
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, af as u64)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .expect("a one-condition rule on argument 0 is valid")
+        };
+        rules.insert(
+            sys::socket,
+            vec![
+                family(libc::AF_UNIX),
+                family(libc::AF_INET),
+                family(libc::AF_INET6),
+            ],
+        );
+        // ioctl(FIONBIO) only: std switches a connecting socket to and
+        // from non-blocking with it.
+        let fionbio =
+            SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, libc::FIONBIO)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .expect("a one-condition rule on argument 1 is valid");
+        rules.insert(sys::ioctl, vec![fionbio]);
+    }
     if kind == ThreadKind::Control {
         let thread = libc::CLONE_THREAD as u64;
         let rule = SeccompCondition::new(
@@ -319,8 +373,6 @@ mod tests {
                 sys::fork,
                 sys::vfork,
                 sys::openat2,
-                sys::socket,
-                sys::connect,
                 sys::ptrace,
                 sys::io_uring_setup,
                 sys::io_uring_register,
@@ -334,6 +386,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn only_nbd_threads_make_sockets_and_only_stream_families() {
+        for kind in ThreadKind::ALL {
+            let rules = rules(kind);
+            for nr in [sys::socket, sys::connect] {
+                assert_eq!(
+                    rules.contains_key(&nr),
+                    kind == ThreadKind::Nbd,
+                    "{kind} and {}",
+                    syscall_name(nr).unwrap()
+                );
+            }
+        }
+        let nbd = rules(ThreadKind::Nbd);
+        assert_eq!(nbd[&sys::socket].len(), 3, "one rule per address family");
+        assert_eq!(nbd[&sys::ioctl].len(), 1, "ioctl only for FIONBIO");
     }
 
     #[test]

@@ -1,0 +1,388 @@
+//! Connecting and the fixed-newstyle handshake (NBD protocol,
+//! `doc/proto.md` of the NBD project): the server's greeting, our flags,
+//! then `NBD_OPT_GO` for the export asking for `NBD_INFO_EXPORT` (size and
+//! transmission flags) and `NBD_INFO_BLOCK_SIZE` (the block size
+//! constraints). Old-style servers and servers that only know
+//! `NBD_OPT_EXPORT_NAME` are refused with a message: every maintained
+//! server (nbdkit, qemu-nbd, nbd-server >= 3.10) does `NBD_OPT_GO`, and
+//! only it reports block sizes and lets an unknown export be an error we
+//! can print instead of a closed connection.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use super::uri::{NbdAddress, NbdUri};
+
+const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054; // "IHAVEOPT"
+const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
+const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+
+const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
+const FLAG_NO_ZEROES: u16 = 1 << 1;
+const CLIENT_FLAG_FIXED_NEWSTYLE: u32 = 1 << 0;
+const CLIENT_FLAG_NO_ZEROES: u32 = 1 << 1;
+
+const OPT_ABORT: u32 = 2;
+const OPT_GO: u32 = 7;
+
+const REP_ACK: u32 = 1;
+const REP_INFO: u32 = 3;
+const REP_FLAG_ERROR: u32 = 1 << 31;
+
+const INFO_EXPORT: u16 = 0;
+const INFO_BLOCK_SIZE: u16 = 3;
+
+/// Transmission flag: the flags field is valid.
+pub(crate) const TFLAG_HAS_FLAGS: u16 = 1 << 0;
+/// Transmission flag: the export is read-only.
+pub(crate) const TFLAG_READ_ONLY: u16 = 1 << 1;
+/// Transmission flag: `NBD_CMD_FLUSH` is supported.
+pub(crate) const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+/// Transmission flag: `NBD_CMD_FLAG_FUA` is supported.
+pub(crate) const TFLAG_SEND_FUA: u16 = 1 << 3;
+/// Transmission flag: `NBD_CMD_TRIM` is supported.
+pub(crate) const TFLAG_SEND_TRIM: u16 = 1 << 5;
+/// Transmission flag: `NBD_CMD_WRITE_ZEROES` is supported.
+pub(crate) const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+
+/// How long one connection attempt may take (TCP connect, then the
+/// handshake's reads): a server that accepts but never answers must not
+/// hold a reconnect past its bound.
+pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the server said about the export in its `NBD_OPT_GO` replies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// The export's size in bytes.
+    pub size_bytes: u64,
+    /// The transmission flags (`NBD_FLAG_*`).
+    pub flags: u16,
+    /// Minimum block size: offsets and lengths must be multiples of it.
+    pub min_block_bytes: u32,
+    /// Preferred block size.
+    pub preferred_block_bytes: u32,
+    /// Largest payload of one request.
+    pub max_block_bytes: u32,
+}
+
+impl ExportInfo {
+    /// Whether the export refuses writes.
+    pub fn read_only(&self) -> bool {
+        self.flags & TFLAG_READ_ONLY != 0
+    }
+    /// Whether the server takes `NBD_CMD_FLUSH`.
+    pub fn can_flush(&self) -> bool {
+        self.flags & TFLAG_SEND_FLUSH != 0
+    }
+    /// Whether the server takes writes with `NBD_CMD_FLAG_FUA`.
+    pub fn can_fua(&self) -> bool {
+        self.flags & TFLAG_SEND_FUA != 0
+    }
+    /// Whether the server takes `NBD_CMD_TRIM`.
+    pub fn can_trim(&self) -> bool {
+        self.flags & TFLAG_SEND_TRIM != 0
+    }
+    /// Whether the server takes `NBD_CMD_WRITE_ZEROES`.
+    pub fn can_write_zeroes(&self) -> bool {
+        self.flags & TFLAG_SEND_WRITE_ZEROES != 0
+    }
+}
+
+/// A connected socket of either family.
+#[derive(Debug)]
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    pub(crate) fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    /// Ends the connection both ways, which wakes a thread blocked reading it.
+    pub(crate) fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Why a connection attempt failed: the text for messages, and whether
+/// trying again can help (a refused connection can, an unknown export
+/// cannot).
+#[derive(Debug)]
+pub(crate) struct AttemptError {
+    pub(crate) message: String,
+    pub(crate) retryable: bool,
+}
+
+impl AttemptError {
+    fn io(what: &str, e: io::Error) -> Self {
+        AttemptError {
+            message: format!("{what}: {e}"),
+            retryable: true,
+        }
+    }
+    fn protocol(message: String) -> Self {
+        AttemptError {
+            message,
+            retryable: false,
+        }
+    }
+}
+
+/// Connects to the server of `uri` (at `tcp_addrs`, resolved at open) and
+/// negotiates its export.
+pub(crate) fn connect(
+    uri: &NbdUri,
+    tcp_addrs: &[SocketAddr],
+) -> Result<(Stream, ExportInfo), AttemptError> {
+    let mut stream = match &uri.address {
+        NbdAddress::Unix { socket } => {
+            Stream::Unix(UnixStream::connect(socket).map_err(|e| AttemptError::io("connect", e))?)
+        }
+        NbdAddress::Tcp { .. } => {
+            let mut last = io::Error::new(io::ErrorKind::NotFound, "the host name has no address");
+            let mut found = None;
+            for addr in tcp_addrs {
+                match TcpStream::connect_timeout(addr, ATTEMPT_TIMEOUT) {
+                    Ok(s) => {
+                        found = Some(s);
+                        break;
+                    }
+                    Err(e) => last = e,
+                }
+            }
+            let s = found.ok_or_else(|| AttemptError::io("connect", last))?;
+            // Request headers are small and each is followed by its reply
+            // wait: Nagle's algorithm would hold them back.
+            s.set_nodelay(true)
+                .map_err(|e| AttemptError::io("setsockopt(TCP_NODELAY)", e))?;
+            Stream::Tcp(s)
+        }
+    };
+    stream
+        .set_read_timeout(Some(ATTEMPT_TIMEOUT))
+        .map_err(|e| AttemptError::io("setsockopt(SO_RCVTIMEO)", e))?;
+    let info = negotiate(&mut stream, &uri.export)?;
+    // Transmission replies may take as long as the server's storage does.
+    stream
+        .set_read_timeout(None)
+        .map_err(|e| AttemptError::io("setsockopt(SO_RCVTIMEO)", e))?;
+    Ok((stream, info))
+}
+
+fn read_u16(s: &mut impl Read) -> io::Result<u16> {
+    let mut b = [0; 2];
+    s.read_exact(&mut b)?;
+    Ok(u16::from_be_bytes(b))
+}
+fn read_u32(s: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+fn read_u64(s: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0; 8];
+    s.read_exact(&mut b)?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// The fixed-newstyle negotiation up to transmission.
+fn negotiate(s: &mut Stream, export: &str) -> Result<ExportInfo, AttemptError> {
+    let io = |what: &'static str| move |e: io::Error| AttemptError::io(what, e);
+    let magic = read_u64(s).map_err(io("reading the server's greeting"))?;
+    if magic != NBDMAGIC {
+        return Err(AttemptError::protocol(format!(
+            "not an NBD server (greeting {magic:#x}, expected NBDMAGIC)"
+        )));
+    }
+    let style = read_u64(s).map_err(io("reading the server's greeting"))?;
+    if style == OLDSTYLE_MAGIC {
+        return Err(AttemptError::protocol(
+            "the server speaks the old-style handshake only; run it in newstyle mode (nbdkit and qemu-nbd do by default)".into(),
+        ));
+    }
+    if style != IHAVEOPT {
+        return Err(AttemptError::protocol(format!(
+            "unknown handshake magic {style:#x}"
+        )));
+    }
+    let server_flags = read_u16(s).map_err(io("reading the server's flags"))?;
+    if server_flags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(AttemptError::protocol(
+            "the server does not do the fixed-newstyle handshake".into(),
+        ));
+    }
+    let mut client_flags = CLIENT_FLAG_FIXED_NEWSTYLE;
+    if server_flags & FLAG_NO_ZEROES != 0 {
+        client_flags |= CLIENT_FLAG_NO_ZEROES;
+    }
+    s.write_all(&client_flags.to_be_bytes())
+        .map_err(io("sending the client flags"))?;
+
+    // NBD_OPT_GO: name length, name, the info requests.
+    let name = export.as_bytes();
+    let mut data = Vec::with_capacity(8 + name.len());
+    data.extend_from_slice(&(name.len() as u32).to_be_bytes());
+    data.extend_from_slice(name);
+    data.extend_from_slice(&1u16.to_be_bytes());
+    data.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    send_option(s, OPT_GO, &data).map_err(io("sending NBD_OPT_GO"))?;
+
+    let mut size_flags = None;
+    let mut block = None;
+    loop {
+        let magic = read_u64(s).map_err(io("reading the NBD_OPT_GO reply"))?;
+        if magic != OPT_REPLY_MAGIC {
+            return Err(AttemptError::protocol(format!(
+                "bad option reply magic {magic:#x}"
+            )));
+        }
+        let option = read_u32(s).map_err(io("reading the NBD_OPT_GO reply"))?;
+        let reply = read_u32(s).map_err(io("reading the NBD_OPT_GO reply"))?;
+        let len = read_u32(s).map_err(io("reading the NBD_OPT_GO reply"))?;
+        if len > 1 << 20 {
+            return Err(AttemptError::protocol(format!(
+                "option reply of {len} bytes is implausibly long"
+            )));
+        }
+        let mut payload = vec![0; len as usize];
+        s.read_exact(&mut payload)
+            .map_err(io("reading the NBD_OPT_GO reply"))?;
+        if option != OPT_GO {
+            return Err(AttemptError::protocol(format!(
+                "reply to option {option} while waiting for NBD_OPT_GO"
+            )));
+        }
+        match reply {
+            REP_ACK => break,
+            REP_INFO if payload.len() >= 2 => {
+                let kind = u16::from_be_bytes([payload[0], payload[1]]);
+                match kind {
+                    INFO_EXPORT if payload.len() >= 12 => {
+                        let size = u64::from_be_bytes(payload[2..10].try_into().expect("8 bytes"));
+                        let flags = u16::from_be_bytes([payload[10], payload[11]]);
+                        size_flags = Some((size, flags));
+                    }
+                    INFO_BLOCK_SIZE if payload.len() >= 14 => {
+                        let word = |i: usize| {
+                            u32::from_be_bytes(payload[i..i + 4].try_into().expect("4 bytes"))
+                        };
+                        block = Some((word(2), word(6), word(10)));
+                    }
+                    // Other information (name, description) is not needed.
+                    _ => {}
+                }
+            }
+            REP_INFO => {}
+            r if r & REP_FLAG_ERROR != 0 => {
+                let text = String::from_utf8_lossy(&payload).into_owned();
+                let _ = send_option(s, OPT_ABORT, &[]);
+                // A server shutting down (a restart under way) may take
+                // the next connection; any other refusal stays.
+                let mut error = AttemptError::protocol(option_error(r, export, &text));
+                error.retryable = r == REP_FLAG_ERROR | 7;
+                return Err(error);
+            }
+            r => {
+                return Err(AttemptError::protocol(format!(
+                    "unexpected reply type {r} to NBD_OPT_GO"
+                )))
+            }
+        }
+    }
+    let (size_bytes, flags) = size_flags.ok_or_else(|| {
+        AttemptError::protocol("the server acknowledged NBD_OPT_GO without NBD_INFO_EXPORT".into())
+    })?;
+    if flags & TFLAG_HAS_FLAGS == 0 {
+        return Err(AttemptError::protocol(
+            "the server's transmission flags lack NBD_FLAG_HAS_FLAGS".into(),
+        ));
+    }
+    // Without NBD_INFO_BLOCK_SIZE the protocol's defaults apply: any
+    // alignment, payloads up to 32 MiB.
+    let (min, preferred, max) = block.unwrap_or((1, 4096, 32 << 20));
+    if min == 0 || !min.is_power_of_two() || max < min {
+        return Err(AttemptError::protocol(format!(
+            "the server reports impossible block sizes (minimum {min}, maximum {max})"
+        )));
+    }
+    Ok(ExportInfo {
+        size_bytes,
+        flags,
+        min_block_bytes: min,
+        preferred_block_bytes: preferred.max(min),
+        max_block_bytes: max,
+    })
+}
+
+fn send_option(s: &mut Stream, option: u32, data: &[u8]) -> io::Result<()> {
+    let mut msg = Vec::with_capacity(16 + data.len());
+    msg.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    msg.extend_from_slice(&option.to_be_bytes());
+    msg.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    msg.extend_from_slice(data);
+    s.write_all(&msg)
+}
+
+/// The message for an `NBD_REP_ERR_*` reply to `NBD_OPT_GO`.
+fn option_error(reply: u32, export: &str, text: &str) -> String {
+    let what = match reply & !REP_FLAG_ERROR {
+        1 => "the server does not support NBD_OPT_GO (it is too old: use nbdkit, qemu-nbd or nbd-server >= 3.10)".to_string(),
+        2 => "the server's policy refuses the export".to_string(),
+        3 => "the server calls the request invalid".to_string(),
+        5 => "the server requires TLS, which this client does not do".to_string(),
+        6 => format!("the server has no export named {export:?}; check the EXPORT part of the URI (nbdkit serves any name, qemu-nbd the one given with -x, default empty)"),
+        7 => "the server is shutting down".to_string(),
+        8 => "the server requires block size negotiation".to_string(),
+        n => format!("the server refused the export (error {n})"),
+    };
+    if text.is_empty() {
+        what
+    } else {
+        format!("{what}: {text}")
+    }
+}

@@ -1,0 +1,448 @@
+//! Swap stores and disks on NBD exports, against real servers the tests
+//! start on Unix sockets of their own (nbdkit's memory and file plugins,
+//! its error filter, qemu-nbd over a file): overcommitted guests keep
+//! every word, a server restarted mid-run is reconnected and nothing is
+//! lost, a server gone for good or failing I/O ends the VM with the chunk's
+//! address and the server's name, never with zeros, and an export too
+//! small for the run is refused at start.
+
+use blockio::test_support::NbdServer;
+use integration_tests::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(600);
+
+/// A sparse file on a disk filesystem for file-backed servers.
+fn backing_file(tag: &str, len_bytes: u64) -> PathBuf {
+    let path =
+        PathBuf::from("/var/tmp").join(format!("hugevmm-nbd-{}-{tag}.img", std::process::id()));
+    let file = std::fs::File::create(&path).expect("create the export's file");
+    file.set_len(len_bytes).expect("size the export's file");
+    path
+}
+
+/// `verify` on 4 vCPUs, 1 GiB held to 256 MiB (4x overcommit), on `store`.
+fn verify_on(store: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "4",
+        "--mem",
+        "1G",
+        "--mem-limit",
+        "256M",
+        "--payload-args",
+        "passes=2",
+        "--swap-store",
+        store,
+    ];
+    args.extend_from_slice(extra);
+    hugevmm(&args, LIMIT)
+}
+
+fn check_swapped_through(run: &Run, what: &str) {
+    run.expect_status(0);
+    assert_eq!(
+        run.stdout.matches(" ok").count(),
+        4,
+        "{what}: {}",
+        run.stdout
+    );
+    let unit = run.stat("/swap/unit_bytes");
+    let evictions = run.stat("/swap/evictions");
+    let store_faults = run.stat("/swap/faults/store");
+    eprintln!("{what}: evictions={evictions} store_faults={store_faults}");
+    assert!(
+        evictions >= (1 << 30) / unit,
+        "{what}: evictions {evictions}"
+    );
+    assert!(
+        store_faults >= (1 << 29) / unit,
+        "{what}: store faults {store_faults}"
+    );
+    assert!(run.stat("/swap/resident_bytes_max") <= 256 << 20);
+}
+
+#[test]
+fn verify_at_4x_overcommit_on_nbdkit_memory_and_qemu_nbd() {
+    if skip_without_kvm("nbd verify") {
+        return;
+    }
+    if let Some(server) = NbdServer::nbdkit("nbd verify on nbdkit", &["memory", "size=1G"]) {
+        let run = verify_on(server.uri(), &[]);
+        check_swapped_through(&run, "nbdkit memory");
+    }
+    let file = backing_file("qemu-nbd", 1 << 30);
+    if let Some(server) = NbdServer::qemu_nbd("nbd verify on qemu-nbd", &file) {
+        let run = verify_on(server.uri(), &[]);
+        check_swapped_through(&run, "qemu-nbd");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn blkcheck_on_an_nbd_disk() {
+    if skip_without_kvm("nbd blkcheck") {
+        return;
+    }
+    let Some(server) = NbdServer::nbdkit("nbd blkcheck", &["memory", "size=64M"]) else {
+        return;
+    };
+    for extra in [&[][..], &["--mem-limit", "64M"][..]] {
+        let mut args = vec![
+            "run",
+            "--payload",
+            "blkcheck",
+            "--mem",
+            "256M",
+            "--vcpus",
+            "2",
+            "--disk",
+            server.uri(),
+        ];
+        args.extend_from_slice(extra);
+        let run = hugevmm(&args, LIMIT);
+        run.expect_status(0);
+        assert!(
+            run.stdout.contains("blkcheck ok sectors=") && run.stdout.contains("capacity=131072"),
+            "{extra:?}: {}",
+            run.stdout
+        );
+    }
+    let Some(ro) = NbdServer::nbdkit("nbd blkcheck read-only", &["-r", "memory", "size=8M"]) else {
+        return;
+    };
+    let readonly = format!("{},readonly", ro.uri());
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "blkcheck",
+            "--mem",
+            "128M",
+            "--disk",
+            &readonly,
+        ],
+        LIMIT,
+    );
+    run.expect_status(0);
+    assert!(run.stdout.contains("readonly=1"), "{}", run.stdout);
+    // Without ,readonly a read-only export is refused, saying what to do.
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "blkcheck",
+            "--mem",
+            "128M",
+            "--disk",
+            ro.uri(),
+        ],
+        LIMIT,
+    );
+    assert_ne!(run.status, Some(0));
+    assert!(run.stderr.contains("read-only"), "{}", run.stderr);
+}
+
+/// Starts `verify` on `store` (more passes, so that it runs long enough
+/// to be interrupted) with an API socket, and waits until it has evicted
+/// and read back through the store.
+fn start_swapping(store: &str) -> (Background, PathBuf) {
+    let (mut vm, socket) = start_with_api_socket(&[
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "4",
+        "--mem",
+        "1G",
+        "--mem-limit",
+        "256M",
+        "--payload-args",
+        "passes=4",
+        "--swap-store",
+        store,
+    ]);
+    let sock = socket.clone();
+    vm.wait_until("the guest swaps through the store", LIMIT, move || {
+        let stats = ctl(&sock, &["stats"]);
+        stats.pointer("/swap/faults/store").and_then(|v| v.as_u64()) > Some(100)
+    });
+    (vm, socket)
+}
+
+fn restart_mid_run(mut server: NbdServer, what: &str) {
+    let store = format!("{},timeout=120", server.uri());
+    let (vm, _socket) = start_swapping(&store);
+    server.kill();
+    // Down long enough for the vCPUs to wait on it (reads) and the
+    // evictor to find it gone (writes); no result depends on how long.
+    std::thread::sleep(Duration::from_secs(2));
+    server.restart();
+    let run = vm.finish(LIMIT);
+    run.expect_status(0);
+    assert_eq!(
+        run.stdout.matches(" ok").count(),
+        4,
+        "{what}: {}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("MISMATCH"), "{what}: {}", run.stdout);
+    assert!(
+        run.stderr.contains("connection lost"),
+        "{what}: {}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("reconnected"), "{what}: {}", run.stderr);
+}
+
+#[test]
+fn a_server_restarted_mid_run_loses_no_word() {
+    if skip_without_kvm("nbd restart") {
+        return;
+    }
+    let file = backing_file("restart-nbdkit", 1 << 30);
+    let path = file.to_str().unwrap().to_string();
+    if let Some(server) = NbdServer::nbdkit("nbd restart nbdkit file", &["file", &path]) {
+        restart_mid_run(server, "nbdkit file");
+    }
+    let _ = std::fs::remove_file(&file);
+    let file = backing_file("restart-qemu-nbd", 1 << 30);
+    if let Some(server) = NbdServer::qemu_nbd("nbd restart qemu-nbd", &file) {
+        restart_mid_run(server, "qemu-nbd");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+fn assert_names_server_and_chunk(run: &Run, uri: &str) {
+    assert_eq!(run.status, Some(125), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains(uri), "{}", run.stderr);
+    assert!(run.stderr.contains("guest address 0x"), "{}", run.stderr);
+    assert!(!run.stdout.contains("MISMATCH"), "{}", run.stdout);
+}
+
+#[test]
+fn a_server_gone_for_good_ends_the_vm_naming_it_and_the_chunk() {
+    if skip_without_kvm("nbd dead server") {
+        return;
+    }
+    let Some(mut server) = NbdServer::nbdkit("nbd dead server", &["memory", "size=1G"]) else {
+        return;
+    };
+    let store = format!("{},timeout=3", server.uri());
+    let (vm, _socket) = start_swapping(&store);
+    server.kill();
+    let run = vm.finish(LIMIT);
+    assert_names_server_and_chunk(&run, server.uri());
+    assert!(run.stderr.contains("unreachable"), "{}", run.stderr);
+    assert!(run.stderr.contains("timeout=SECONDS"), "{}", run.stderr);
+}
+
+#[test]
+fn sigterm_ends_a_vm_waiting_on_a_dead_server() {
+    if skip_without_kvm("nbd sigterm") {
+        return;
+    }
+    let Some(mut server) = NbdServer::nbdkit("nbd sigterm", &["memory", "size=1G"]) else {
+        return;
+    };
+    // A bound far beyond the test: only the signal can end this run.
+    let store = format!("{},timeout=3600", server.uri());
+    let (mut vm, socket) = start_swapping(&store);
+    server.kill();
+    // Wait until a fault is stuck on the server: the fault count stops
+    // moving once every vCPU waits (the API still answers).
+    let mut last = 0;
+    vm.wait_until("the vCPUs wait on the dead server", LIMIT, || {
+        std::thread::sleep(Duration::from_millis(500));
+        let faults = ctl(&socket, &["stats"])
+            .pointer("/swap/faults/total")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(0);
+        let still = faults == last;
+        last = faults;
+        still
+    });
+    vm.signal(libc::SIGTERM);
+    let run = vm.finish(LIMIT);
+    assert_eq!(run.status, Some(128 + libc::SIGTERM), "{}", run.stderr);
+    assert!(!run.stdout.contains("MISMATCH"), "{}", run.stdout);
+}
+
+fn with_error_filter(test: &str, rates: [&str; 2]) -> Option<NbdServer> {
+    NbdServer::nbdkit(
+        test,
+        &[
+            "--filter=error",
+            "memory",
+            "size=1G",
+            "error=EIO",
+            rates[0],
+            rates[1],
+        ],
+    )
+}
+
+#[test]
+fn eio_from_the_server_is_fatal_never_zeros() {
+    if skip_without_kvm("nbd eio") {
+        return;
+    }
+    // Reads fail: the first chunk read back ends the VM.
+    if let Some(server) = with_error_filter(
+        "nbd eio on reads",
+        ["error-pread-rate=100%", "error-pwrite-rate=0%"],
+    ) {
+        let run = verify_on(server.uri(), &[]);
+        assert_names_server_and_chunk(&run, server.uri());
+        assert!(
+            run.stderr.contains("read of 2097152 bytes"),
+            "{}",
+            run.stderr
+        );
+        assert!(run.stderr.contains("Input/output error"), "{}", run.stderr);
+    }
+    // Writes fail: the first eviction ends the VM.
+    if let Some(server) = with_error_filter(
+        "nbd eio on writes",
+        ["error-pread-rate=0%", "error-pwrite-rate=100%"],
+    ) {
+        let run = verify_on(server.uri(), &[]);
+        assert_names_server_and_chunk(&run, server.uri());
+        assert!(run.stderr.contains("swap out the chunk"), "{}", run.stderr);
+        assert!(run.stderr.contains("Input/output error"), "{}", run.stderr);
+    }
+}
+
+#[test]
+fn an_export_too_small_for_the_run_is_refused_at_start() {
+    if skip_without_kvm("nbd too small") {
+        return;
+    }
+    let Some(server) = NbdServer::nbdkit("nbd too small", &["memory", "size=64M"]) else {
+        return;
+    };
+    let run = verify_on(server.uri(), &[]);
+    assert_ne!(run.status, Some(0));
+    assert!(
+        run.stderr.contains("holds 67108864 bytes"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("can need"), "{}", run.stderr);
+    assert!(
+        !run.stdout.contains("verify vcpu"),
+        "the guest must not run"
+    );
+}
+
+#[test]
+fn malformed_nbd_uris_are_refused_saying_the_form() {
+    for (flag, value) in [
+        ("--swap-store", "nbd:///swap"),
+        ("--swap-store", "nbd+unix:///swap"),
+        ("--disk", "nbd://h:99999/x"),
+    ] {
+        let run = hugevmm(
+            &["run", "--payload", "hello", "--mem", "64M", flag, value],
+            LIMIT,
+        );
+        assert_ne!(run.status, Some(0));
+        assert!(
+            run.stderr.contains("nbd+unix:///EXPORT?socket=PATH"),
+            "{flag} {value}: {}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn the_nbd_reader_thread_runs_its_own_seccomp_filter() {
+    if skip_without_kvm("nbd seccomp") {
+        return;
+    }
+    let Some(server) = NbdServer::nbdkit("nbd seccomp", &["memory", "size=64M"]) else {
+        return;
+    };
+    // The probe makes the first thread of the kind call execve after
+    // installing its filter: only a filtered nbd-reader thread traps.
+    let mut cmd = std::process::Command::new(hugevmm_bin());
+    cmd.args([
+        "run",
+        "--payload",
+        "hello",
+        "--mem",
+        "64M",
+        "--mem-limit",
+        "32M",
+        "--swap-store",
+        server.uri(),
+    ])
+    .env("HUGEVMM_SECCOMP_PROBE", "nbd");
+    let out = run_with_limit(cmd, LIMIT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(159), "{stderr}");
+    assert!(
+        stderr.contains("forbidden system call execve (59) on a thread of kind nbd"),
+        "{stderr}"
+    );
+}
+
+/// `--swap-encrypt` on an NBD store: the export (nbdkit's file plugin, so
+/// the test can read what the server keeps) holds none of the pages
+/// `verify` leaves in it without encryption, and the guest reads back
+/// every word through the sealed NBD store.
+#[test]
+fn an_encrypted_nbd_store_leaves_no_guest_page_on_the_server() {
+    if skip_without_kvm("encrypted nbd store") {
+        return;
+    }
+    for encrypt in [false, true] {
+        let file = backing_file(if encrypt { "sealed" } else { "plain" }, 1 << 30);
+        let file_arg = format!("file={}", file.display());
+        let Some(server) = NbdServer::nbdkit("encrypted nbd store", &["file", &file_arg]) else {
+            let _ = std::fs::remove_file(&file);
+            return;
+        };
+        let mut args = vec![
+            "run",
+            "--payload",
+            "verify",
+            "--vcpus",
+            "2",
+            "--mem",
+            "512M",
+            "--mem-limit",
+            "128M",
+            "--payload-args",
+            "passes=2",
+            "--swap-store",
+            server.uri(),
+        ];
+        if encrypt {
+            args.push("--swap-encrypt");
+        }
+        let run = hugevmm(&args, LIMIT);
+        run.expect_status(0);
+        assert_eq!(run.stdout.matches(" ok").count(), 2, "{}", run.stdout);
+        assert!(run.stat("/swap/evictions") >= 256, "too few evictions");
+        let sealed = run.stats.as_ref().unwrap().pointer("/swap/store/sealed");
+        assert_eq!(sealed, Some(&serde_json::Value::Bool(encrypt)));
+        drop(server);
+        let image = std::fs::read(&file).expect("read the export's file");
+        let _ = std::fs::remove_file(&file);
+        let found = verify_pages_in(&image);
+        eprintln!("nbd store, encrypt={encrypt}: {found} pages shaped as verify's");
+        if encrypt {
+            assert_eq!(found, 0, "guest pages in the clear on the NBD server");
+        } else {
+            assert!(
+                found > 1000,
+                "the scan finds the plain run's pages: {found}"
+            );
+        }
+    }
+}
