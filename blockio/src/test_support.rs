@@ -99,16 +99,24 @@ pub struct NbdServer {
 }
 
 impl NbdServer {
-    /// `nbdkit ARGS...` (filters, plugin, its parameters) serving on a
-    /// fresh Unix socket; `None` (after a visible skip of `test`) when
-    /// nbdkit is not installed.
-    pub fn nbdkit(test: &str, args: &[&str]) -> Option<NbdServer> {
-        if !test_resources::have_program("nbdkit") {
+    /// Whether nbdkit is installed; reports the skip of `test` when not.
+    fn have_nbdkit(test: &str) -> bool {
+        let here = test_resources::have_program("nbdkit");
+        if !here {
             test_resources::skip(
                 test,
                 test_resources::Resource::Nbdkit,
                 "nbdkit is not installed (Debian: apt-get install nbdkit)",
             );
+        }
+        here
+    }
+
+    /// `nbdkit ARGS...` (filters, plugin, its parameters) serving on a
+    /// fresh Unix socket; `None` (after a visible skip of `test`) when
+    /// nbdkit is not installed.
+    pub fn nbdkit(test: &str, args: &[&str]) -> Option<NbdServer> {
+        if !Self::have_nbdkit(test) {
             return None;
         }
         let dir = Self::fresh_dir();
@@ -129,12 +137,7 @@ impl NbdServer {
     /// `nbdkit -i 127.0.0.1 -p PORT ARGS...` on a free TCP port of the
     /// loopback interface; `None` as for [`Self::nbdkit`].
     pub fn nbdkit_tcp(test: &str, args: &[&str]) -> Option<NbdServer> {
-        if !test_resources::have_program("nbdkit") {
-            test_resources::skip(
-                test,
-                test_resources::Resource::Nbdkit,
-                "nbdkit is not installed (Debian: apt-get install nbdkit)",
-            );
+        if !Self::have_nbdkit(test) {
             return None;
         }
         let dir = Self::fresh_dir();

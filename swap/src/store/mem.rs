@@ -259,6 +259,24 @@ impl MemStore {
             .fetch_sub(entry.data.len() as u64, Ordering::Relaxed);
     }
 
+    /// Decompresses `image` into `buf`, which it must fill exactly.
+    fn decompress_exact(&self, image: &[u8], at: Place, buf: &mut [u8]) -> Result<(), StoreError> {
+        let (gpa, slot) = (at.gpa, at.slot);
+        let got = self
+            .codec
+            .decompress_into(image, buf)
+            .map_err(|source| StoreError::Io { gpa, slot, source })?;
+        if got != buf.len() {
+            return Err(StoreError::ShortRead {
+                gpa,
+                slot,
+                got_bytes: got,
+                want_bytes: buf.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// Decompresses an entry into `buf` (its exact length) and verifies it
     /// (sealed: opens it first, then decompresses what it vouched for).
     fn unpack(
@@ -281,36 +299,13 @@ impl MemStore {
                 // The shared image stays sealed: open a copy of it.
                 let mut opened = data.to_vec();
                 self.integrity.verify(at, check, &mut opened)?;
-                let got = self
-                    .codec
-                    .decompress_into(&opened, buf)
-                    .map_err(|source| StoreError::Io { gpa, slot, source })?;
-                if got != buf.len() {
-                    return Err(StoreError::ShortRead {
-                        gpa,
-                        slot,
-                        got_bytes: got,
-                        want_bytes: buf.len(),
-                    });
-                }
-                return Ok(());
+                return self.decompress_exact(&opened, at, buf);
             }
         };
         if raw {
             buf.copy_from_slice(&data);
         } else {
-            let got = self
-                .codec
-                .decompress_into(&data, buf)
-                .map_err(|source| StoreError::Io { gpa, slot, source })?;
-            if got != buf.len() {
-                return Err(StoreError::ShortRead {
-                    gpa,
-                    slot,
-                    got_bytes: got,
-                    want_bytes: buf.len(),
-                });
-            }
+            self.decompress_exact(&data, at, buf)?;
         }
         let found = crc32fast::hash(buf);
         if found != expected {
