@@ -182,6 +182,21 @@ fn split_host_port(authority: &str) -> Result<(String, u16), String> {
     if host.is_empty() {
         return Err("empty host".into());
     }
+    // Checked here, not left to name resolution: a host the URI printed
+    // back cannot express (brackets, slashes, spaces) must be refused when
+    // parsed, and an address literal in brackets must be one.
+    if authority.starts_with('[') {
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!("{host:?} in brackets is not an IPv6 address"));
+        }
+    } else if !host
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    {
+        return Err(format!(
+            "bad host {host:?}: a host name (letters, digits, '.', '-', '_'), an IPv4 address or [IPv6]"
+        ));
+    }
     let port = match port {
         None => DEFAULT_PORT,
         Some(p) => p
@@ -331,6 +346,11 @@ mod tests {
             ("nbd://[::1/x", "closing ]"),
             ("nbd+unix:///x", "needs ?socket=PATH"),
             ("nbd+unix://host/x?socket=/s", "takes no host"),
+            // Found by the store_spec fuzz target: accepted, then printed
+            // back as a URI that does not parse.
+            ("nbd://[[[]/:n", "is not an IPv6 address"),
+            ("nbd://ho st/x", "bad host"),
+            ("nbd://a%20b/x", "bad host"),
             ("nbd://h/x?socket=/s", "belongs to nbd+unix"),
             ("nbd://h/x?foo=1", "unknown query parameter"),
             ("nbds://h/x", "TLS"),
