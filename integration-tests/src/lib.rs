@@ -554,3 +554,26 @@ pub fn verify_pages_in(image: &[u8]) -> usize {
         })
         .count()
 }
+
+/// `verify` on 2 vCPUs, 512 MiB held to 128 MiB (4x overcommit), two
+/// passes, on the store `spec` with `extra` options, within 10 minutes:
+/// the run the store-content scans (plain vs `--swap-encrypt`) compare.
+pub fn verify_small_overcommitted(spec: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "2",
+        "--mem",
+        "512M",
+        "--mem-limit",
+        "128M",
+        "--payload-args",
+        "passes=2",
+        "--swap-store",
+        spec,
+    ];
+    args.extend_from_slice(extra);
+    hugevmm(&args, Duration::from_secs(600))
+}

@@ -14,24 +14,7 @@ const LIMIT: Duration = Duration::from_secs(600);
 /// `verify` on 2 vCPUs, 512 MiB held to 128 MiB, onto a new `file:` store
 /// at `store`, with `extra` options; the store file is left for the caller.
 fn verify_onto(store: &Path, extra: &[&str]) -> Run {
-    let spec = format!("file:{}", store.display());
-    let mut args = vec![
-        "run",
-        "--payload",
-        "verify",
-        "--vcpus",
-        "2",
-        "--mem",
-        "512M",
-        "--mem-limit",
-        "128M",
-        "--payload-args",
-        "passes=2",
-        "--swap-store",
-        &spec,
-    ];
-    args.extend_from_slice(extra);
-    let run = hugevmm(&args, LIMIT);
+    let run = verify_small_overcommitted(&format!("file:{}", store.display()), extra);
     run.expect_status(0);
     assert!(run.stat("/swap/evictions") >= 256, "too few evictions");
     assert!(run.stat("/swap/faults/store") >= 128, "too few store reads");

@@ -407,25 +407,8 @@ fn an_encrypted_nbd_store_leaves_no_guest_page_on_the_server() {
             let _ = std::fs::remove_file(&file);
             return;
         };
-        let mut args = vec![
-            "run",
-            "--payload",
-            "verify",
-            "--vcpus",
-            "2",
-            "--mem",
-            "512M",
-            "--mem-limit",
-            "128M",
-            "--payload-args",
-            "passes=2",
-            "--swap-store",
-            server.uri(),
-        ];
-        if encrypt {
-            args.push("--swap-encrypt");
-        }
-        let run = hugevmm(&args, LIMIT);
+        let extra: &[&str] = if encrypt { &["--swap-encrypt"] } else { &[] };
+        let run = verify_small_overcommitted(server.uri(), extra);
         run.expect_status(0);
         assert_eq!(run.stdout.matches(" ok").count(), 2, "{}", run.stdout);
         assert!(run.stat("/swap/evictions") >= 256, "too few evictions");
