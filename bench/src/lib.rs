@@ -16,6 +16,9 @@
 //!   off, interleaved, beside the cipher's own throughput.
 //! - `nbd`: seqwrite on an NBD store over loopback against fio's nbd
 //!   engine on the same server, same request size and queue depth.
+//! - `linux` (opt-in, not in `all`): a stock Linux kernel with a busybox
+//!   tmpfs workload under a limit, per unit, nested in QEMU where this
+//!   host cannot run guest kernels.
 //!
 //! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
 //! figures come from its `--stats-json`, exactly what a user would get, and
@@ -34,6 +37,7 @@ mod hist;
 mod host_pageout;
 mod interrupt;
 mod limits;
+mod linux;
 mod nbd;
 mod pageout;
 mod plots;
@@ -65,7 +69,9 @@ pub enum Suite {
     Encryption,
     /// seqwrite on an NBD store over loopback vs fio's nbd engine on the same server.
     Nbd,
-    /// All of the above (limits first).
+    /// A Debian kernel with a busybox tmpfs workload under a limit, auto vs 4k vs 2m (nested in QEMU TCG on hosts without VMX/SVM; not in `all`).
+    Linux,
+    /// All of the above but `linux` (limits first).
     All,
 }
 
@@ -78,6 +84,7 @@ impl Suite {
             Suite::Limits => "limits",
             Suite::Encryption => "encryption",
             Suite::Nbd => "nbd",
+            Suite::Linux => "linux",
             Suite::All => "all",
         }
     }
@@ -297,6 +304,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::FaultLatency => fault_latency::run(&mut ctx),
             Suite::Encryption => encryption::run(&mut ctx),
             Suite::Nbd => nbd::run(&mut ctx),
+            Suite::Linux => linux::run(&mut ctx),
             Suite::All => unreachable!("expanded above"),
         };
         if let Err(e) = result {

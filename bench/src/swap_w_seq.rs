@@ -704,7 +704,7 @@ fn fio_seconds(p: &Plan) -> u64 {
 fn fio_step(ctx: &mut Ctx, p: &Plan, i: usize, runs: usize) -> Result<Option<FioRate>> {
     let seconds = fio_seconds(p);
     ctx.progress.start(&format!(
-        "fio: 2 MiB random reads and writes (half each), {} in flight, O_DIRECT, {seconds} s #{i}/{runs}",
+        "fio: 2 MiB reads and writes in slot order (half each), {} in flight, O_DIRECT, {seconds} s #{i}/{runs}",
         fio::QUEUE_DEPTH
     ));
     // A file of the size of the store the runs use (guest RAM), so that
