@@ -455,6 +455,33 @@ impl Drop for Rig {
     }
 }
 
+/// Every thread of this process with its name, what it waits in
+/// (`wchan`) and its kernel stack (readable as root): which engine
+/// thread holds a unit in flight is the first question a hang report
+/// must answer, and the userspace side is in the panic's own backtrace.
+fn thread_report() -> String {
+    let mut out = String::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return "  (no /proc/self/task)".into();
+    };
+    for task in tasks.flatten() {
+        let dir = task.path();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {} {} wchan={} state={}",
+            task.file_name().to_string_lossy(),
+            read("comm").trim(),
+            read("wchan").trim(),
+            read("stat").split_whitespace().nth(2).unwrap_or("?")
+        );
+        for line in read("stack").lines().take(8) {
+            let _ = writeln!(out, "      {line}");
+        }
+    }
+    out
+}
+
 /// The page model and the run of one sequence.
 struct Run<'a> {
     setup: &'a Setup,
@@ -515,7 +542,13 @@ impl Run<'_> {
         }
         self.check_fatal(at);
         if !idle && self.rig.fatal().is_empty() {
-            self.fail(at, "workers stuck without a fatal error from the engine");
+            self.fail(
+                at,
+                &format!(
+                    "workers stuck without a fatal error from the engine\nthreads:\n{}",
+                    thread_report()
+                ),
+            );
         }
         idle && self.rig.fatal().is_empty()
     }

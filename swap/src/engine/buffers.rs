@@ -5,11 +5,19 @@
 //! - `Thp` (2 MiB units on anonymous memory): each buffer is a 2 MiB aligned
 //!   THP, moved into the guest with UFFDIO_MOVE, so it leaves the pool empty
 //!   and is refilled by touching it (a fresh THP is zero, which is also the
-//!   zero-fill path). Hugeness is checked with MADV_COLLAPSE on the touched
-//!   buffer: it returns at once for a PMD-mapped range and otherwise tries
-//!   to build one; if that fails the buffer is fully touched and counted as
-//!   split when used. Chosen over reading /proc/self/smaps (one file read
-//!   per buffer) or pagemap+kpageflags (needs root).
+//!   zero-fill path). Hugeness is checked with `PAGEMAP_SCAN` on the
+//!   touched buffer (a page-table walk); only the refill thread, when the
+//!   first touch did not get a huge page, tries MADV_COLLAPSE to build one.
+//!   A fault thread filling a buffer inline never calls MADV_COLLAPSE:
+//!   it drains every CPU's LRU batches through their workqueues
+//!   (`lru_add_drain_all`) and waits for all of them, so one CPU whose
+//!   kworkers are starved held a fault for over a minute (the fuzz
+//!   target's hang report: dmesg showed "workqueue lockup - pool cpus=0
+//!   stuck for 34s" at the same second, with the refill thread and a fault
+//!   thread both in `madvise_collapse` -> `__lru_add_drain_all`). A buffer
+//!   that is not huge is fully touched and counted as split when used.
+//!   Without `PAGEMAP_SCAN` (kernels before 6.7) only the refill thread's
+//!   MADV_COLLAPSE tells, and inline fills count as split.
 //! - `Reusable` (hugetlb and 4 KiB units): buffers are UFFDIO_COPY sources;
 //!   they stay populated and go straight back to the pool.
 //!
@@ -30,7 +38,7 @@
 
 use std::sync::{Condvar, Mutex};
 
-use guestmem::host::{AnonMapping, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
+use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
 
 /// How the pool's buffers are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,6 +102,18 @@ pub struct BufferPool {
     mode: PoolMode,
     lists: Mutex<Lists>,
     refill_wanted: Condvar,
+    /// Tells a huge buffer from a small one without MADV_COLLAPSE (`None`:
+    /// not `Thp` mode, or a kernel without `PAGEMAP_SCAN`).
+    pagemap: Option<PagemapScanner>,
+}
+
+/// Who fills a buffer, which decides whether MADV_COLLAPSE may be tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Filler {
+    /// The refill thread: may wait for every CPU (see the module docs).
+    Refill,
+    /// A fault thread, inline: must not.
+    Fault,
 }
 
 impl BufferPool {
@@ -122,6 +142,10 @@ impl BufferPool {
                 idle_max: 0,
             }),
             refill_wanted: Condvar::new(),
+            pagemap: match mode {
+                PoolMode::Thp => PagemapScanner::open().ok(),
+                PoolMode::Reusable => None,
+            },
         };
         Ok(pool)
     }
@@ -168,7 +192,7 @@ impl BufferPool {
     }
 
     /// Populates buffer `index`; returns whether it is one huge page.
-    fn fill(&self, index: usize) -> bool {
+    fn fill(&self, index: usize, filler: Filler) -> bool {
         let offset = index as u64 * self.buf_bytes;
         match self.mode {
             PoolMode::Reusable => {
@@ -177,13 +201,22 @@ impl BufferPool {
             }
             PoolMode::Thp => {
                 // The first touch of a MADV_HUGEPAGE range allocates a THP
-                // when the kernel has one; MADV_COLLAPSE confirms (cheaply
-                // when it already is) or builds one.
+                // when the kernel has one; PAGEMAP_SCAN confirms it, and
+                // only the refill thread tries MADV_COLLAPSE to build one
+                // when it did not.
                 self.range().touch(offset, PAGE_BYTES);
-                if self.buf_bytes == HUGE_PAGE_BYTES
-                    && self.range().collapse(offset, self.buf_bytes).is_ok()
-                {
-                    return true;
+                if self.buf_bytes == HUGE_PAGE_BYTES {
+                    let huge = self.pagemap.as_ref().is_some_and(|scanner| {
+                        scanner
+                            .is_huge(self.range(), offset, self.buf_bytes)
+                            .unwrap_or(false)
+                    });
+                    if huge
+                        || (filler == Filler::Refill
+                            && self.range().collapse(offset, self.buf_bytes).is_ok())
+                    {
+                        return true;
+                    }
                 }
                 // Not huge: populate every page so a move leaves no hole.
                 self.range().touch(offset, self.buf_bytes);
@@ -192,7 +225,8 @@ impl BufferPool {
         }
     }
 
-    /// Takes a filled buffer, filling one inline when none is ready.
+    /// Takes a filled buffer, filling one inline when none is ready (without
+    /// MADV_COLLAPSE: see the module docs).
     pub fn take(&self) -> Buffer {
         let mut lists = self.lock();
         loop {
@@ -207,7 +241,7 @@ impl BufferPool {
             }
             if let Some(index) = lists.empty.pop() {
                 drop(lists);
-                let huge = self.fill(index);
+                let huge = self.fill(index, Filler::Fault);
                 return Buffer {
                     index,
                     addr: self.range().base() + index as u64 * self.buf_bytes,
@@ -320,7 +354,7 @@ impl BufferPool {
 
     /// Runs a [`RefillJob::Fill`]: fills the buffer and makes it ready.
     pub fn fill_job(&self, index: usize) {
-        let huge = self.fill(index);
+        let huge = self.fill(index, Filler::Refill);
         let mut lists = self.lock();
         lists.busy -= 1;
         lists.ready.push((index, huge));
