@@ -420,18 +420,39 @@ impl AsRawFd for Uffd {
     }
 }
 
+/// How long `EAGAIN` is retried without a byte of progress before it is
+/// returned as an error. The kernel answers `EAGAIN` while the address
+/// space is changing under the userfaultfd (`mmap_changing`), which ends
+/// within microseconds; one that lasts this long will not end, and a
+/// fault thread spinning on it would hold its unit in flight for ever.
+const EAGAIN_WITHOUT_PROGRESS: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs `op(done)` until the range of `len` bytes is done: `op` reports
-/// partial progress in its error (`done_bytes`), `EAGAIN` is retried, and
-/// any other error is returned with the progress added up over all calls.
-fn whole_range(
+/// partial progress in its error (`done_bytes`), `EAGAIN` is retried
+/// (until [`EAGAIN_WITHOUT_PROGRESS`] passes with none), and any other
+/// error is returned with the progress added up over all calls.
+fn whole_range(len: u64, op: impl FnMut(u64) -> Result<(), UffdError>) -> Result<(), UffdError> {
+    whole_range_within(len, EAGAIN_WITHOUT_PROGRESS, op)
+}
+
+/// [`whole_range`] with the `EAGAIN` bound as a parameter (for tests).
+fn whole_range_within(
     len: u64,
+    eagain_without_progress: std::time::Duration,
     mut op: impl FnMut(u64) -> Result<(), UffdError>,
 ) -> Result<(), UffdError> {
     let mut done = 0;
+    let mut last_progress = std::time::Instant::now();
     loop {
         match op(done) {
             Ok(()) => return Ok(()),
             Err(e) if e.errno() == Some(libc::EAGAIN) && done + e.done_bytes() < len => {
+                if e.done_bytes() > 0 {
+                    last_progress = std::time::Instant::now();
+                } else if last_progress.elapsed() > eagain_without_progress {
+                    let total = done + e.done_bytes();
+                    return Err(e.with_done_bytes(total));
+                }
                 done += e.done_bytes();
                 std::thread::yield_now();
             }
@@ -867,6 +888,36 @@ fn ioctl_err(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn eagain(done_bytes: u64) -> UffdError {
+        UffdError::Ioctl {
+            op: "UFFDIO_MOVE",
+            range: "test".into(),
+            done_bytes,
+            source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+        }
+    }
+
+    #[test]
+    fn eagain_is_retried_while_it_makes_progress_and_ends_when_it_does_not() {
+        let bound = std::time::Duration::from_millis(20);
+        // Progress on every call: the range completes.
+        let mut calls = 0;
+        let r = whole_range_within(4096 * 4, bound, |done| {
+            calls += 1;
+            if done == 4096 * 3 {
+                Ok(())
+            } else {
+                Err(eagain(4096))
+            }
+        });
+        assert!(r.is_ok() && calls == 4, "{r:?} after {calls} calls");
+        // Never any progress: an error once the bound passed, not a spin.
+        let started = std::time::Instant::now();
+        let r = whole_range_within(4096, bound, |_| Err(eagain(0)));
+        assert_eq!(r.unwrap_err().errno(), Some(libc::EAGAIN));
+        assert!(started.elapsed() >= bound);
+    }
 
     #[test]
     fn struct_sizes_match_the_kernel_abi() {
