@@ -41,6 +41,7 @@ mod linux;
 mod nbd;
 mod pageout;
 mod plots;
+mod prime;
 mod progress;
 mod report;
 mod runner;
@@ -110,6 +111,13 @@ pub struct BenchArgs {
     /// removed afterwards.
     #[arg(long, default_value = "/var/tmp")]
     pub store_dir: PathBuf,
+    /// Do not touch and free each VM run's memory before starting it. By
+    /// default the bench does, because a host that returns free memory to
+    /// its own hypervisor makes a run's first touch of memory up to 15x
+    /// slower after an idle moment (see docs/BENCHMARKS.md); this flag
+    /// measures that cost instead.
+    #[arg(long)]
+    pub no_prime: bool,
 }
 
 /// Quick or full sizes.
@@ -151,6 +159,8 @@ pub struct Ctx {
     pub kvm_unusable: Option<String>,
     /// Ceilings from the `limits` suite, measured once per invocation.
     pub limits: Option<Limits>,
+    /// Prime the host's memory before each VM run (not `--no-prime`).
+    pub prime: bool,
 }
 
 impl Ctx {
@@ -263,18 +273,25 @@ pub fn run(args: BenchArgs) -> Result<i32> {
         is_root,
         kvm_unusable: kvm_problem(),
         limits: None,
+        prime: !args.no_prime,
     };
     let command = format!(
-        "hugevmm bench {}{} --out {} --store-dir {}",
+        "hugevmm bench {}{}{} --out {} --store-dir {}",
         args.suite.name(),
         if args.quick { " --quick" } else { "" },
+        if args.no_prime { " --no-prime" } else { "" },
         args.out.display(),
         args.store_dir.display()
     );
     ctx.progress.note(&format!(
-        "{command}  ({} mode; {})",
+        "{command}  ({} mode; {}; {})",
         mode.name(),
-        report::machine_summary()
+        report::machine_summary(),
+        if ctx.prime {
+            "each VM run's memory touched and freed just before it (--no-prime: not)"
+        } else {
+            "memory not primed before VM runs"
+        }
     ));
     if let Some(why) = ctx.kvm_unusable.clone() {
         ctx.skip("VM runs", &why);

@@ -146,6 +146,11 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
     let timeline_path = ctx.raw_path(&format!("{}.timeline.jsonl", spec.name));
     let timeline = spec.timeline_ms.map(|_| &timeline_path);
     let _ = std::fs::remove_file(&stats_path);
+    if ctx.prime {
+        let guest_bytes = guestmem::size::parse_size(&spec.mem)
+            .with_context(|| format!("the run's --mem {} is not a size", spec.mem))?;
+        crate::prime::prime(guest_bytes);
+    }
     let output = Command::new(&ctx.hugevmm)
         .args(spec.args(&stats_path, timeline))
         // The default store is an unlinked file in $TMPDIR: it lives on

@@ -723,15 +723,19 @@ impl<'a> Evictor<'a> {
             if let Some(slot) = slot {
                 s.store.free(slot);
             }
-            let state = s
-                .table
-                .wait_while(unit, &|st| st.tag() == Tag::Loading, &|| s.stopping());
+            // A fault that failed fatally can stay `Loading` for good, so
+            // waiting stops on a failure as on shutdown.
+            let state = s.table.wait_while(
+                unit,
+                &|st| st.tag() == Tag::Loading,
+                &|| s.stopping() || s.failed(),
+            );
             if state.tag() != Tag::Loading {
                 // The fault thread has finished copying out of `p`.
                 release_parked(s, p);
             }
-            // else: shutting down while a fault thread may still copy out of
-            // `p`; leave the slot allocated.
+            // else: stopping or failed while a fault thread may still copy
+            // out of `p`; leave the slot allocated.
             return;
         }
     }
