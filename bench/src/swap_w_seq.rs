@@ -583,7 +583,13 @@ fn announce(ctx: &mut Ctx, p: &Plan) -> String {
     let rand_runs = units * p.rand.runs
         + units * p.mixed.runs
         + p.seed.as_ref().map_or(0, |w| SEED_UNITS.len() * w.runs);
-    ctx.progress.plan(seq_runs + rand_runs);
+    // One fio ceiling before each round of the file-store seqwrite runs.
+    let fio_steps = if fio::unavailable().is_none() {
+        p.seq.runs
+    } else {
+        0
+    };
+    ctx.progress.plan(seq_runs + rand_runs + fio_steps);
     let same_work = format!(
         "every unit runs the same work: {} (= {} MiB of guest writes per run); seqwrite 1 vCPU: {}; randwrite: {}; mixed: {}",
         p.seq.work_text(),

@@ -521,10 +521,15 @@ impl<'a> Evictor<'a> {
                             return Ok(false);
                         }
                         Err(e) => {
+                            let why = if e.is_eexist() {
+                                format!(" into parking slot {p}, which was not empty (an engine bug)")
+                            } else {
+                                String::new()
+                            };
                             return Err(SwapError::uffd(
-                                format!("moving out the chunk at {}", s.unit_name(unit)),
+                                format!("moving out the chunk at {}{why}", s.unit_name(unit)),
                                 e,
-                            ))
+                            ));
                         }
                     }
                 }

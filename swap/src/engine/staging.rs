@@ -19,8 +19,25 @@ use guestmem::host::{AnonMapping, RawRange};
 pub struct Parking {
     mapping: AnonMapping,
     slot_bytes: u64,
-    free: Mutex<Vec<u32>>,
+    free: Mutex<FreeSlots>,
     freed: Condvar,
+}
+
+/// The free slots, and which slots are free: a slot released twice would
+/// have two owners (two units moved into one slot, the second move failing
+/// with `EEXIST` or, worse, one unit's pages discarded under the other),
+/// so a second release is caught where it happens.
+struct FreeSlots {
+    stack: Vec<u32>,
+    is_free: Vec<bool>,
+}
+
+impl FreeSlots {
+    fn pop(&mut self) -> Option<u32> {
+        let slot = self.stack.pop()?;
+        self.is_free[slot as usize] = false;
+        Some(slot)
+    }
 }
 
 impl Parking {
@@ -35,7 +52,10 @@ impl Parking {
         Ok(Parking {
             mapping,
             slot_bytes,
-            free: Mutex::new((0..slots as u32).rev().collect()),
+            free: Mutex::new(FreeSlots {
+                stack: (0..slots as u32).rev().collect(),
+                is_free: vec![true; slots],
+            }),
             freed: Condvar::new(),
         })
     }
@@ -63,7 +83,7 @@ impl Parking {
     /// Takes a free slot, waiting up to `wait` for one.
     pub fn acquire_timeout(&self, wait: Duration) -> Option<u32> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.is_empty() {
+        if free.stack.is_empty() {
             free = self
                 .freed
                 .wait_timeout(free, wait)
@@ -74,18 +94,75 @@ impl Parking {
     }
 
     /// Empties a slot's pages and makes it available again.
+    ///
+    /// # Panics
+    ///
+    /// As [`Parking::release_empty`], and before discarding anything: a
+    /// free slot may already hold another unit's pages.
     pub fn release(&self, slot: u32) {
+        let taken = !self.free.lock().unwrap_or_else(|e| e.into_inner()).is_free[slot as usize];
+        assert_taken(taken, slot);
         // Discarding makes the slot a valid (empty) move destination again.
         let _ = self.raw().discard(self.offset(slot), self.slot_bytes);
         self.release_empty(slot);
     }
 
     /// Makes an already-empty slot available again.
+    ///
+    /// # Panics
+    ///
+    /// If the slot is free already: an engine bug, which ends the VM with
+    /// this message (engine-thread panics are fatal) before a second owner
+    /// could move a unit onto the first one's pages.
     pub fn release_empty(&self, slot: u32) {
-        self.free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(slot);
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let is_free = &mut free.is_free[slot as usize];
+        assert_taken(!*is_free, slot);
+        *is_free = true;
+        free.stack.push(slot);
+        drop(free);
         self.freed.notify_one();
+    }
+}
+
+fn assert_taken(taken: bool, slot: u32) {
+    assert!(
+        taken,
+        "parking slot {slot} released while free (released twice): an engine bug"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_come_back_once_each() {
+        let parking = Parking::new(2, 4096).unwrap();
+        let a = parking.try_acquire().unwrap();
+        let b = parking.try_acquire().unwrap();
+        assert_ne!(a, b);
+        assert_eq!(parking.try_acquire(), None);
+        parking.release(a);
+        assert_eq!(parking.try_acquire(), Some(a));
+        parking.release_empty(b);
+        parking.release_empty(a);
+        assert!(parking.acquire_timeout(Duration::from_millis(1)).is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "released while free")]
+    fn a_slot_released_twice_is_caught() {
+        let parking = Parking::new(2, 4096).unwrap();
+        let slot = parking.try_acquire().unwrap();
+        parking.release_empty(slot);
+        parking.release_empty(slot);
+    }
+
+    #[test]
+    #[should_panic(expected = "released while free")]
+    fn releasing_a_free_slot_is_caught_before_its_pages_are_discarded() {
+        let parking = Parking::new(2, 4096).unwrap();
+        parking.release(0);
     }
 }
