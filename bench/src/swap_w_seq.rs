@@ -1264,7 +1264,11 @@ mod tests {
         }
         let firsts: Vec<&str> = rounds.iter().map(|r| r[0]).collect();
         assert_eq!(firsts, ["2m", "4k", "auto"]);
-        assert_eq!(round_order(&units, 4), units, "the fourth round starts over");
+        assert_eq!(
+            round_order(&units, 4),
+            units,
+            "the fourth round starts over"
+        );
         assert_eq!(round_order(&["2m", "auto"], 2), ["auto", "2m"]);
     }
 }

@@ -522,7 +522,9 @@ impl<'a> Evictor<'a> {
                         }
                         Err(e) => {
                             let why = if e.is_eexist() {
-                                format!(" into parking slot {p}, which was not empty (an engine bug)")
+                                format!(
+                                    " into parking slot {p}, which was not empty (an engine bug)"
+                                )
                             } else {
                                 String::new()
                             };
@@ -730,11 +732,11 @@ impl<'a> Evictor<'a> {
             }
             // A fault that failed fatally can stay `Loading` for good, so
             // waiting stops on a failure as on shutdown.
-            let state = s.table.wait_while(
-                unit,
-                &|st| st.tag() == Tag::Loading,
-                &|| s.stopping() || s.failed(),
-            );
+            let state = s
+                .table
+                .wait_while(unit, &|st| st.tag() == Tag::Loading, &|| {
+                    s.stopping() || s.failed()
+                });
             if state.tag() != Tag::Loading {
                 // The fault thread has finished copying out of `p`.
                 release_parked(s, p);
