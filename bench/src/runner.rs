@@ -147,7 +147,7 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
     let timeline = spec.timeline_ms.map(|_| &timeline_path);
     let _ = std::fs::remove_file(&stats_path);
     if ctx.prime {
-        let guest_bytes = guestmem::size::parse_size(&spec.mem)
+        let guest_bytes = guestmem::parse_size(&spec.mem)
             .with_context(|| format!("the run's --mem {} is not a size", spec.mem))?;
         crate::prime::prime(guest_bytes);
     }

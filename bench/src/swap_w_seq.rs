@@ -550,8 +550,10 @@ fn ratio(groups: &[Group], case: &str, store: &str) -> Option<f64> {
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     let limits = ctx.limits()?;
     let p = plan(ctx.mode);
-    let same_work = announce(ctx, &p);
-    let (results, fio_rates) = run_all(ctx, &p, &limits)?;
+    // Asked once: it decides both the planned steps and the fio runs.
+    let fio_missing = fio::unavailable();
+    let same_work = announce(ctx, &p, fio_missing.is_none());
+    let (results, fio_rates) = run_all(ctx, &p, &limits, fio_missing)?;
     if results.is_empty() {
         // Nothing ran (no KVM here, said at the start): no empty tables.
         return Ok(());
@@ -577,18 +579,14 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
 
 /// Plans the progress steps and says what work both units run; returns
 /// that sentence (also a note of the tables and a key of the JSON).
-fn announce(ctx: &mut Ctx, p: &Plan) -> String {
+fn announce(ctx: &mut Ctx, p: &Plan, with_fio: bool) -> String {
     let units = UNITS.len();
     let seq_runs = units * p.seq.runs + units + usize::from(p.warmup) + units * p.strict.runs;
     let rand_runs = units * p.rand.runs
         + units * p.mixed.runs
         + p.seed.as_ref().map_or(0, |w| SEED_UNITS.len() * w.runs);
     // One fio ceiling before each round of the file-store seqwrite runs.
-    let fio_steps = if fio::unavailable().is_none() {
-        p.seq.runs
-    } else {
-        0
-    };
+    let fio_steps = if with_fio { p.seq.runs } else { 0 };
     ctx.progress.plan(seq_runs + rand_runs + fio_steps);
     let same_work = format!(
         "every unit runs the same work: {} (= {} MiB of guest writes per run); seqwrite 1 vCPU: {}; randwrite: {}; mixed: {}",
@@ -609,10 +607,14 @@ const UNITS: [&str; 3] = ["2m", "4k", "auto"];
 /// Every VM run of the suite, in order: the warm-up (full mode), seqwrite
 /// on the file store, seqwrite on the compressed memory store, seqwrite
 /// with one vCPU, randwrite; units interleaved within each.
-fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<(Vec<RunOutcome>, Vec<FioRate>)> {
+fn run_all(
+    ctx: &mut Ctx,
+    p: &Plan,
+    limits: &Limits,
+    fio_missing: Option<String>,
+) -> Result<(Vec<RunOutcome>, Vec<FioRate>)> {
     let mut results: Vec<RunOutcome> = Vec::new();
     let mut fio_rates = Vec::new();
-    let fio_missing = fio::unavailable();
     if let Some(why) = &fio_missing {
         ctx.skip("fio ceilings of swap-w-seq", why);
     }
@@ -695,9 +697,8 @@ fn run_all(ctx: &mut Ctx, p: &Plan, limits: &Limits) -> Result<(Vec<RunOutcome>,
 /// the host's memory (see `prime`), which the priming evens out.
 fn round_order<'a>(units: &[&'a str], round: usize) -> Vec<&'a str> {
     let mut order = units.to_vec();
-    if !order.is_empty() {
-        let by = (round.saturating_sub(1)) % order.len();
-        order.rotate_left(by);
+    if !units.is_empty() {
+        order.rotate_left(round.saturating_sub(1) % units.len());
     }
     order
 }
