@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use common::{config, get, put, start_guest};
 use guestmem::host::{HUGE_PAGE_BYTES, PAGE_BYTES};
+use swap::chunk::PageTag;
 use swap::engine::{EngineConfig, SwapUnit};
 use swap::store::{Codec, MemStore, SharedStore};
 
@@ -131,10 +132,27 @@ fn a_split_chunk_used_densely_again_collapses() {
     .join()
     .unwrap();
     // Then write every page of a chunk that split: dense again, it
-    // collapses.
+    // collapses. A chunk split while staged or resident keeps its pages
+    // resident until the evictor needs their room, and writes to resident
+    // pages do not fault, so nothing would tell the policy the chunk is
+    // dense: evict the chosen chunk first, so that every page of the dense
+    // pass faults whatever the evictor did meanwhile.
     let dense = (0..chunks)
         .find(|&c| g.engine().page_state(c * CHUNK).is_some())
         .expect("a thrashing chunk split");
+    g.engine()
+        .evict_range(dense * CHUNK, CHUNK)
+        .expect("evicting the split chunk");
+    let resident = (0..PAGES)
+        .filter(|&p| {
+            g.engine()
+                .page_state(dense * CHUNK + p * PAGE_BYTES)
+                .expect("the evicted chunk stays split")
+                .tag()
+                == PageTag::Resident
+        })
+        .count();
+    assert_eq!(resident, 0, "chunk {dense} was evicted");
     std::thread::spawn(move || {
         for page in dense * PAGES..(dense + 1) * PAGES {
             put(base + page * PAGE_BYTES, value(page, 99));
