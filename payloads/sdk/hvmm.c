@@ -302,26 +302,83 @@ int hvmm_parse_u64(struct hvmm_str s, uint64_t *out)
     return 0;
 }
 
+static char lower(char c)
+{
+    return c >= 'A' && c <= 'Z' ? (char)(c - 'A' + 'a') : c;
+}
+
+/* The multiplier of a size's unit: "" or "b" is 1, "k", "kb", "kib" 1024,
+ * and so on up to "t" (case-insensitive); 0 for anything else. */
+static uint64_t unit_bytes(const char *p, uint64_t len)
+{
+    if (len == 0 || (len == 1 && lower(p[0]) == 'b'))
+        return 1;
+    unsigned shift;
+    switch (lower(p[0])) {
+    case 'k': shift = 10; break;
+    case 'm': shift = 20; break;
+    case 'g': shift = 30; break;
+    case 't': shift = 40; break;
+    default: return 0;
+    }
+    int tail_ok = len == 1 || (len == 2 && lower(p[1]) == 'b') ||
+                  (len == 3 && lower(p[1]) == 'i' && lower(p[2]) == 'b');
+    return tail_ok ? 1ull << shift : 0;
+}
+
+/* More fraction digits are refused, as hugevmm's own sizes (guestmem)
+ * refuse them. */
+#define MAX_FRACTION_DIGITS 20
+
 int hvmm_parse_size(struct hvmm_str s, uint64_t *out)
 {
-    unsigned shift = 0;
-    if (s.len > 1) {
-        switch (s.ptr[s.len - 1]) {
-        case 'k': case 'K': shift = 10; break;
-        case 'm': case 'M': shift = 20; break;
-        case 'g': case 'G': shift = 30; break;
-        case 't': case 'T': shift = 40; break;
-        default: break;
-        }
-        if (shift != 0)
-            s.len--;
+    uint64_t i = 0, whole = 0;
+    for (; i < s.len && s.ptr[i] >= '0' && s.ptr[i] <= '9'; i++) {
+        unsigned d = (unsigned)(s.ptr[i] - '0');
+        if (whole > (UINT64_MAX - d) / 10)
+            return -1; /* overflow */
+        whole = whole * 10 + d;
     }
-    uint64_t v;
-    if (hvmm_parse_u64(s, &v) != 0)
+    if (i == 0)
+        return -1; /* no number (".5K", "K", "-1") */
+    uint64_t frac_start = i, frac_end = i;
+    if (i < s.len && s.ptr[i] == '.') {
+        frac_start = ++i;
+        while (i < s.len && s.ptr[i] >= '0' && s.ptr[i] <= '9')
+            i++;
+        frac_end = i;
+        if (frac_end == frac_start)
+            return -1; /* "5.K" */
+    }
+    uint64_t unit = unit_bytes(s.ptr + i, s.len - i);
+    if (unit == 0)
         return -1;
-    if (shift != 0 && v > (UINT64_MAX >> shift))
+    if (whole > UINT64_MAX / unit)
         return -1; /* overflow */
-    *out = v << shift;
+    uint64_t bytes = whole * unit;
+    while (frac_end > frac_start && s.ptr[frac_end - 1] == '0')
+        frac_end--; /* 2.50M is 2.5M */
+    if (frac_end > frac_start) {
+        if (frac_end - frac_start > MAX_FRACTION_DIGITS)
+            return -1;
+        /* 0.d1 d2 ... dn x unit, from the last digit on: y = (dk x unit +
+         * y) / 10. When the whole is a whole number of bytes, so is every
+         * step (the digits from k on, times unit, are a multiple of
+         * 10^(n-k+1) too), so a remainder anywhere means it is not. Each
+         * step stays below 10 x unit: no wide division (-nostdlib has no
+         * libgcc for it). */
+        uint64_t frac_bytes = 0;
+        for (uint64_t j = frac_end; j-- > frac_start;) {
+            uint64_t t = (uint64_t)(s.ptr[j] - '0') * unit + frac_bytes;
+            if (t % 10 != 0)
+                return -1; /* not a whole number of bytes: 1.3K */
+            frac_bytes = t / 10;
+        }
+        if (bytes > UINT64_MAX - frac_bytes)
+            return -1;
+        bytes += frac_bytes;
+    }
+    *out = bytes;
     return 0;
 }
 
@@ -371,6 +428,42 @@ static void print_known(const struct hvmm_arg_spec *specs)
     hvmm_putc('\n');
 }
 
+/* A size as hugevmm suggests them: the largest unit it is a whole number
+ * of (2M, 64K), else bytes. */
+static void put_size(uint64_t v)
+{
+    static const char units[] = "TGMK";
+    for (unsigned i = 0; i < 4; i++) {
+        unsigned shift = 40 - 10 * i;
+        if (v != 0 && (v & ((1ull << shift) - 1)) == 0) {
+            hvmm_printf("%lu%c", v >> shift, units[i]);
+            return;
+        }
+    }
+    hvmm_put_u64(v);
+}
+
+/* The range of a spec in words: "0 or 1", "a number from 1 to 64",
+ * "a size from 0 to 6M". */
+static void put_range(const struct hvmm_arg_spec *spec)
+{
+    if (spec->type == HVMM_ARG_NUMBER && spec->max == spec->min + 1) {
+        hvmm_printf("%lu or %lu", spec->min, spec->max);
+        return;
+    }
+    int size = spec->type == HVMM_ARG_SIZE;
+    hvmm_puts(size ? "a size from " : "a number from ");
+    if (size)
+        put_size(spec->min);
+    else
+        hvmm_put_u64(spec->min);
+    hvmm_puts(" to ");
+    if (size)
+        put_size(spec->max);
+    else
+        hvmm_put_u64(spec->max);
+}
+
 int hvmm_parse_args(const struct hvmm_boot_info *info, const char *prog,
                     const struct hvmm_arg_spec *specs, int report)
 {
@@ -391,28 +484,40 @@ int hvmm_parse_args(const struct hvmm_boot_info *info, const char *prog,
         }
 
         const char *expected = NULL;
+        uint64_t value = 0;
         switch (spec->type) {
         case HVMM_ARG_NUMBER:
-            if (hvmm_parse_u64(word.value, (uint64_t *)spec->out) != 0)
+            if (hvmm_parse_u64(word.value, &value) != 0)
                 expected = "a number: decimal or 0x hex";
             break;
         case HVMM_ARG_SIZE:
-            if (hvmm_parse_size(word.value, (uint64_t *)spec->out) != 0)
-                expected = "a size: a number with an optional K/M/G/T suffix";
+            if (hvmm_parse_size(word.value, &value) != 0)
+                expected = "a size: a number with an optional K/M/G/T "
+                           "suffix; a fraction only if it makes whole "
+                           "bytes, e.g. 1.5M";
             break;
         case HVMM_ARG_STRING:
             *(struct hvmm_str *)spec->out = word.value;
             break;
         }
-        if (expected != NULL) {
+        int out_of_range = expected == NULL && spec->type != HVMM_ARG_STRING &&
+                           spec->ranged &&
+                           (value < spec->min || value > spec->max);
+        if (expected != NULL || out_of_range) {
             if (report) {
-                hvmm_printf("%s: bad value '%.*s' for %s= (expected %s)", prog,
-                            (int)word.value.len, word.value.ptr, spec->key,
-                            expected);
+                hvmm_printf("%s: bad value '%.*s' for %s= (expected ", prog,
+                            (int)word.value.len, word.value.ptr, spec->key);
+                if (expected != NULL)
+                    hvmm_puts(expected);
+                else
+                    put_range(spec);
+                hvmm_putc(')');
                 print_known(specs);
             }
             return -1;
         }
+        if (spec->type != HVMM_ARG_STRING)
+            *(uint64_t *)spec->out = value;
     }
     return 0;
 }

@@ -168,8 +168,12 @@ int hvmm_arg_str(const struct hvmm_boot_info *info, const char *key,
 /* A number: decimal, or hexadecimal with a 0x prefix. */
 int hvmm_arg_u64(const struct hvmm_boot_info *info, const char *key,
                  uint64_t *out);
-/* A byte size: a number as above with an optional suffix K, M, G or T
- * (case-insensitive, powers of 1024). */
+/* A byte size, written as hugevmm's own options take them (`--mem`):
+ * a decimal number with an optional unit K, M, G or T (case-insensitive,
+ * powers of 1024), optionally followed by B or iB, or a lone B (bytes).
+ * A decimal fraction is accepted when it makes a whole number of bytes:
+ * 1.5M is 1572864, 0.5K is 512, 1.3K is refused. No hex: 0x is for
+ * numbers. */
 int hvmm_arg_size(const struct hvmm_boot_info *info, const char *key,
                   uint64_t *out);
 
@@ -190,15 +194,33 @@ struct hvmm_arg_spec {
     const char *key; /* without '='; a NULL key ends the table */
     enum hvmm_arg_type type;
     void *out; /* preset it to the default; written only if the key is given */
+    /* NUMBER and SIZE: when `ranged` is non-zero, a value outside
+     * [min, max] is refused, naming the range. Write HVMM_ARG_RANGE(lo, hi)
+     * (or HVMM_ARG_ANY) after `out`; a spec that leaves them out (0)
+     * takes any value. */
+    uint64_t min;
+    uint64_t max;
+    int ranged;
 };
+
+/* The accepted values [lo, hi] of a NUMBER or SIZE spec:
+ *     { "passes", HVMM_ARG_NUMBER, &passes, HVMM_ARG_RANGE(1, 1000) },  */
+#define HVMM_ARG_RANGE(lo, hi) (lo), (hi), 1
+/* Every value (a seed, a string): the same as leaving the range out. */
+#define HVMM_ARG_ANY 0, UINT64_MAX, 1
+/* The entry that ends a table. */
+#define HVMM_ARG_END { NULL, 0, NULL, 0, 0, 0 }
 
 /*
  * Parses every argument word against `specs`. Returns 0 on success, -1 on
- * an unknown key or a malformed value; then, if `report` is non-zero, it
- * prints one line such as
+ * an unknown key, a malformed value or one out of its range; then, if
+ * `report` is non-zero, it prints one line such as
  *     seqwrite: unknown argument 'foo'; known: bytes= passes=
  *     seqwrite: bad value 'x' for bytes= (expected a size ...); known: ...
+ *     hostile: bad value '2' for exceptions= (expected 0 or 1); known: ...
  * (`prog` names the payload). Pass report = (vcpu == 0) to print once.
+ * After -1 the words before the bad one may have set their `out`s: do
+ * not run then.
  */
 int hvmm_parse_args(const struct hvmm_boot_info *info, const char *prog,
                     const struct hvmm_arg_spec *specs, int report);

@@ -50,29 +50,33 @@ static BUILTINS: &[Builtin] = &[
     builtin!(
         "seqwrite",
         "sequential 8-byte writes over each vCPU's share of the working set \
-         (bytes=SIZE, default all free RAM; passes=N, default 1)"
+         (bytes=SIZE, default all free RAM; passes=N, 1 to 10^6, default 1)"
     ),
     builtin!(
         "randwrite",
         "random 8-byte writes, as many as seqwrite, within each vCPU's share \
-         (bytes=SIZE; passes=N, default 1; seed=N, default 1)"
+         (bytes=SIZE; passes=N, 1 to 10^6, default 1; seed=N, default 1)"
     ),
     builtin!(
         "mixed",
         "scattered hot pages beside a stream: one hot 4 KiB page in each of \
          hot=N chunks (default 128) checked and rewritten every round, while \
          each round writes the next 2 MiB of a stream=SIZE stream (default \
-         512M; passes=N over it, default 2); exit 1 on a wrong hot word"
+         512M; passes=N over it, 1 to 10^6, default 2); hot chunks and stream \
+         must fit in free RAM; exit 1 on a wrong hot word"
     ),
     builtin!(
         "verify",
         "data integrity: vCPUs interleave 4 KiB pages inside 2 MiB chunks, write \
          and check generations in scrambled orders, exit 1 on a mismatch \
-         (bytes=SIZE; passes=N, default 2; seed=N, default 1)"
+         (bytes=SIZE; passes=N, 0 to 10^6, default 2; seed=N, default 1; \
+         cycles=N, default 0: keep writing generations past passes= until N \
+         TSC cycles have passed, tsc_khz in --stats-json converts)"
     ),
     builtin!(
         "selftest",
-        "VMM test helper (exit=N fault=ud|pf|gp|de vcpu=K print=TEXT args=1)"
+        "VMM test helper (exit=N, 0 to 2^32-1; fault=ud|pf|gp|de; vcpu=K, 0 to \
+         vCPUs-1: only that vCPU faults; print=TEXT; args=0|1)"
     ),
     builtin!(
         "blkcheck",
@@ -80,8 +84,9 @@ static BUILTINS: &[Builtin] = &[
          last and random sectors in requests of 512 B to 1 MiB, some split over \
          descriptors, flushes, reads back and compares (twice); checks GET_ID and \
          IOERR past the end; prints `blkcheck ok sectors=<n> capacity=<c> id=<id>`, \
-         exit 1 on a mismatch, 2 without a disk (sectors=N, default 4096; seed=N, \
-         default 1). stream=R instead writes R rounds of a stream_mib=M (default 32) \
+         exit 1 on a mismatch, 2 without a disk (sectors=N, 0 to 65536, default 4096; \
+         seed=N, default 1). stream=R instead writes R rounds of a stream_mib=M \
+         (1 to the free MiB, default 32) \
          buffer of self-describing sectors to the disk, printing `blkcheck stream \
          round=<r>` after each"
     ),
@@ -92,9 +97,10 @@ static BUILTINS: &[Builtin] = &[
          read as zero (dropped; expect_drop=0 also accepts kept data) and the half \
          one kept its data, inflates and deflates pages; prints `balloon ok dropped_chunks=<n> \
          kept_partial=1`, exit 1 on a wrong result, 2 without a balloon \
-         (chunks=N, default 4; expect_drop=0|1, default 1; stats=0|1, default 1). \
-         follow=1 instead waits for the host's target (--balloon-target, `hugevmm ctl \
-         ... balloon SIZE`; at most wait_gcycles=N x 2^30 TSC cycles, default 300), \
+         (chunks=N, 1 to 64, default 4; expect_drop=0|1, default 1; stats=0|1, \
+         default 1). follow=1 instead waits for the host's target (--balloon-target, \
+         `hugevmm ctl ... balloon SIZE`; at most wait_gcycles=N x 2^30 TSC cycles, \
+         1 to 100000, default 300), \
          inflates that many pages, sets `actual` and checks whole inflated chunks were \
          dropped; prints `balloon follow ok target_pages=<t> dropped_chunks=<n>`"
     ),
@@ -107,7 +113,8 @@ static BUILTINS: &[Builtin] = &[
          and checks a disk still works after each reset; then every vCPU raises \
          an exception. Prints `hostile vcpu=<i> ok ...` and `hostile devices=<d> \
          attacks=<a> broken=<b> recovered=<r>` (ports=N, default 20000; mmio=N, \
-         2000; notifies=N, 20000; bytes=SIZE; passes=N, 2; exceptions=0|1, 1; seed=N)"
+         2000; notifies=N, 20000; each 0 to 10^9; bytes=SIZE, at most free RAM \
+         less 4 MiB; passes=N, 1 to 10^6, 2; exceptions=0|1, 1; seed=N)"
     ),
 ];
 
@@ -321,6 +328,45 @@ mod tests {
                 assert!(
                     find(name).is_some(),
                     "{name}.c is built but not listed in BUILTINS"
+                );
+            }
+        }
+    }
+
+    /// The keys of a payload's argument table (`{ "key", HVMM_ARG_...`).
+    fn argument_keys(source: &str) -> Vec<String> {
+        source
+            .split("{ \"")
+            .skip(1)
+            .filter_map(|rest| {
+                let (key, after) = rest.split_once('"')?;
+                after
+                    .trim_start_matches([',', ' '])
+                    .starts_with("HVMM_ARG_")
+                    .then(|| key.to_string())
+            })
+            .collect()
+    }
+
+    /// `hugevmm payloads` prints the descriptions: every argument a
+    /// payload parses is named there (verify's cycles= was not).
+    #[test]
+    fn every_argument_is_in_the_description() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/guest");
+        for builtin in all() {
+            let source = std::fs::read_to_string(dir.join(format!("{}.c", builtin.name))).unwrap();
+            let keys = argument_keys(&source);
+            assert!(
+                !keys.is_empty() || builtin.name == "hello",
+                "{}: no argument table found",
+                builtin.name
+            );
+            for key in keys {
+                assert!(
+                    builtin.description.contains(&format!("{key}=")),
+                    "{}: {key}= is not in its description: {}",
+                    builtin.name,
+                    builtin.description
                 );
             }
         }

@@ -9,7 +9,8 @@ use std::sync::Mutex;
 
 static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
 
-/// Builds (once) `payload` linked with the host harness.
+/// Builds (once) `payload` (a built-in, or a test payload in `tests/host/`)
+/// linked with the host harness.
 fn harness(payload: &str) -> PathBuf {
     let mut built = BUILT.lock().unwrap();
     let built = built.get_or_insert_with(HashMap::new);
@@ -32,7 +33,14 @@ fn harness(payload: &str) -> PathBuf {
         .arg(sdk)
         .arg(manifest.join("tests/host/harness.c"))
         .args(payloads::SDK_SOURCES.iter().map(|file| sdk.join(file)))
-        .arg(manifest.join(format!("src/guest/{payload}.c")))
+        .arg({
+            let builtin = manifest.join(format!("src/guest/{payload}.c"));
+            if builtin.exists() {
+                builtin
+            } else {
+                manifest.join(format!("tests/host/{payload}.c"))
+            }
+        })
         .arg("-o")
         .arg(&out)
         .output()
@@ -122,6 +130,13 @@ fn malformed_values() {
         "bytes=12Q",
         "bytes=",
         "bytes=0x",
+        // Sizes are written as hugevmm's options take them: no hex, and a
+        // fraction only where it makes whole bytes.
+        "bytes=0x1000",
+        "bytes=1.3K",
+        "bytes=.5M",
+        "bytes=5.M",
+        "bytes=1Mx",
         "passes=1K",
         "bytes=99999999999999999999",
         "bytes=17179869184T",
@@ -170,7 +185,8 @@ fn seqwrite_covers_exactly_the_working_set() {
     let layout = "3M,12K,5100K,2M,1M";
     for (vcpus, args, bytes, passes) in [
         (3, "passes=2", (3 + 1) * MIB + 5100 * 1024, 2),
-        (2, "bytes=0x500008 passes=3", 0x500008, 3),
+        (2, "bytes=5242888 passes=3", 0x500008, 3),
+        (2, "bytes=1.5M", 3 * MIB / 2, 1),
         (5, "bytes=7M", 7 * MIB, 1),
         (1, "bytes=1000", 1000, 1),
         (4, "bytes=4K", 4096, 1),
@@ -490,5 +506,215 @@ fn device_payload_arguments() {
         let r = run("balloon", 2, "16M", args, &["mmio=1"]);
         assert_eq!(r.status, 2, "{args}");
         assert_eq!(r.lines_starting("balloon: bad value").len(), 1, "{args}");
+    }
+}
+
+/// The SDK reads a size exactly as hugevmm reads `--mem` (one syntax for
+/// the command line and the payloads' arguments): the same strings are
+/// accepted, with the same values, and the same ones refused.
+#[test]
+fn sizes_are_read_as_hugevmm_reads_its_options() {
+    let cases = [
+        "0",
+        "4096",
+        "512M",
+        "512m",
+        "4G",
+        "1T",
+        "64K",
+        "4096B",
+        "4096b",
+        "512MiB",
+        "512mib",
+        "512MB",
+        "1kb",
+        "1.5G",
+        "1.5M",
+        "0.5K",
+        "1.250M",
+        "2.0",
+        "2.50M",
+        "0.75K",
+        "0.125",
+        "0.000000476837158203125T",
+        "0.00000095367431640625T",
+        "1.3K",
+        "0.5",
+        "1.1M",
+        "",
+        "M",
+        "abc",
+        "-4G",
+        ".5G",
+        "5.G",
+        "1..5G",
+        "0x1000",
+        "4Q",
+        "4KB2",
+        "4Kib",
+        "4Kb",
+        "4kIB",
+        "18446744073709551615",
+        "18446744073709551616",
+        "16777216T",
+        "16777215.999T",
+        "17179869183.5G",
+        "99999999999999999999",
+    ];
+    let args: Vec<String> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, case)| format!("s{i}={case}"))
+        .collect();
+    let r = run("sizes", 1, "1M", &args.join(" "), &[]);
+    assert_eq!(r.status, 0);
+    for (i, case) in cases.iter().enumerate() {
+        let want = match guestmem::parse_size(case) {
+            Ok(bytes) => bytes.to_string(),
+            Err(_) => "bad".to_string(),
+        };
+        assert_eq!(
+            r.lines_starting(&format!("size s{i} ")),
+            [format!("size s{i} {want}")],
+            "'{case}'"
+        );
+    }
+}
+
+/// Every bounded argument of every payload refuses a value outside its
+/// range with one line naming the range; values at the edges run.
+#[test]
+fn arguments_out_of_range_are_refused_with_the_range() {
+    for (payload, vcpus, args, range) in [
+        // A fault on a vCPU the VM does not have would never happen.
+        ("selftest", 2, "fault=ud vcpu=5", "(expected 0 or 1)"),
+        ("selftest", 4, "vcpu=4", "(expected a number from 0 to 3)"),
+        ("selftest", 1, "vcpu=1", "(expected a number from 0 to 0)"),
+        (
+            "selftest",
+            1,
+            "exit=4294967296",
+            "(expected a number from 0 to 4294967295)",
+        ),
+        ("selftest", 1, "args=2", "(expected 0 or 1)"),
+        ("hostile", 2, "exceptions=2", "(expected 0 or 1)"),
+        (
+            "hostile",
+            2,
+            "ports=1000000001",
+            "(expected a number from 0 to 1000000000)",
+        ),
+        (
+            "hostile",
+            2,
+            "mmio=1000000001",
+            "(expected a number from 0 to 1000000000)",
+        ),
+        (
+            "hostile",
+            2,
+            "notifies=1000000001",
+            "(expected a number from 0 to 1000000000)",
+        ),
+        (
+            "hostile",
+            2,
+            "passes=0",
+            "(expected a number from 1 to 1000000)",
+        ),
+        // 16M of free RAM less the 4M arena.
+        ("hostile", 2, "bytes=13M", "(expected a size from 0 to 12M)"),
+        (
+            "seqwrite",
+            1,
+            "passes=0",
+            "(expected a number from 1 to 1000000)",
+        ),
+        (
+            "randwrite",
+            1,
+            "passes=1000001",
+            "(expected a number from 1 to 1000000)",
+        ),
+        (
+            "verify",
+            1,
+            "passes=1000001",
+            "(expected a number from 0 to 1000000)",
+        ),
+        ("mixed", 1, "hot=9", "(expected a number from 0 to 8)"),
+        (
+            "mixed",
+            1,
+            "hot=18446744073709551615",
+            "(expected a number from 0 to 8)",
+        ),
+        ("mixed", 1, "stream=17M", "(expected a size from 0 to 16M)"),
+        (
+            "mixed",
+            1,
+            "passes=0",
+            "(expected a number from 1 to 1000000)",
+        ),
+        (
+            "blkcheck",
+            1,
+            "sectors=65537",
+            "(expected a number from 0 to 65536)",
+        ),
+        (
+            "blkcheck",
+            1,
+            "stream_mib=0",
+            "(expected a number from 1 to 16)",
+        ),
+        (
+            "blkcheck",
+            1,
+            "stream_mib=17",
+            "(expected a number from 1 to 16)",
+        ),
+        (
+            "balloon",
+            1,
+            "chunks=65",
+            "(expected a number from 1 to 64)",
+        ),
+        (
+            "balloon",
+            1,
+            "wait_gcycles=0",
+            "(expected a number from 1 to 100000)",
+        ),
+    ] {
+        let r = run(payload, vcpus, "16M", args, &["mmio=1"]);
+        assert_eq!(r.status, 2, "{payload} {args}: {}", r.out);
+        let lines = r.lines_starting(&format!("{payload}:"));
+        assert_eq!(lines.len(), 1, "{payload} {args}: {}", r.out);
+        let value = args.rsplit_once('=').unwrap().1;
+        let key = args.rsplit(' ').next().unwrap().split('=').next().unwrap();
+        assert!(
+            lines[0].starts_with(&format!(
+                "{payload}: bad value '{value}' for {key}= {range}; known: "
+            )),
+            "{payload} {args}: {}",
+            lines[0]
+        );
+    }
+    // The edges are accepted.
+    for (payload, vcpus, args) in [
+        ("selftest", 2, "fault=ud vcpu=1"),
+        ("selftest", 1, "exit=0 vcpu=0"),
+        ("mixed", 1, "hot=8 stream=0 passes=1"),
+        ("seqwrite", 1, "passes=1000000 bytes=8"),
+    ] {
+        let r = run(payload, vcpus, "16M", args, &[]);
+        assert!(
+            r.lines_starting(&format!("{payload}: bad value"))
+                .is_empty(),
+            "{payload} {args}: {}",
+            r.out
+        );
+        assert!(matches!(r.status, 0 | 100), "{payload} {args}: {}", r.out);
     }
 }

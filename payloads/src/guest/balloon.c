@@ -413,26 +413,16 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
     uint64_t chunks = 4, expect_drop = 1, want_stats = 1, want_follow = 0;
     uint64_t wait_gcycles = 300;
     const struct hvmm_arg_spec specs[] = {
-        { "chunks", HVMM_ARG_NUMBER, &chunks },
-        { "expect_drop", HVMM_ARG_NUMBER, &expect_drop },
-        { "stats", HVMM_ARG_NUMBER, &want_stats },
-        { "follow", HVMM_ARG_NUMBER, &want_follow },
-        { "wait_gcycles", HVMM_ARG_NUMBER, &wait_gcycles },
-        { NULL, 0, NULL },
+        { "chunks", HVMM_ARG_NUMBER, &chunks, HVMM_ARG_RANGE(1, MAX_CHUNKS) },
+        { "expect_drop", HVMM_ARG_NUMBER, &expect_drop, HVMM_ARG_RANGE(0, 1) },
+        { "stats", HVMM_ARG_NUMBER, &want_stats, HVMM_ARG_RANGE(0, 1) },
+        { "follow", HVMM_ARG_NUMBER, &want_follow, HVMM_ARG_RANGE(0, 1) },
+        { "wait_gcycles", HVMM_ARG_NUMBER, &wait_gcycles,
+          HVMM_ARG_RANGE(1, MAX_WAIT_GCYCLES) },
+        HVMM_ARG_END,
     };
     if (hvmm_parse_args(info, "balloon", specs, vcpu == 0) != 0)
         return 2;
-    if (chunks == 0 || chunks > MAX_CHUNKS || expect_drop > 1 ||
-        want_stats > 1 || want_follow > 1 || wait_gcycles == 0 ||
-        wait_gcycles > MAX_WAIT_GCYCLES) {
-        if (vcpu == 0)
-            hvmm_printf("balloon: bad value (expected chunks=1..%u, "
-                        "expect_drop=0|1, stats=0|1, follow=0|1, "
-                        "wait_gcycles=1..%u); known: chunks= expect_drop= "
-                        "stats= follow= wait_gcycles=\n",
-                        MAX_CHUNKS, MAX_WAIT_GCYCLES);
-        return 2;
-    }
     if (vcpu != 0)
         return 0;
 

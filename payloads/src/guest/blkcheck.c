@@ -27,12 +27,13 @@
  * A read-only disk (RO offered): the extents are only read, a write to
  * sector 0 must return IOERR and leave it unchanged.
  *
- * Arguments: sectors=N (sectors to write and verify per pass, default
- * 4096; at least the fixed extents, 2329 sectors on a large disk, are
- * written; fewer when the disk is too small or crowded), seed=N (default
- * 1).
+ * Arguments: sectors=N (sectors to write and verify per pass, 0 to 65536,
+ * default 4096; at least the fixed extents, 2329 sectors on a large disk,
+ * are written; fewer when the disk is too small or crowded), seed=N
+ * (default 1).
  *
- * Stream mode (stream=R, R rounds; stream_mib=M, default 32): instead of
+ * Stream mode (stream=R, R rounds; stream_mib=M, 1 to the free MiB,
+ * default 32): instead of
  * the check, vCPU 0 fills an M MiB buffer with sectors that carry a
  * header (STREAM_MAGIC, round, sector) and a body derived from both
  * (never a zero byte), then writes it to sectors [0, 2048 M) (less on a
@@ -91,6 +92,9 @@
 #define PIECE_STRIDE (132u << 10) /* a piece (<= 128 KiB) + its skew */
 #define DATA_BYTES   ((uint64_t)MAX_PIECES * PIECE_STRIDE)
 #define MAX_EXTENTS  1024
+/* The most sectors= taken: what MAX_EXTENTS extents of the planned sizes
+ * (73.9 sectors on average) can hold, rounded down. */
+#define MAX_SECTORS  65536
 #define PASSES       2
 
 struct blk_hdr {
@@ -551,12 +555,16 @@ static int setup(struct blk *b, const struct hvmm_boot_info *info,
 int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
 {
     uint64_t sectors = 4096, seed = 1, stream = 0, stream_mib = 32;
+    /* stream_mib= is bounded by the free RAM the buffer comes from (the
+     * arena then says whether it fits beside the rings). */
+    uint64_t free_mib = hvmm_free_bytes(info) >> 20;
     const struct hvmm_arg_spec specs[] = {
-        { "sectors", HVMM_ARG_NUMBER, &sectors },
-        { "seed", HVMM_ARG_NUMBER, &seed },
-        { "stream", HVMM_ARG_NUMBER, &stream },
-        { "stream_mib", HVMM_ARG_NUMBER, &stream_mib },
-        { NULL, 0, NULL },
+        { "sectors", HVMM_ARG_NUMBER, &sectors, HVMM_ARG_RANGE(0, MAX_SECTORS) },
+        { "seed", HVMM_ARG_NUMBER, &seed, HVMM_ARG_ANY },
+        { "stream", HVMM_ARG_NUMBER, &stream, HVMM_ARG_ANY },
+        { "stream_mib", HVMM_ARG_NUMBER, &stream_mib,
+          HVMM_ARG_RANGE(1, free_mib > 1 ? free_mib : 1) },
+        HVMM_ARG_END,
     };
     if (hvmm_parse_args(info, "blkcheck", specs, vcpu == 0) != 0)
         return 2;

@@ -8,6 +8,11 @@
 
 #define PAGE_SIZE 4096ull
 
+/* The most passes= a payload takes: far more than any run needs (a pass
+ * over 1 GiB takes a second or more), and small enough that counts derived
+ * from it cannot wrap. */
+#define MAX_PASSES 1000000ull
+
 /* splitmix64 finalizer: a cheap, well-mixing bijection on 64-bit values. */
 static inline uint64_t mix64(uint64_t x)
 {

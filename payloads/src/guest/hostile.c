@@ -31,9 +31,10 @@
  *
  * Arguments: ports=N (random port accesses per vCPU, default 20000),
  * mmio=N (random window accesses per vCPU, default 2000), notifies=N
- * (notifications per device, default 20000), bytes=SIZE (memory churned,
- * default all free RAM outside the arena), passes=N (default 2),
- * exceptions=0|1, seed=N.
+ * (notifications per device, default 20000), each 0 to 10^9; bytes=SIZE
+ * (memory churned, at most the free RAM outside the arena; default and 0:
+ * all of it), passes=N (1 to 10^6, default 2), exceptions=0|1 (default 1),
+ * seed=N.
  *
  * Output: `hostile vcpu=<i> ok ports=<n> mmio=<m> pages=<p>` per vCPU;
  * vCPU 0 adds `hostile devices=<d> attacks=<a> broken=<b> recovered=<r>`
@@ -46,6 +47,8 @@
 #include "virtio.h"
 
 #define ARENA_BYTES (4ull << 20)
+/* The most ports=, mmio= and notifies= taken (ports * passes cannot wrap). */
+#define MAX_COUNT   1000000000ull
 #define QSIZE       16
 #define SECTOR      512u
 #define BLK_T_IN    0u
@@ -546,15 +549,18 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
 {
     uint64_t ports = 20000, mmio = 2000, notifies = 20000, bytes = 0;
     uint64_t passes = 2, exceptions = 1, seed = 1;
+    /* The working set leaves the virtio arena alone (bytes=0: all the rest). */
+    uint64_t free_bytes = hvmm_free_bytes(info);
+    uint64_t usable = free_bytes > ARENA_BYTES ? free_bytes - ARENA_BYTES : 0;
     const struct hvmm_arg_spec specs[] = {
-        { "ports", HVMM_ARG_NUMBER, &ports },
-        { "mmio", HVMM_ARG_NUMBER, &mmio },
-        { "notifies", HVMM_ARG_NUMBER, &notifies },
-        { "bytes", HVMM_ARG_SIZE, &bytes },
-        { "passes", HVMM_ARG_NUMBER, &passes },
-        { "exceptions", HVMM_ARG_NUMBER, &exceptions },
-        { "seed", HVMM_ARG_NUMBER, &seed },
-        { NULL, 0, NULL },
+        { "ports", HVMM_ARG_NUMBER, &ports, HVMM_ARG_RANGE(0, MAX_COUNT) },
+        { "mmio", HVMM_ARG_NUMBER, &mmio, HVMM_ARG_RANGE(0, MAX_COUNT) },
+        { "notifies", HVMM_ARG_NUMBER, &notifies, HVMM_ARG_RANGE(0, MAX_COUNT) },
+        { "bytes", HVMM_ARG_SIZE, &bytes, HVMM_ARG_RANGE(0, usable) },
+        { "passes", HVMM_ARG_NUMBER, &passes, HVMM_ARG_RANGE(1, MAX_PASSES) },
+        { "exceptions", HVMM_ARG_NUMBER, &exceptions, HVMM_ARG_RANGE(0, 1) },
+        { "seed", HVMM_ARG_NUMBER, &seed, HVMM_ARG_ANY },
+        HVMM_ARG_END,
     };
     if (hvmm_parse_args(info, "hostile", specs, vcpu == 0) != 0)
         return 2;
@@ -569,10 +575,9 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
         hvmm_printf("hostile: no room for the virtio arena\n");
         return 2;
     }
-    uint64_t free_bytes = hvmm_free_bytes(info);
-    uint64_t usable = free_bytes > ARENA_BYTES ? free_bytes - ARENA_BYTES : 0;
-    if (bytes == 0 || bytes > usable)
-        bytes = usable & ~7ull;
+    if (bytes == 0)
+        bytes = usable;
+    bytes &= ~7ull;
     uint64_t count;
     const struct hvmm_mmio *windows = hvmm_mmio_devices(info, &count);
 

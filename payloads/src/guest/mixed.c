@@ -6,8 +6,9 @@
  * Arguments:
  *   hot=N        hot chunks (default 128): 2 MiB chunks of free space at
  *                its start, each with one hot 4 KiB page
- *   stream=SIZE  the stream (default 512M), after the hot chunks
- *   passes=N     passes over the stream (default 2)
+ *   stream=SIZE  the stream (default 512M), after the hot chunks; hot
+ *                chunks and stream must fit in free RAM
+ *   passes=N     passes over the stream, 1 to 10^6 (default 2)
  *
  * Hot chunk k belongs to vCPU k mod n; the stream is split over the vCPUs
  * in contiguous shares. Each round a vCPU writes the next 2 MiB of its
@@ -36,11 +37,13 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
 {
     uint64_t free_bytes = hvmm_free_bytes(info);
     uint64_t hot = 128, stream = 512ull << 20, passes = 2;
+    /* hot= is bounded by the chunks free RAM has (so hot * CHUNK cannot
+     * wrap); check_bytes then checks hot chunks and stream together. */
     const struct hvmm_arg_spec specs[] = {
-        { "hot", HVMM_ARG_NUMBER, &hot },
-        { "stream", HVMM_ARG_SIZE, &stream },
-        { "passes", HVMM_ARG_NUMBER, &passes },
-        { NULL, 0, NULL },
+        { "hot", HVMM_ARG_NUMBER, &hot, HVMM_ARG_RANGE(0, free_bytes / CHUNK) },
+        { "stream", HVMM_ARG_SIZE, &stream, HVMM_ARG_RANGE(0, free_bytes) },
+        { "passes", HVMM_ARG_NUMBER, &passes, HVMM_ARG_RANGE(1, MAX_PASSES) },
+        HVMM_ARG_END,
     };
     if (hvmm_parse_args(info, "mixed", specs, vcpu == 0) != 0)
         return 2;

@@ -3,7 +3,7 @@
  *
  * Arguments:
  *   bytes=SIZE   working set (default: all free RAM)
- *   passes=N     passes over the share (default 1)
+ *   passes=N     passes over the share, 1 to 10^6 (default 1)
  *   seed=N       PRNG seed (default 1)
  *
  * The working set is split over the vCPUs exactly as in seqwrite. In each
@@ -39,10 +39,10 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
     uint64_t free_bytes = hvmm_free_bytes(info);
     uint64_t bytes = free_bytes, passes = 1, seed = 1;
     const struct hvmm_arg_spec specs[] = {
-        { "bytes", HVMM_ARG_SIZE, &bytes },
-        { "passes", HVMM_ARG_NUMBER, &passes },
-        { "seed", HVMM_ARG_NUMBER, &seed },
-        { NULL, 0, NULL },
+        { "bytes", HVMM_ARG_SIZE, &bytes, HVMM_ARG_ANY }, /* check_bytes */
+        { "passes", HVMM_ARG_NUMBER, &passes, HVMM_ARG_RANGE(1, MAX_PASSES) },
+        { "seed", HVMM_ARG_NUMBER, &seed, HVMM_ARG_ANY },
+        HVMM_ARG_END,
     };
     if (hvmm_parse_args(info, "randwrite", specs, vcpu == 0) != 0 ||
         check_bytes("randwrite", bytes, free_bytes, vcpu == 0) != 0)

@@ -4,7 +4,8 @@
  *
  * Arguments:
  *   bytes=SIZE   working set (default: all free RAM)
- *   passes=N     how many times each vCPU writes its share (default 1)
+ *   passes=N     how many times each vCPU writes its share, 1 to 10^6
+ *                (default 1)
  *
  * The working set (the first `bytes` of free space, rounded down to 8
  * bytes) is split evenly over the vCPUs (4 KiB-aligned shares, the last
@@ -30,9 +31,9 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
     uint64_t free_bytes = hvmm_free_bytes(info);
     uint64_t bytes = free_bytes, passes = 1;
     const struct hvmm_arg_spec specs[] = {
-        { "bytes", HVMM_ARG_SIZE, &bytes },
-        { "passes", HVMM_ARG_NUMBER, &passes },
-        { NULL, 0, NULL },
+        { "bytes", HVMM_ARG_SIZE, &bytes, HVMM_ARG_ANY }, /* check_bytes */
+        { "passes", HVMM_ARG_NUMBER, &passes, HVMM_ARG_RANGE(1, MAX_PASSES) },
+        HVMM_ARG_END,
     };
     if (hvmm_parse_args(info, "seqwrite", specs, vcpu == 0) != 0 ||
         check_bytes("seqwrite", bytes, free_bytes, vcpu == 0) != 0)

@@ -3,7 +3,7 @@
  *
  * Arguments:
  *   bytes=SIZE   working set (default: all free RAM), whole 4 KiB pages
- *   passes=N     generations to write (default 2)
+ *   passes=N     generations to write, 0 to 10^6 (default 2)
  *   seed=N       varies the data and the visiting orders (default 1)
  *   cycles=N     keep writing generations, past passes, until N TSC cycles
  *                have passed since this vCPU started (default 0: passes
@@ -100,11 +100,12 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
     uint64_t free_bytes = hvmm_free_bytes(info);
     uint64_t bytes = free_bytes, passes = 2, seed = 1, cycles = 0;
     const struct hvmm_arg_spec specs[] = {
-        { "bytes", HVMM_ARG_SIZE, &bytes },
-        { "passes", HVMM_ARG_NUMBER, &passes },
-        { "seed", HVMM_ARG_NUMBER, &seed },
-        { "cycles", HVMM_ARG_NUMBER, &cycles },
-        { NULL, 0, NULL },
+        { "bytes", HVMM_ARG_SIZE, &bytes, HVMM_ARG_ANY }, /* check_bytes */
+        /* passes=0 only checks that fresh memory reads zero. */
+        { "passes", HVMM_ARG_NUMBER, &passes, HVMM_ARG_RANGE(0, MAX_PASSES) },
+        { "seed", HVMM_ARG_NUMBER, &seed, HVMM_ARG_ANY },
+        { "cycles", HVMM_ARG_NUMBER, &cycles, HVMM_ARG_ANY },
+        HVMM_ARG_END,
     };
     if (hvmm_parse_args(info, "verify", specs, vcpu == 0) != 0 ||
         check_bytes("verify", bytes, free_bytes, vcpu == 0) != 0)
