@@ -24,9 +24,18 @@
 //! A named store never destroys what it did not create: without
 //! [`FileOptions::overwrite`] only a new file is made (`O_EXCL`). With it,
 //! an existing file or block device is locked first, and a regular file is
-//! truncated only when the first unit is written, so a VM that fails to
-//! start (say, because a `--disk` names the same file and cannot lock it)
-//! leaves it as it was.
+//! truncated (and made mode 0600) only before the first unit is written, so
+//! a VM that fails to start (say, because a `--disk` names the same file and
+//! cannot lock it) leaves it as it was. The store does that on its first
+//! write, on whatever thread makes it, unless its owner did it first
+//! through [`OldContent::cut`]: a VMM whose writing threads run under
+//! seccomp filters that forbid `fchmod` and `ftruncate` cuts it on its main
+//! thread once every file of the run is open.
+//!
+//! A file the store created keeps its name until
+//! [`FileStore::remove_created_name`]: after it the store works on through
+//! its descriptor, and nothing of the file (guest memory) is left however
+//! the process ends, a kill included.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -65,6 +74,9 @@ pub struct FileStore {
     /// The old content of an overwritten file, still to be cut away before
     /// the first write (see the module docs).
     pending_truncate: Mutex<bool>,
+    /// The path, device and inode of the file this store created, while
+    /// the store has not removed its name ([`Self::remove_created_name`]).
+    created: Option<CreatedFile>,
     /// Capacity allocated at start ([`Self::reserve_capacity`]); kept after
     /// the deferred truncation too.
     reserved: bool,
@@ -74,6 +86,43 @@ pub struct FileStore {
     /// cannot go from the caller's buffer, which must keep the
     /// plaintext); mapped when sealing is chosen ([`super::bounce`]).
     bounce_pool: Option<BouncePool>,
+}
+
+/// A file the store made, by path and identity: what
+/// [`FileStore::remove_created_name`] checks before it unlinks the path.
+#[derive(Debug)]
+struct CreatedFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+/// An `,overwrite` file's old content that its store has yet to cut away
+/// (see the module docs): [`OldContent::cut`] does it now, on the calling
+/// thread, so that no later write has to.
+#[derive(Debug, Clone)]
+pub struct OldContent(std::sync::Arc<FileStore>);
+
+impl OldContent {
+    /// The old content of `store`, if it has any still to cut away (an
+    /// existing regular file opened with [`FileOptions::overwrite`]).
+    pub fn of(store: &std::sync::Arc<FileStore>) -> Option<Self> {
+        store
+            .has_old_content()
+            .then(|| Self(std::sync::Arc::clone(store)))
+    }
+
+    /// Truncates the file to nothing and makes it mode 0600 (reserving the
+    /// capacity again with `,reserve`); a second call, or the store's first
+    /// write after it, does nothing more.
+    pub fn cut(&self) -> Result<(), StoreOpenError> {
+        Ok(self.0.drop_old_content()?)
+    }
+
+    /// The file, for messages.
+    pub fn path(&self) -> &Path {
+        self.0.block.path()
+    }
 }
 
 /// The allocator and the checksums, under one lock because a slot's checksum
@@ -183,16 +232,23 @@ impl FileStore {
             }
         };
         let set_up = || -> Result<Self, StoreOpenError> {
+            use std::os::unix::fs::MetadataExt;
             lockfile::lock(&raw, path, LockMode::Exclusive, LOCK_ROLE)?;
-            let is_regular = raw.metadata().map_err(open_err)?.file_type().is_file();
+            let meta = raw.metadata().map_err(open_err)?;
+            let is_regular = meta.file_type().is_file();
             let block =
                 BlockFile::from_file(raw.try_clone().map_err(open_err)?, path.to_owned(), opts)?;
             let description = format!("file:{} ({})", path.display(), block.engine_name());
-            let store = Self::from_block(block, unit_bytes, capacity_bytes, description)?;
+            let mut store = Self::from_block(block, unit_bytes, capacity_bytes, description)?;
             *store
                 .pending_truncate
-                .lock()
+                .get_mut()
                 .unwrap_or_else(|p| p.into_inner()) = is_regular && !created;
+            store.created = created.then(|| CreatedFile {
+                path: path.to_owned(),
+                dev: meta.dev(),
+                ino: meta.ino(),
+            });
             Ok(store)
         };
         let result = set_up();
@@ -201,6 +257,47 @@ impl FileStore {
             let _ = std::fs::remove_file(path);
         }
         result
+    }
+
+    /// Removes the name of the file this store created, checking first that
+    /// the path still names that file: the store keeps working through its
+    /// descriptor, and the filesystem frees the blocks when the store is
+    /// dropped or the process ends, however it ends. Nothing to do for a
+    /// file the store did not create (`overwrite`, a block device) or whose
+    /// name it already removed.
+    pub fn remove_created_name(&mut self) -> Result<(), StoreOpenError> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(created) = self.created.take() else {
+            return Ok(());
+        };
+        let fail = |reason: String| StoreOpenError::RemoveName {
+            path: created.path.clone(),
+            reason,
+        };
+        // Not a proof against a rename racing the unlink (nothing is, short
+        // of a directory only this user writes to), but a file put in its
+        // place before the check is left alone.
+        match std::fs::symlink_metadata(&created.path) {
+            Ok(now) if now.dev() == created.dev && now.ino() == created.ino => {}
+            Ok(_) => return Err(fail("another file took its place".into())),
+            Err(e) => return Err(fail(e.to_string())),
+        }
+        std::fs::remove_file(&created.path).map_err(|e| fail(e.to_string()))?;
+        self.description = format!(
+            "file:{} (name removed at start, held open; {})",
+            created.path.display(),
+            self.block.engine_name()
+        );
+        Ok(())
+    }
+
+    /// Whether an `,overwrite` file's old content is still to be cut away
+    /// before the first write ([`OldContent`]).
+    pub fn has_old_content(&self) -> bool {
+        *self
+            .pending_truncate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// Allocates the whole capacity now (`,reserve`: `fallocate` mode 0), so
@@ -326,6 +423,7 @@ impl FileStore {
             }),
             description,
             pending_truncate: Mutex::new(false),
+            created: None,
             reserved: false,
             integrity: Integrity::Checksum,
             bounce_pool: None,
@@ -1207,6 +1305,93 @@ mod tests {
     }
 
     #[test]
+    fn a_created_file_loses_its_name_and_the_store_works_on() {
+        let (mut store, path) = created("unnamed", MIB2, 4);
+        store.remove_created_name().unwrap();
+        assert!(!path.exists(), "{} is still there", path.display());
+        assert!(
+            store.describe().contains("name removed at start"),
+            "{}",
+            store.describe()
+        );
+        let a = unit_image(10, MIB2);
+        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        let mut buf = AlignedBuf::new(MIB2, 4096);
+        store.read(slot, 0, &mut buf).unwrap();
+        assert!(buf[..] == a[..]);
+        // Once only; and a file the store did not create keeps its name.
+        store.remove_created_name().unwrap();
+        let (path, content) = existing("not-ours", MIB2);
+        let mut theirs = FileStore::create_with(
+            &path,
+            MIB2,
+            4 * MIB2 as u64,
+            FileOptions { overwrite: true },
+            &BlockOptions::default(),
+        )
+        .unwrap();
+        theirs.remove_created_name().unwrap();
+        drop(theirs);
+        let kept = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(kept == content);
+    }
+
+    #[test]
+    fn a_file_put_in_the_stores_place_keeps_its_name() {
+        let (mut store, path) = created("replaced", KIB4, 4);
+        let (other, content) = existing("replacement", 4096);
+        std::fs::rename(&other, &path).unwrap();
+        let err = store.remove_created_name().unwrap_err();
+        let kept = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(err, StoreOpenError::RemoveName { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("another file took its place"), "{text}");
+        assert!(text.contains(",keep"), "{text}");
+        assert!(kept == content, "the other file is left as it was");
+    }
+
+    #[test]
+    fn old_content_cut_by_its_handle_is_not_cut_again() {
+        use std::os::unix::fs::PermissionsExt;
+        let (path, _) = existing("cut", 3 * MIB2);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let store = std::sync::Arc::new(
+            FileStore::create_with(
+                &path,
+                MIB2,
+                4 * MIB2 as u64,
+                FileOptions { overwrite: true },
+                &BlockOptions::default(),
+            )
+            .unwrap(),
+        );
+        let old = OldContent::of(&store).expect("an overwritten file has old content");
+        old.cut().unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert!(!store.has_old_content());
+        assert!(OldContent::of(&store).is_none());
+        // Whatever changes the file now is not undone by the first write.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let a = unit_image(11, MIB2);
+        store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+            .as_ref()
+            .unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(mode, 0o640, "the first write did not cut again");
+        let (new, _path) = created("no-old-content", MIB2, 2);
+        assert!(OldContent::of(&std::sync::Arc::new(new)).is_none());
+        let _ = std::fs::remove_file(&_path);
+    }
+
+    #[test]
     fn a_locked_file_is_refused_and_unchanged() {
         let (path, content) = existing("locked", MIB2);
         let other = std::fs::File::open(&path).unwrap();
@@ -1241,37 +1426,45 @@ mod tests {
         assert!(matches!(err, StoreOpenError::Lock(_)), "{err}");
     }
 
-    /// Runs `f` in a fresh 16 MiB tmpfs; prints SKIP and returns None where
-    /// mounting is not allowed.
+    /// Runs `f` in a fresh 16 MiB tmpfs; skips `test` through
+    /// `test_resources` (a failure where mounting is required) and returns
+    /// None where mounting is not allowed.
     fn with_small_tmpfs<R: Send>(test: &str, f: impl FnOnce(&Path) -> R + Send) -> Option<R> {
         let r = blockio::test_support::with_mount(c"tmpfs", Some(c"size=16m"), f);
         if r.is_none() {
-            eprintln!("SKIP {test}: cannot mount a tmpfs here (needs root and unshare)");
+            test_resources::skip(
+                test,
+                test_resources::Resource::Mount,
+                "cannot mount a tmpfs here (needs root and unshare)",
+            );
         }
         r
     }
 
     #[test]
     fn a_full_filesystem_is_named_as_such_not_as_a_full_store() {
-        let outcome = with_small_tmpfs("a_full_filesystem_is_named_as_such", |dir| {
-            let store =
-                FileStore::temporary(dir, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
-            let a = unit_image(9, MIB2);
-            for k in 0..64u64 {
-                let res = store.write_batch(&[WriteRequest {
-                    gpa: k << 21,
-                    data: &a,
-                }]);
-                if let Err(e) = &res[0] {
-                    return Ok((
-                        k,
-                        e.to_string(),
-                        matches!(e, StoreError::FilesystemFull { .. }),
-                    ));
+        let outcome = with_small_tmpfs(
+            "a_full_filesystem_is_named_as_such_not_as_a_full_store",
+            |dir| {
+                let store =
+                    FileStore::temporary(dir, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
+                let a = unit_image(9, MIB2);
+                for k in 0..64u64 {
+                    let res = store.write_batch(&[WriteRequest {
+                        gpa: k << 21,
+                        data: &a,
+                    }]);
+                    if let Err(e) = &res[0] {
+                        return Ok((
+                            k,
+                            e.to_string(),
+                            matches!(e, StoreError::FilesystemFull { .. }),
+                        ));
+                    }
                 }
-            }
-            Err("64 units fitted in a 16 MiB tmpfs".to_string())
-        });
+                Err("64 units fitted in a 16 MiB tmpfs".to_string())
+            },
+        );
         let Some(outcome) = outcome else { return };
         let (written, text, is_fs_full) = outcome.unwrap();
         assert!(is_fs_full, "{text}");
@@ -1288,18 +1481,21 @@ mod tests {
 
     #[test]
     fn reserve_on_a_too_small_filesystem_is_refused_at_open() {
-        let outcome = with_small_tmpfs("reserve_on_a_too_small_filesystem", |dir| {
-            let path = dir.join("store");
-            let mut big =
-                FileStore::create(&path, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
-            let err = big.reserve_capacity().err().map(|e| e.to_string());
-            drop(big);
-            let _ = std::fs::remove_file(&path);
-            let mut small =
-                FileStore::temporary(dir, MIB2, 4 * MIB2 as u64).map_err(|e| e.to_string())?;
-            small.reserve_capacity().map_err(|e| e.to_string())?;
-            Ok::<_, String>((err, small.block.len_bytes().unwrap()))
-        });
+        let outcome = with_small_tmpfs(
+            "reserve_on_a_too_small_filesystem_is_refused_at_open",
+            |dir| {
+                let path = dir.join("store");
+                let mut big =
+                    FileStore::create(&path, MIB2, 64 * MIB2 as u64).map_err(|e| e.to_string())?;
+                let err = big.reserve_capacity().err().map(|e| e.to_string());
+                drop(big);
+                let _ = std::fs::remove_file(&path);
+                let mut small =
+                    FileStore::temporary(dir, MIB2, 4 * MIB2 as u64).map_err(|e| e.to_string())?;
+                small.reserve_capacity().map_err(|e| e.to_string())?;
+                Ok::<_, String>((err, small.block.len_bytes().unwrap()))
+            },
+        );
         let Some(outcome) = outcome else { return };
         let (err, small_len) = outcome.unwrap();
         let text = err.expect("reserving 128 MiB on a 16 MiB tmpfs must fail");

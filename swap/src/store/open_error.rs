@@ -79,6 +79,15 @@ pub enum StoreOpenError {
         /// Where the need comes from.
         why: String,
     },
+    /// The name of a store file this run created could not be removed
+    /// ([`super::FileStore::remove_created_name`]).
+    #[error("cannot remove the name of the swap store file {} that this run created ({reason}), so the run does not start: it would leave guest memory there; give a path in a directory only this user writes to, or add ,keep to keep the file (it then holds guest memory after the run)", path.display())]
+    RemoveName {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// No candidate directory could hold the temporary store file.
     #[error("no directory could hold the temporary swap store file ({tried}); set TMPDIR to a directory on a disk filesystem, or give --swap-store file:PATH")]
     NoTemporaryDir {

@@ -5,12 +5,18 @@
 //! - `default[,reserve]`: an unlinked temporary file store in `$TMPDIR`
 //!   (else `/var/tmp`), falling back as [`FileStore::temporary`] describes.
 //!   It grows as units are written, up to the guest's RAM size.
-//! - `file:PATH[,size=SIZE][,overwrite][,reserve]`: a new file (created,
-//!   mode 0600; never an existing one) or, with `overwrite`, an existing
-//!   file or block device whose content the store may destroy. SIZE caps the
-//!   store; it defaults to the guest's RAM size, and a SIZE below what the
-//!   memory limit can need is refused at start
+//! - `file:PATH[,size=SIZE][,overwrite][,reserve][,keep]`: a new file
+//!   (created, mode 0600; never an existing one) or, with `overwrite`, an
+//!   existing file or block device whose content the store destroys. SIZE
+//!   caps the store; it defaults to the guest's RAM size, and a SIZE below
+//!   what the memory limit can need is refused at start
 //!   ([`super::required_capacity_bytes`]). PATH cannot contain a comma.
+//!   A new file's name is removed as soon as the store has it open and
+//!   locked ([`FileStore::remove_created_name`]), so it never outlives the
+//!   run, however the run ends; `keep` keeps it, for post-mortems, and then
+//!   it holds guest memory after the run. An `overwrite` file is the
+//!   user's and is never removed: it keeps what the run wrote (guest
+//!   memory) after the run. [`StoreSpec::lifecycle_warning`] says so.
 //! - `reserve` (with `default` and `file:`): allocate the whole capacity
 //!   with `fallocate` at start, so that a filesystem without room says so
 //!   before the guest runs instead of when the store fills.
@@ -58,7 +64,7 @@ use std::sync::Arc;
 
 use super::codec::Codec;
 use super::faulty::{Faults, FaultyStore};
-use super::file::{FileOptions, FileStore};
+use super::file::{FileOptions, FileStore, OldContent};
 use super::mem::MemStore;
 use super::retry::{RetryPolicy, RetryingStore};
 use super::seal::Integrity;
@@ -67,7 +73,7 @@ use blockio::nbd::{NbdOptions, NbdUri, NbdUriError, DEFAULT_RECONNECT_TIMEOUT};
 use blockio::{BlockFile, BlockOptions};
 use std::time::Duration;
 
-const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS], nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
+const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve][,keep], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS], nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
 
 /// A parsed `--swap-store` value; see the module docs for the forms.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -90,6 +96,9 @@ pub enum StoreSpec {
         overwrite: bool,
         /// Allocate the whole capacity at start (`fallocate`).
         reserve: bool,
+        /// Keep the name of a file the store creates after the run (for
+        /// post-mortems); without it the name is removed at open.
+        keep: bool,
     },
     /// Compressed memory.
     Mem {
@@ -130,6 +139,16 @@ pub struct StoreSpecError {
     pub valid: &'static str,
 }
 
+/// A store opened by [`StoreSpec::open_for_run`].
+pub struct OpenedStore {
+    /// The store, under the default retry policy.
+    pub store: SharedStore,
+    /// An `,overwrite` file's old content, still to cut away before the
+    /// first write: [`OldContent::cut`] on a thread that may truncate and
+    /// `fchmod`; left alone, the store's first write does it.
+    pub old_content: Option<OldContent>,
+}
+
 impl StoreSpec {
     /// Opens the store for units of `unit_bytes`, under the default retry
     /// policy. `default_capacity_bytes` (normally the guest RAM size)
@@ -151,13 +170,30 @@ impl StoreSpec {
         default_capacity_bytes: u64,
         integrity: &Integrity,
     ) -> Result<SharedStore, StoreOpenError> {
-        let store = self.open_bare(unit_bytes, default_capacity_bytes, integrity)?;
+        Ok(self
+            .open_for_run(unit_bytes, default_capacity_bytes, integrity)?
+            .store)
+    }
+
+    /// [`StoreSpec::open_with`], handing back an `,overwrite` file's old
+    /// content for the caller to cut away where it chooses (see
+    /// [`OpenedStore::old_content`]).
+    pub fn open_for_run(
+        &self,
+        unit_bytes: usize,
+        default_capacity_bytes: u64,
+        integrity: &Integrity,
+    ) -> Result<OpenedStore, StoreOpenError> {
+        let (store, old_content) = self.open_bare(unit_bytes, default_capacity_bytes, integrity)?;
         if store.sealed() != integrity.is_sealed() {
             return Err(StoreOpenError::CannotSeal {
                 store: store.describe(),
             });
         }
-        Ok(Arc::new(RetryingStore::new(store, RetryPolicy::default())))
+        Ok(OpenedStore {
+            store: Arc::new(RetryingStore::new(store, RetryPolicy::default())),
+            old_content,
+        })
     }
 
     /// [`StoreSpec::open_with`] without the retry policy, which wraps the
@@ -167,8 +203,9 @@ impl StoreSpec {
         unit_bytes: usize,
         default_capacity_bytes: u64,
         integrity: &Integrity,
-    ) -> Result<SharedStore, StoreOpenError> {
-        Ok(match self {
+    ) -> Result<(SharedStore, Option<OldContent>), StoreOpenError> {
+        let mut old_content = None;
+        let store: SharedStore = match self {
             StoreSpec::Default | StoreSpec::DefaultReserved => {
                 let dir = std::env::var_os("TMPDIR")
                     .filter(|d| !d.is_empty())
@@ -185,6 +222,7 @@ impl StoreSpec {
                 size_bytes,
                 overwrite,
                 reserve,
+                keep,
             } => {
                 let mut store = FileStore::create_with(
                     path,
@@ -195,11 +233,21 @@ impl StoreSpec {
                     },
                     &BlockOptions::default(),
                 )?;
+                if !*keep {
+                    store.remove_created_name()?;
+                }
                 if *reserve {
-                    store.reserve_capacity()?;
+                    if let Err(e) = store.reserve_capacity() {
+                        // A store that fails to open leaves no file, kept
+                        // or not: there is nothing in it to look at.
+                        let _ = store.remove_created_name();
+                        return Err(e);
+                    }
                 }
                 store.set_integrity(integrity.clone());
-                Arc::new(store)
+                let store = Arc::new(store);
+                old_content = OldContent::of(&store);
+                store
             }
             StoreSpec::Mem { codec, size_bytes } => {
                 let slots = (default_capacity_bytes / unit_bytes.max(1) as u64).max(1);
@@ -239,11 +287,44 @@ impl StoreSpec {
                 store.set_integrity(integrity.clone());
                 Arc::new(store)
             }
-            StoreSpec::Faulty { faults, inner } => Arc::new(FaultyStore::new(
-                inner.open_bare(unit_bytes, default_capacity_bytes, integrity)?,
-                *faults,
+            StoreSpec::Faulty { faults, inner } => {
+                let (store, old) =
+                    inner.open_bare(unit_bytes, default_capacity_bytes, integrity)?;
+                old_content = old;
+                Arc::new(FaultyStore::new(store, *faults))
+            }
+        };
+        Ok((store, old_content))
+    }
+
+    /// What the user must know about a `file:` store that outlives the run
+    /// (`,keep`, `,overwrite`): that it holds guest memory afterwards, in
+    /// the clear unless `sealed` (`--swap-encrypt`). None for every other
+    /// store, which keeps nothing after the run.
+    pub fn lifecycle_warning(&self, sealed: bool) -> Option<String> {
+        let memory = if sealed {
+            "sealed guest memory (--swap-encrypt: unreadable once this run's key is gone)"
+        } else {
+            "guest memory in the clear (add --swap-encrypt to seal it)"
+        };
+        match self {
+            StoreSpec::File {
+                path,
+                overwrite: true,
+                ..
+            } => Some(format!(
+                "--swap-store {self}: {} was there before the run, so it is not removed: its old content is destroyed (a regular file is emptied and made mode 0600 before the guest starts, a block device is overwritten as the store fills), and after the run it keeps what the store wrote, {memory}; remove or wipe it when done",
+                path.display()
             )),
-        })
+            StoreSpec::File {
+                path, keep: true, ..
+            } => Some(format!(
+                "--swap-store {self}: {} stays after the run (,keep) and holds {memory}; remove it when done (a run on the same path needs it gone, or ,overwrite)",
+                path.display()
+            )),
+            StoreSpec::Faulty { inner, .. } => inner.lifecycle_warning(sealed),
+            _ => None,
+        }
     }
 }
 
@@ -293,12 +374,13 @@ impl FromStr for StoreSpec {
                     return Err(fail("file: needs a path".into()));
                 }
                 let (size_bytes, flags) =
-                    parse_options(parts, &["overwrite", "reserve"]).map_err(fail)?;
+                    parse_options(parts, &["overwrite", "reserve", "keep"]).map_err(fail)?;
                 Ok(StoreSpec::File {
                     path: PathBuf::from(path),
                     size_bytes,
                     overwrite: flags.contains(&"overwrite"),
                     reserve: flags.contains(&"reserve"),
+                    keep: flags.contains(&"keep"),
                 })
             }
             "mem" => {
@@ -465,6 +547,7 @@ impl fmt::Display for StoreSpec {
                 size_bytes,
                 overwrite,
                 reserve,
+                keep,
             } => {
                 write!(f, "file:{}", path.display())?;
                 size(f, size_bytes)?;
@@ -473,6 +556,9 @@ impl fmt::Display for StoreSpec {
                 }
                 if *reserve {
                     f.write_str(",reserve")?;
+                }
+                if *keep {
+                    f.write_str(",keep")?;
                 }
                 Ok(())
             }
@@ -526,6 +612,7 @@ mod tests {
                 size_bytes: None,
                 overwrite: false,
                 reserve: false,
+                keep: false,
             }
         );
         assert_eq!(
@@ -535,6 +622,7 @@ mod tests {
                 size_bytes: Some(8 << 30),
                 overwrite: false,
                 reserve: false,
+                keep: false,
             }
         );
         assert_eq!(
@@ -544,6 +632,7 @@ mod tests {
                 size_bytes: Some(8 << 30),
                 overwrite: true,
                 reserve: false,
+                keep: false,
             }
         );
         assert_eq!(
@@ -553,6 +642,17 @@ mod tests {
                 size_bytes: None,
                 overwrite: false,
                 reserve: true,
+                keep: false,
+            }
+        );
+        assert_eq!(
+            parse("file:/x,keep,overwrite"),
+            StoreSpec::File {
+                path: "/x".into(),
+                size_bytes: None,
+                overwrite: true,
+                reserve: false,
+                keep: true,
             }
         );
         assert_eq!(parse("default,reserve"), StoreSpec::DefaultReserved);
@@ -737,6 +837,8 @@ mod tests {
             "file:/var/tmp/x,size=1073741824,overwrite,reserve",
             "file:/dev/sdz,overwrite",
             "file:/var/tmp/x,reserve",
+            "file:/var/tmp/x,size=4096,overwrite,reserve,keep",
+            "file:/var/tmp/x,keep",
             "default,reserve",
             "mem:lz4",
             "mem:zstd,size=4096",
@@ -781,7 +883,7 @@ mod tests {
             let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
             assert!(err.contains(why), "{bad:?}: {err}");
             assert!(
-                err.contains("file:PATH[,size=SIZE][,overwrite][,reserve], mem:lz4"),
+                err.contains("file:PATH[,size=SIZE][,overwrite][,reserve][,keep], mem:lz4"),
                 "{bad:?}: {err}"
             );
         }
@@ -806,13 +908,107 @@ mod tests {
         let file = parse(&format!("file:{},size=8M", path.display()))
             .open(unit, guest)
             .unwrap();
-        std::fs::remove_file(&path).unwrap();
+        assert!(!path.exists(), "the store's name is removed at open");
         assert_eq!(file.capacity_slots(), 4);
         let Err(err) = parse(&format!("file:{},size=1M", path.display())).open(unit, guest) else {
             panic!("a 1 MiB file store of 2 MiB units must not open");
         };
         let _ = std::fs::remove_file(&path);
         assert!(matches!(err, StoreOpenError::TooSmall { .. }), "{err}");
+    }
+
+    fn written_and_read_back(store: &SharedStore) {
+        let img = unit_image(7, store.unit_bytes());
+        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &img }])[0]
+            .as_ref()
+            .copied()
+            .unwrap();
+        let mut buf = AlignedBuf::new(store.unit_bytes(), 4096);
+        store.read(slot, 0, &mut buf).unwrap();
+        assert!(buf[..] == img[..]);
+    }
+
+    /// A new file's name is gone as soon as the store is open (nothing is
+    /// left after the run, however it ends), while the store works on; with
+    /// `,keep` it stays, written, after the store is gone.
+    #[test]
+    fn a_new_file_is_unnamed_at_open_unless_kept() {
+        let dir = blockio::test_support::test_dir();
+        let path = dir.join(format!(".spec-lifecycle-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let spec = parse(&format!("file:{}", path.display()));
+        assert_eq!(spec.lifecycle_warning(false), None);
+        let store = spec.open(2 << 20, 8 << 20).unwrap();
+        assert!(!path.exists(), "{} still there", path.display());
+        assert!(
+            store.describe().contains("name removed at start"),
+            "{}",
+            store.describe()
+        );
+        written_and_read_back(&store);
+        drop(store);
+        // The same command again: nothing in the way.
+        let again = spec.open(2 << 20, 8 << 20).unwrap();
+        assert!(!path.exists());
+        drop(again);
+
+        let kept = parse(&format!("file:{},keep", path.display()));
+        let store = kept.open(2 << 20, 8 << 20).unwrap();
+        written_and_read_back(&store);
+        drop(store);
+        let len = std::fs::metadata(&path).map(|m| m.len());
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(len.ok(), Some(2 << 20), "a kept store keeps its file");
+        let warning = kept.lifecycle_warning(false).unwrap();
+        assert!(warning.contains(",keep"), "{warning}");
+        assert!(warning.contains("guest memory in the clear"), "{warning}");
+        assert!(warning.contains(&path.display().to_string()), "{warning}");
+        let sealed = kept.lifecycle_warning(true).unwrap();
+        assert!(sealed.contains("sealed guest memory"), "{sealed}");
+        // A failed open leaves no file, kept or not.
+        let small = parse(&format!("file:{},keep,size=1M", path.display()));
+        assert!(small.open(2 << 20, 8 << 20).is_err());
+        assert!(!path.exists());
+    }
+
+    /// An `,overwrite` file is the user's: its old content is handed back
+    /// to be cut on the caller's thread, nothing is cut before, the store
+    /// works after it, and the file stays after the store, holding what
+    /// the store wrote.
+    #[test]
+    fn an_overwritten_file_is_cut_when_the_caller_says_and_never_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = blockio::test_support::test_dir();
+        let path = dir.join(format!(".spec-overwrite-{}", std::process::id()));
+        std::fs::write(&path, vec![0x5a; 3 << 20]).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let spec = parse(&format!("faulty:inner=file:{},overwrite", path.display()));
+        let opened = spec
+            .open_for_run(2 << 20, 8 << 20, &Integrity::Checksum)
+            .unwrap();
+        let old = opened
+            .old_content
+            .expect("an overwritten file has old content");
+        assert_eq!(old.path(), path);
+        let mode = || std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 3 << 20);
+        assert_eq!(mode(), 0o644);
+        old.cut().unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert_eq!(mode(), 0o600);
+        written_and_read_back(&opened.store);
+        drop(opened.store);
+        let len = std::fs::metadata(&path).map(|m| m.len());
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(len.ok(), Some(2 << 20), "the user's file stays, as written");
+        let warning = spec.lifecycle_warning(false).unwrap();
+        assert!(warning.contains("not removed"), "{warning}");
+        assert!(warning.contains("guest memory in the clear"), "{warning}");
+        // A new file has no old content.
+        let fresh = parse(&format!("file:{}", path.display()))
+            .open_for_run(2 << 20, 8 << 20, &Integrity::Checksum)
+            .unwrap();
+        assert!(fresh.old_content.is_none());
     }
 
     #[test]
