@@ -28,6 +28,74 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
+/// `--mem-limit`: a cap on resident guest RAM, or `none`: the swap engine
+/// without a cap (every first touch served as a whole unit; a cap can be
+/// set at run time), the same word `hugevmm ctl ... mem-limit` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemLimit {
+    /// At most this many bytes resident.
+    Bytes(u64),
+    /// `none`: no cap.
+    Unlimited,
+}
+
+impl MemLimit {
+    /// The cap, if any.
+    pub fn bytes(self) -> Option<u64> {
+        match self {
+            MemLimit::Bytes(bytes) => Some(bytes),
+            MemLimit::Unlimited => None,
+        }
+    }
+}
+
+/// The word for [`MemLimit::Unlimited`].
+const NO_LIMIT: &str = "none";
+
+fn parse_mem_limit(s: &str) -> Result<MemLimit, String> {
+    if s.trim() == NO_LIMIT {
+        return Ok(MemLimit::Unlimited);
+    }
+    parse_size(s)
+        .map(MemLimit::Bytes)
+        .map_err(|e| format!("{e} (or `{NO_LIMIT}`: the swap engine without a cap)"))
+}
+
+/// What `--metrics-addr` takes, for its errors.
+const METRICS_ADDR_EXPECTED: &str =
+    "give ADDR:PORT, e.g. 127.0.0.1:9800, [::1]:9800 or localhost:9800";
+
+/// `--metrics-addr`: an IP address and port, or a host name and port,
+/// resolved now (its first IPv4 address, else its first address), so that
+/// `GET /vm` shows the address served.
+pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let Some((host, port)) = s.rsplit_once(':') else {
+        return Err(format!("'{s}' has no port: {METRICS_ADDR_EXPECTED}"));
+    };
+    let Ok(port) = port.parse::<u16>() else {
+        return Err(format!(
+            "'{port}' in '{s}' is not a port (0 to 65535): {METRICS_ADDR_EXPECTED}"
+        ));
+    };
+    if host.is_empty() || host.starts_with('[') {
+        return Err(format!(
+            "'{s}' is not an address: {METRICS_ADDR_EXPECTED}"
+        ));
+    }
+    let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map_err(|e| format!("cannot resolve '{host}' ({e}): {METRICS_ADDR_EXPECTED}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("'{host}' has no address: {METRICS_ADDR_EXPECTED}"))
+}
+
 /// The flags of `hugevmm run`, and the keys of its `--config` file.
 #[derive(clap::Args, Debug, Default, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
@@ -110,9 +178,11 @@ pub struct RunFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_socket: Option<PathBuf>,
     /// Serve GET /metrics (Prometheus) on this TCP address while the VM
-    /// runs, e.g. 127.0.0.1:9800; nothing else is served there.
-    #[arg(long, value_name = "ADDR:PORT")]
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// runs, e.g. 127.0.0.1:9800 (a host name is resolved when the options
+    /// are read: localhost:9800 serves 127.0.0.1:9800); nothing else is
+    /// served there.
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_metrics_addr)]
+    #[serde(with = "metrics_addr", skip_serializing_if = "Option::is_none")]
     pub metrics_addr: Option<SocketAddr>,
     /// Write the Linux serial console to this file instead of stdout.
     #[arg(long)]
@@ -138,11 +208,12 @@ pub struct RunFlags {
     pub timeout: Option<f64>,
     /// Cap resident guest RAM at SIZE, swapping the rest to --swap-store
     /// (starts the swap engine). A multiple of the swap unit, at least
-    /// 8 MiB per vCPU + 8 MiB; changeable at run time through
-    /// --api-socket (`hugevmm ctl ... mem-limit SIZE`, PUT /mem-limit).
-    #[arg(long, value_parser = parse_size_arg)]
-    #[serde(with = "size", skip_serializing_if = "Option::is_none")]
-    pub mem_limit: Option<u64>,
+    /// 8 MiB per vCPU + 8 MiB; `none` starts the engine without a cap.
+    /// Changeable at run time through --api-socket (`hugevmm ctl ...
+    /// mem-limit SIZE|none`, PUT /mem-limit).
+    #[arg(long, value_name = "SIZE|none", value_parser = parse_mem_limit)]
+    #[serde(with = "mem_limit", skip_serializing_if = "Option::is_none")]
+    pub mem_limit: Option<MemLimit>,
     /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
     /// $TMPDIR or /var/tmp), file:PATH[,size=SIZE], mem:lz4[,size=SIZE],
     /// mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS],
@@ -159,7 +230,8 @@ pub struct RunFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_encrypt: Option<bool>,
     /// With --swap-encrypt: derive the run's key from this operator key (a
-    /// file of exactly 32 random bytes, mode 0600 or stricter) and a
+    /// file of exactly 32 random bytes that only its owner may read: no
+    /// permission bits for group or others, e.g. mode 0600 or 0400) and a
     /// random per-run salt, instead of a random key.
     #[arg(long, value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -219,6 +291,13 @@ pub struct RunFlags {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_seccomp: Option<bool>,
+    /// No status line: on a terminal, a run prints one line every few
+    /// seconds on stderr (resident memory, faults, store I/O) until it
+    /// ends; --quiet leaves it out (it is off anyway when stderr is not a
+    /// terminal); --quiet=false turns off a file's.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quiet: Option<bool>,
 }
 
 impl RunFlags {
@@ -262,12 +341,33 @@ impl RunFlags {
             force_split_every,
             prefetch,
             no_seccomp,
+            quiet,
         } = self;
         let guest_given = payload.is_some() || payload_file.is_some() || kernel.is_some();
+        // The file's options that describe its guest go with it when
+        // these flags name a guest of the other kind: a payload named over
+        // a file's Linux guest leaves out its initrd, command line and
+        // console, a kernel over a file's payload its arguments.
+        let kernel_given = kernel.is_some();
+        let file_is_kernel = file.kernel.is_some();
+        let same_kind = !guest_given || kernel_given == file_is_kernel;
+        let mut file = file;
         let (file_payload, file_payload_file, file_kernel) = if guest_given {
             (None, None, None)
         } else {
-            (file.payload, file.payload_file, file.kernel)
+            (
+                file.payload.take(),
+                file.payload_file.take(),
+                file.kernel.take(),
+            )
+        };
+        let file = RunFlags {
+            initrd: file.initrd.filter(|_| same_kind),
+            cmdline: file.cmdline.filter(|_| same_kind),
+            virtio_announce: file.virtio_announce.filter(|_| same_kind),
+            console_log: file.console_log.filter(|_| same_kind),
+            payload_args: file.payload_args.filter(|_| same_kind),
+            ..file
         };
         RunFlags {
             config,
@@ -303,6 +403,7 @@ impl RunFlags {
             force_split_every: force_split_every.or(file.force_split_every),
             prefetch: prefetch.or(file.prefetch),
             no_seccomp: no_seccomp.or(file.no_seccomp),
+            quiet: quiet.or(file.quiet),
         }
     }
 }
@@ -340,6 +441,11 @@ impl RunArgs {
     /// Whether the threads get their seccomp filters (the default).
     pub fn seccomp(&self) -> bool {
         !self.flags.no_seccomp.unwrap_or(false)
+    }
+
+    /// Whether the status line is left out (`--quiet`).
+    pub fn quiet(&self) -> bool {
+        self.flags.quiet.unwrap_or(false)
     }
 }
 
@@ -419,6 +525,66 @@ mod size {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
         d.deserialize_any(Size)
+    }
+}
+
+/// `mem-limit`: a size (a number of bytes or a string with K/M/G), or
+/// `"none"` for the engine without a cap.
+mod mem_limit {
+    use super::MemLimit;
+    use serde::de::{self, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<MemLimit>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(MemLimit::Bytes(n)) => s.serialize_u64(*n),
+            Some(MemLimit::Unlimited) => s.serialize_str(super::NO_LIMIT),
+            None => s.serialize_none(),
+        }
+    }
+
+    struct Limit;
+
+    impl Visitor<'_> for Limit {
+        type Value = Option<MemLimit>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a size (a number of bytes or a string such as \"512M\") or \"none\"")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+            Ok(Some(MemLimit::Bytes(v)))
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            super::parse_mem_limit(v).map(Some).map_err(E::custom)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<MemLimit>, D::Error> {
+        d.deserialize_any(Limit)
+    }
+}
+
+/// `metrics-addr`: as the flag takes it (a host name is resolved).
+mod metrics_addr {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+    use std::net::SocketAddr;
+
+    pub fn serialize<S: Serializer>(v: &Option<SocketAddr>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(addr) => s.collect_str(addr),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => super::parse_metrics_addr(&text)
+                .map(Some)
+                .map_err(de::Error::custom),
+            None => Ok(None),
+        }
     }
 }
 
@@ -569,6 +735,7 @@ mod tests {
             "3",
             "--prefetch=false",
             "--no-seccomp",
+            "--quiet",
         ]);
         let json = serde_json::to_value(&all).unwrap();
         // Every flag but --config (a file cannot name another) and the
@@ -587,6 +754,7 @@ mod tests {
         assert_eq!(json["virtio-announce"], "acpi");
         assert_eq!(json["metrics-addr"], "127.0.0.1:9800");
         assert_eq!(json["no-seccomp"], true);
+        assert_eq!(json["quiet"], true);
         let again: RunFlags = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(serde_json::to_value(&again).unwrap(), json);
         let payload = flags(&["--payload", "hello", "--payload-args", "a=1"]);
@@ -633,6 +801,31 @@ mod tests {
     }
 
     #[test]
+    fn a_guest_of_the_other_kind_leaves_out_the_file_s_guest_options() {
+        let linux = file(
+            r#"{"kernel": "/vmlinuz", "initrd": "/initrd.img", "cmdline": "console=ttyS0",
+                "virtio-announce": "acpi", "console-log": "console.log", "mem": "1G"}"#,
+        )
+        .unwrap();
+        let merged = flags(&["--payload", "hello"]).over(linux.clone());
+        assert_eq!(merged.payload.as_deref(), Some("hello"));
+        assert!(merged.kernel.is_none() && merged.initrd.is_none());
+        assert!(merged.cmdline.is_none() && merged.virtio_announce.is_none());
+        assert!(merged.console_log.is_none());
+        assert_eq!(merged.mem, Some(1 << 30), "the rest of the file stays");
+        let args = resolve(flags(&["--payload", "hello"]).over(linux.clone()));
+        assert!(args.is_ok(), "{:?}", args.err());
+        // Another kernel keeps the file's initrd and command line.
+        let merged = flags(&["--kernel", "/other"]).over(linux);
+        assert_eq!(merged.cmdline.as_deref(), Some("console=ttyS0"));
+        let payload = file(r#"{"payload": "verify", "payload-args": "passes=3"}"#).unwrap();
+        let merged = flags(&["--kernel", "/vmlinuz"]).over(payload.clone());
+        assert!(merged.payload_args.is_none());
+        let merged = flags(&["--payload", "seqwrite"]).over(payload);
+        assert_eq!(merged.payload_args.as_deref(), Some("passes=3"));
+    }
+
+    #[test]
     fn defaults_and_the_guest_choice() {
         let args = resolve(flags(&["--payload", "hello"])).unwrap();
         assert_eq!(
@@ -648,5 +841,76 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("only one"), "{err}");
+    }
+
+    /// `none`, which the limit's errors and `hugevmm ctl mem-limit` offer,
+    /// is taken by the flag and the file: the engine without a cap.
+    #[test]
+    fn mem_limit_none_is_the_engine_without_a_cap() {
+        let given = flags(&["--mem-limit", "none"]);
+        assert_eq!(given.mem_limit, Some(MemLimit::Unlimited));
+        assert_eq!(given.mem_limit.unwrap().bytes(), None);
+        let json = serde_json::to_value(&given).unwrap();
+        assert_eq!(json["mem-limit"], "none");
+        let again: RunFlags = serde_json::from_value(json).unwrap();
+        assert_eq!(again.mem_limit, Some(MemLimit::Unlimited));
+        assert_eq!(
+            file(r#"{"mem-limit": "none"}"#).unwrap().mem_limit,
+            Some(MemLimit::Unlimited)
+        );
+        assert_eq!(
+            file(r#"{"mem-limit": "256M"}"#).unwrap().mem_limit,
+            Some(MemLimit::Bytes(256 << 20))
+        );
+        assert_eq!(
+            flags(&["--mem-limit", "1.5G"]).mem_limit,
+            Some(MemLimit::Bytes(1536 << 20))
+        );
+        let err = file(r#"{"mem-limit": "lots"}"#).unwrap_err().to_string();
+        assert!(err.contains("lots") && err.contains("`none`"), "{err}");
+    }
+
+    /// The CLI's sizes follow the one rule the payloads' arguments follow
+    /// too (payloads/tests/host_run.rs holds the SDK to guestmem's parser).
+    #[test]
+    fn sizes_take_fractions_that_make_whole_bytes() {
+        assert_eq!(flags(&["--mem", "1.5G"]).mem, Some(1536 << 20));
+        assert_eq!(file(r#"{"mem": "1.5G"}"#).unwrap().mem, Some(1536 << 20));
+        let err = Cli::try_parse_from(["run", "--mem", "1.3K"]).err().unwrap();
+        assert!(err.to_string().contains("not a whole number of bytes"), "{err}");
+        assert!(Cli::try_parse_from(["run", "--mem", "0x1000"]).is_err());
+    }
+
+    /// A host name is resolved; what is expected is said otherwise.
+    #[test]
+    fn metrics_addr_takes_host_names_and_says_what_it_expects() {
+        let addr = flags(&["--metrics-addr", "localhost:9800"]).metrics_addr;
+        assert_eq!(addr, Some("127.0.0.1:9800".parse().unwrap()));
+        assert_eq!(
+            file(r#"{"metrics-addr": "localhost:9800"}"#)
+                .unwrap()
+                .metrics_addr,
+            addr
+        );
+        assert_eq!(
+            flags(&["--metrics-addr", "[::1]:9800"]).metrics_addr,
+            Some("[::1]:9800".parse().unwrap())
+        );
+        for (bad, why) in [
+            ("localhost", "has no port"),
+            ("127.0.0.1", "has no port"),
+            ("localhost:http", "is not a port"),
+            ("127.0.0.1:99999", "is not a port"),
+            (":9800", "is not an address"),
+        ] {
+            let err = Cli::try_parse_from(["run", "--metrics-addr", bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                err.contains(why) && err.contains("e.g. 127.0.0.1:9800"),
+                "{bad}: {err}"
+            );
+        }
     }
 }
