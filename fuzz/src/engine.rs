@@ -1,14 +1,20 @@
 //! The swap engine against a reference model, without KVM: guest RAM is
 //! an anonymous mapping served by a real `SwapEngine` (userfaultfd, fault
 //! threads, evictor, the parking area, a `mem:lz4` store inside a
-//! `FaultyStore`), and host threads stand in for vCPUs. The input is a
-//! sequence of operations: word writes and reads from several threads,
-//! evictions of ranges or of everything (`--pageout`), discards (the
-//! balloon), memory limit changes, and which store operations fail. The
-//! model is what every page's first word must read; each read, and every
-//! page at the end (and at a `CheckAll`), is compared with it. A
-//! mismatch, a thread stuck without a reported store failure, or a fatal
-//! error without an injected failure panics with the operations so far
+//! `FaultyStore`), and host threads stand in for vCPUs. The input picks
+//! the swap unit (`2m`, `4k` or the default `auto`, which splits and
+//! collapses chunks), whether the store is sealed (`--swap-encrypt`:
+//! AES-256-GCM in place of the crc32) and whether the retry policy wraps
+//! it (`RetryingStore`, as every store `hugevmm` opens is, with the
+//! transient faults it must absorb: `EIO`s, checksum failures, delays),
+//! then a sequence of operations: word writes and reads from several
+//! threads, evictions of ranges or of everything (`--pageout`), discards
+//! (the balloon), memory limit changes, and which store operations fail
+//! for good. The model is what every page's first word must read; each
+//! read, and every page at the end (and at a `CheckAll`), is compared with
+//! it. A mismatch, a thread stuck without a reported store failure, a
+//! fatal error without a lasting injected failure, or a transient fault
+//! the retry layer did not absorb panics with the operations so far
 //! (libFuzzer's `-minimize_crash=1` shrinks the input).
 //!
 //! Built on the engine's public API (`swap::engine::SwapEngine`) only,
@@ -23,8 +29,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use guestmem::host::AnonMapping;
-use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapError, SwapUnit};
-use swap::store::{Codec, Faults, FaultyStore, MemStore, SharedStore};
+use swap::engine::{
+    EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapError, SwapStats, SwapUnit,
+};
+use swap::store::{
+    Codec, Faults, FaultyStore, Integrity, MemStore, RetryPolicy, RetryingStore, Sealer,
+    SharedStore, StoreReport,
+};
 
 use crate::input::{Input, InputWriter};
 
@@ -102,15 +113,24 @@ pub struct Setup {
     pub track_clean: bool,
     /// Initial limit in units (`None`: no limit).
     pub limit_units: Option<u64>,
-    /// Store failures injected.
+    /// Store failures injected. The transient ones only with `retry`.
     pub faults: Faults,
+    /// The store wrapped in the retry policy (`RetryingStore`), as
+    /// `hugevmm` opens every store.
+    pub retry: bool,
+    /// The memory store seals what it keeps (`--swap-encrypt`).
+    pub sealed: bool,
 }
 
 impl Setup {
     /// Units in the region: a few 2 MiB chunks, or a few dozen pages.
+    /// `auto` gets more chunks than the granularity policy's 8 stream
+    /// slots: with fewer, every chunk that faults again is the last chunk
+    /// of some "stream" and the policy never splits it.
     pub fn units(&self) -> u64 {
         match self.unit {
-            SwapUnit::Huge2M | SwapUnit::Auto => 6,
+            SwapUnit::Huge2M => 6,
+            SwapUnit::Auto => 12,
             SwapUnit::Small4K => 48,
         }
     }
@@ -120,19 +140,43 @@ impl Setup {
         self.units() * self.unit.bytes() / PAGE
     }
 
-    fn any_faults(&self) -> bool {
-        self.faults != Faults::default()
+    /// Whether a lasting failure is injected: only then may the engine
+    /// report a fatal error. Transient faults never may: the retry layer
+    /// absorbs them.
+    fn lasting_faults(&self) -> bool {
+        let f = self.faults;
+        f.read_error_after.is_some()
+            || f.corrupt_after.is_some()
+            || f.write_error_after.is_some()
+            || f.full_after_slots.is_some()
     }
+}
+
+/// Bits of the first byte of an input. Inputs committed before bits 5 and
+/// 6 existed had them clear, and decode as they did.
+mod flag {
+    /// The 4 KiB unit.
+    pub const SMALL_4K: u8 = 1;
+    /// Bits 1-2: fault threads - 1 (mod 3).
+    pub const THREADS_SHIFT: u8 = 1;
+    /// Clean tracking off.
+    pub const NO_TRACK_CLEAN: u8 = 8;
+    /// The granularity policy (`auto`), unless `SMALL_4K`.
+    pub const AUTO: u8 = 16;
+    /// The retry layer, and three more header bytes after the limit: the
+    /// transient faults.
+    pub const RETRY: u8 = 32;
+    /// A sealed store.
+    pub const SEALED: u8 = 64;
 }
 
 /// Decodes an input: the setup, then the operations.
 pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     let mut input = Input::new(data);
     let flags = input.u8();
-    // Bit 4 (unused by older inputs) picks the granularity policy.
-    let unit = if flags & 1 != 0 {
+    let unit = if flags & flag::SMALL_4K != 0 {
         SwapUnit::Small4K
-    } else if flags & 16 != 0 {
+    } else if flags & flag::AUTO != 0 {
         SwapUnit::Auto
     } else {
         SwapUnit::Huge2M
@@ -142,20 +186,29 @@ pub fn decode(data: &[u8]) -> (Setup, Vec<Op>) {
     let when = |bit: u8, count: u8| (fault_flags & (1 << bit) != 0).then_some(u64::from(count));
     let mut setup = Setup {
         unit,
-        fault_threads: 1 + usize::from((flags >> 1) & 3) % 3,
-        track_clean: flags & 8 == 0,
+        fault_threads: 1 + usize::from((flags >> flag::THREADS_SHIFT) & 3) % 3,
+        track_clean: flags & flag::NO_TRACK_CLEAN == 0,
         limit_units: None,
         faults: Faults {
             read_error_after: when(0, counts[0]),
             corrupt_after: when(1, counts[1]),
             write_error_after: when(2, counts[2]),
             full_after_slots: when(3, counts[3]),
-            // The transient faults are the retry policy's (docs/RETRY.md),
-            // which this target does not wrap the store in.
             ..Faults::default()
         },
+        retry: flags & flag::RETRY != 0,
+        sealed: flags & flag::SEALED != 0,
     };
     setup.limit_units = limit(&setup, input.u8());
+    if setup.retry {
+        // The transient faults are the retry policy's (docs/RETRY.md):
+        // without it each would be fatal, so only inputs with the retry
+        // layer have them. 0 is none.
+        let some = |b: u8| (b != 0).then_some(u64::from(b));
+        setup.faults.transient_eio_every = some(input.u8());
+        setup.faults.transient_corrupt_every = some(input.u8());
+        setup.faults.delay_us = some(input.u8());
+    }
     let pages = setup.pages();
     let units = setup.units();
     let mut ops = Vec::new();
@@ -199,13 +252,20 @@ fn limit(setup: &Setup, byte: u8) -> Option<u64> {
 /// Encodes a setup and operations as an input (the seed generator's).
 pub fn encode(setup: &Setup, ops: &[Op]) -> Vec<u8> {
     let mut w = InputWriter::new();
-    let mut flags = 0u8;
-    if setup.unit == SwapUnit::Small4K {
-        flags |= 1;
-    }
-    flags |= ((setup.fault_threads.clamp(1, 3) - 1) as u8) << 1;
+    let mut flags = match setup.unit {
+        SwapUnit::Small4K => flag::SMALL_4K,
+        SwapUnit::Auto => flag::AUTO,
+        SwapUnit::Huge2M => 0,
+    };
+    flags |= ((setup.fault_threads.clamp(1, 3) - 1) as u8) << flag::THREADS_SHIFT;
     if !setup.track_clean {
-        flags |= 8;
+        flags |= flag::NO_TRACK_CLEAN;
+    }
+    if setup.retry {
+        flags |= flag::RETRY;
+    }
+    if setup.sealed {
+        flags |= flag::SEALED;
     }
     w.u8(flags);
     let f = setup.faults;
@@ -234,6 +294,17 @@ pub fn encode(setup: &Setup, ops: &[Op]) -> Vec<u8> {
         },
     };
     w.u8(encode_limit(setup.limit_units));
+    let transient = [f.transient_eio_every, f.transient_corrupt_every, f.delay_us];
+    if setup.retry {
+        for v in transient {
+            w.u8(v.unwrap_or(0).min(255) as u8);
+        }
+    } else {
+        assert!(
+            transient.iter().all(Option::is_none),
+            "transient faults need the retry layer: without it each one is fatal"
+        );
+    }
     for op in ops {
         match *op {
             Op::Write {
@@ -393,6 +464,8 @@ struct Rig {
     mem: AnonMapping,
     engine: Option<SwapEngine>,
     fatal: Arc<Mutex<Vec<String>>>,
+    /// The outermost store, for its report.
+    store: SharedStore,
 }
 
 impl Rig {
@@ -400,11 +473,20 @@ impl Rig {
         let unit_bytes = setup.unit.bytes();
         let len = setup.units() * unit_bytes;
         let mem = AnonMapping::new(len).expect("map fuzz guest RAM");
-        let inner: SharedStore = Arc::new(
-            MemStore::new(Codec::Lz4, unit_bytes as usize, 4 * setup.units(), None)
-                .expect("a memory store"),
-        );
-        let store: SharedStore = Arc::new(FaultyStore::new(inner, setup.faults));
+        let mut mem_store = MemStore::new(Codec::Lz4, unit_bytes as usize, 4 * setup.units(), None)
+            .expect("a memory store");
+        if setup.sealed {
+            let sealer = Sealer::random()
+                .unwrap_or_else(|e| panic!("no sealing key here (the target runs as root): {e}"));
+            mem_store.set_integrity(Integrity::Sealed(Arc::new(sealer)));
+        }
+        let inner: SharedStore = Arc::new(mem_store);
+        let faulty: SharedStore = Arc::new(FaultyStore::new(inner, setup.faults));
+        let store: SharedStore = if setup.retry {
+            Arc::new(RetryingStore::new(faulty, RetryPolicy::default()))
+        } else {
+            faulty
+        };
         let region = ManagedRegion {
             host_base: mem.range().base(),
             len_bytes: len,
@@ -425,7 +507,7 @@ impl Rig {
         let log = fatal.clone();
         let engine = SwapEngine::start(
             region,
-            store,
+            store.clone(),
             config,
             Box::new(move |e: &SwapError| log.lock().unwrap().push(e.to_string())),
         )
@@ -434,6 +516,7 @@ impl Rig {
             mem,
             engine: Some(engine),
             fatal,
+            store,
         }
     }
 
@@ -557,10 +640,10 @@ impl Run<'_> {
     /// unit's guest address.
     fn check_fatal(&self, at: usize) {
         for message in self.rig.fatal() {
-            if !self.setup.any_faults() {
+            if !self.setup.lasting_faults() {
                 self.fail(
                     at,
-                    &format!("fatal error without an injected failure: {message}"),
+                    &format!("fatal error without a lasting injected failure: {message}"),
                 );
             }
             let names_unit = (0..self.setup.units()).any(|u| {
@@ -648,8 +731,58 @@ impl Run<'_> {
     }
 }
 
+/// What one sequence did, for tests that check an input exercises what it
+/// is kept for.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Every operation ran (no fatal error ended the sequence early).
+    pub completed: bool,
+    /// The engine's figures after the last operation.
+    pub stats: SwapStats,
+    /// The store wrappers' counts once the engine stopped.
+    pub store: StoreReport,
+}
+
+/// Checks the store's report against the setup: the retry layer absorbed
+/// every transient fault it met (each `EIO` retried, each damaged read
+/// read again and verified) when nothing lasting was injected.
+fn check_report(setup: &Setup, report: &StoreReport) -> Result<(), String> {
+    if report.sealed != setup.sealed {
+        return Err(format!(
+            "the store says sealed={}, the setup {}",
+            report.sealed, setup.sealed
+        ));
+    }
+    if !setup.retry || setup.lasting_faults() {
+        return Ok(());
+    }
+    let rereads = report.checksum_rereads + report.auth_rereads;
+    let reread_ok = report.checksum_recovered + report.auth_recovered;
+    let fine = report.exhausted == 0
+        && report.checksum_fatal == 0
+        && report.auth_fatal == 0
+        && report.transient_errors == report.injected_transient_errors
+        && report.retries == report.transient_errors
+        && rereads == report.injected_transient_corruptions
+        && reread_ok == rereads
+        // A sealed store's damage fails authentication, a plain one's its
+        // checksum.
+        && if setup.sealed {
+            report.checksum_rereads == 0
+        } else {
+            report.auth_rereads == 0
+        };
+    if fine {
+        Ok(())
+    } else {
+        Err(format!(
+            "the retry layer did not absorb the transient faults exactly: {report:?}"
+        ))
+    }
+}
+
 /// Runs one sequence against the engine and the model.
-pub fn run_sequence(setup: &Setup, ops: &[Op]) {
+pub fn run_sequence(setup: &Setup, ops: &[Op]) -> Outcome {
     let rig = Rig::start(setup);
     let mut run = Run {
         setup,
@@ -666,8 +799,8 @@ pub fn run_sequence(setup: &Setup, ops: &[Op]) {
         "unit states {:?}",
         run.rig.engine().unit_states()
     );
+    let stats = run.rig.engine().stats();
     if completed {
-        let stats = run.rig.engine().stats();
         assert!(stats.unit_bytes == setup.unit.bytes());
     }
     let Run {
@@ -679,14 +812,30 @@ pub fn run_sequence(setup: &Setup, ops: &[Op]) {
         engine.shutdown();
     }
     workers.join();
+    // Every store operation has ended: the counts are final.
+    let store = rig.store.report();
     drop(rig);
+    if let Err(why) = check_report(setup, &store) {
+        panic!("engine target: {why}\nsetup {setup:?}\noperations: {ops:?}");
+    }
+    Outcome {
+        completed,
+        stats,
+        store,
+    }
+}
+
+/// The operations of one input that run: long sequences add little but
+/// time (libFuzzer's -max_len bounds them too).
+pub const MAX_OPS: usize = 200;
+
+/// Runs one input and says what it did.
+pub fn run_input(data: &[u8]) -> Outcome {
+    let (setup, ops) = decode(data);
+    run_sequence(&setup, &ops[..ops.len().min(MAX_OPS)])
 }
 
 /// Runs one input.
 pub fn run(data: &[u8]) {
-    let (setup, ops) = decode(data);
-    // Long sequences add little but time; libFuzzer's -max_len bounds them
-    // too.
-    let ops = &ops[..ops.len().min(200)];
-    run_sequence(&setup, ops);
+    run_input(data);
 }

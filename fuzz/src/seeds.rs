@@ -276,6 +276,8 @@ fn engine_seeds() -> Vec<(String, Vec<u8>)> {
         track_clean: true,
         limit_units,
         faults,
+        retry: false,
+        sealed: false,
     };
     let write = |thread, page, value| Op::Write {
         thread,
@@ -324,8 +326,79 @@ fn engine_seeds() -> Vec<(String, Vec<u8>)> {
         read(2, 0),
         read(2, 512),
     ];
+    // `auto`, the default unit: one page in each of the 12 chunks,
+    // touched round after round over an 8-chunk limit, so that each chunk
+    // faults back soon after its eviction, off any stream (more chunks
+    // than stream slots), and splits; its pages then move alone. Then
+    // pages written densely in two chunks again, for the collapse.
+    let auto = setup(SwapUnit::Auto, Some(8), Faults::default());
+    let hot = |c: u64| 512 * c + 100 + (c * 37) % 300;
+    let mut refaults: Vec<Op> = (0..12)
+        .map(|c| write(c as usize % 3, hot(c), c + 1))
+        .collect();
+    for _ in 0..6 {
+        refaults.push(Op::Sync);
+        refaults.extend((0..12).map(|c| read(c as usize % 3, hot(c))));
+    }
+    refaults.extend((0..20).map(|p| write(p as usize % 3, 512 * (p % 2) + 400 + p, 50 + p)));
+    refaults.push(Op::CheckAll);
+    // The retry layer around a store that fails now and then: every 3rd
+    // operation an EIO, every 2nd whole-unit read a checksum failure, and
+    // delays; nothing may reach the guest or end the run.
+    let retrying = Setup {
+        retry: true,
+        ..setup(
+            SwapUnit::Huge2M,
+            Some(2),
+            Faults {
+                transient_eio_every: Some(3),
+                transient_corrupt_every: Some(2),
+                delay_us: Some(50),
+                ..Faults::default()
+            },
+        )
+    };
+    let churn: Vec<Op> = (0..6)
+        .map(|c| write(c as usize % 3, 512 * c, c + 1))
+        .chain([Op::Sync, Op::EvictAll])
+        .chain((0..6).map(|c| read((c as usize + 1) % 3, 512 * c)))
+        .chain([Op::Sync, Op::EvictAll, Op::CheckAll])
+        .collect();
+    // A sealed store (`--swap-encrypt`) under `auto`, retried, then a
+    // slot damaged for good: authentication fails twice, the VM ends
+    // naming the chunk.
+    let sealed = Setup {
+        retry: true,
+        sealed: true,
+        ..setup(
+            SwapUnit::Auto,
+            None,
+            Faults {
+                corrupt_after: Some(2),
+                transient_eio_every: Some(4),
+                ..Faults::default()
+            },
+        )
+    };
+    let sealed_ops: Vec<Op> = (0..4)
+        .map(|c| write(c as usize % 3, 512 * c, c + 7))
+        .chain([Op::Sync, Op::EvictAll])
+        .chain((0..4).map(|c| read(2, 512 * c)))
+        .collect();
     vec![
         ("mixed-2m".to_string(), engine::encode(&swap_2m, &mixed)),
+        (
+            "auto-refaults".to_string(),
+            engine::encode(&auto, &refaults),
+        ),
+        (
+            "retry-transient".to_string(),
+            engine::encode(&retrying, &churn),
+        ),
+        (
+            "sealed-auto".to_string(),
+            engine::encode(&sealed, &sealed_ops),
+        ),
         ("pages-4k".to_string(), engine::encode(&small, &pages)),
         (
             "write-error".to_string(),

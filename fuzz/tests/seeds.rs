@@ -70,3 +70,40 @@ fn kernel_seeds_decompress_to_the_tiny_vmlinux() {
     }
     assert!(hugevmm_fuzz::kernel_image::boots(&tiny_vmlinux(), 64 << 20));
 }
+
+#[test]
+fn engine_seeds_reach_the_granularity_policy_the_retry_layer_and_sealing() {
+    use hugevmm_fuzz::engine::run_input;
+    let auto = run_input(&seed("engine", "auto-refaults"));
+    assert!(auto.completed, "{auto:?}");
+    let split = &auto.stats.split;
+    assert!(
+        split.splits_by_reason[1] > 0 && split.page_faults_store > 0,
+        "auto: no chunk split for thrashing and faulted back page by page: {:?}",
+        auto.stats
+    );
+    assert!(
+        split.collapses_by_reason[1] > 0,
+        "auto: no split chunk collapsed when used densely: {:?}",
+        auto.stats
+    );
+    let retry = run_input(&seed("engine", "retry-transient"));
+    assert!(retry.completed, "{retry:?}");
+    let r = retry.store;
+    assert!(
+        r.injected_transient_errors > 0 && r.retries > 0,
+        "no EIO injected and retried: {r:?}"
+    );
+    assert!(
+        r.injected_transient_corruptions > 0 && r.checksum_recovered > 0,
+        "no checksum failure injected and read again: {r:?}"
+    );
+    assert!(r.injected_delays > 0, "no delay injected: {r:?}");
+    let sealed = run_input(&seed("engine", "sealed-auto"));
+    let s = sealed.store;
+    assert!(s.sealed, "{s:?}");
+    assert!(
+        !sealed.completed && s.auth_rereads > 0 && s.auth_fatal > 0,
+        "the damaged sealed slot must fail authentication twice and end the run: {sealed:?}"
+    );
+}
