@@ -68,11 +68,14 @@ pub enum Resource {
     /// io_uring with ring restrictions (Linux >= 5.10, not disabled by
     /// the `kernel.io_uring_disabled` sysctl).
     IoUring,
+    /// Locking a page in RAM (`mlock`): root (`CAP_IPC_LOCK`), or a
+    /// locked-memory limit (`ulimit -l`) with a page to spare.
+    Mlock,
 }
 
 impl Resource {
     /// Every resource, for `all` and for checking names.
-    pub const ALL: [Resource; 18] = [
+    pub const ALL: [Resource; 19] = [
         Resource::Kvm,
         Resource::Hugetlb,
         Resource::Kernel,
@@ -91,6 +94,7 @@ impl Resource {
         Resource::Curl,
         Resource::PrometheusParser,
         Resource::IoUring,
+        Resource::Mlock,
     ];
 
     /// The name used in `HUGEVMM_REQUIRE_RESOURCES` and in messages.
@@ -114,6 +118,7 @@ impl Resource {
             Resource::Curl => "curl",
             Resource::PrometheusParser => "python3-prometheus-client",
             Resource::IoUring => "io-uring",
+            Resource::Mlock => "mlock",
         }
     }
 }
