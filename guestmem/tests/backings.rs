@@ -200,12 +200,22 @@ fn thp_backing_gets_huge_pages() {
     let ram = GuestRam::new(Layout::new(64 * MIB).unwrap(), Backing::Thp).unwrap();
     // Huge pages are only allocated on fault in madvise mode when the
     // mapping asked for them, which is what this checks.
-    let touched = vec![0x42u8; (32 * MIB) as usize];
+    let touched_bytes = 32 * MIB;
+    let touched = vec![0x42u8; touched_bytes as usize];
     ram.write_bytes(0, &touched).unwrap();
     let huge = anon_huge_bytes(ram.host_base_addr(), ram.host_base_addr() + ram.len_bytes());
+    let (huge_chunks, touched_chunks) = (huge / CHUNK_BYTES, touched_bytes / CHUNK_BYTES);
     println!(
-        "AnonHugePages after touching 32 MiB of THP guest RAM: {} MiB",
+        "AnonHugePages after touching 32 MiB of THP guest RAM: {} MiB ({huge_chunks} of {touched_chunks} chunks huge)",
         huge / MIB
     );
-    assert!(huge > 0, "no huge pages in the THP mapping");
+    // At least 90 % of the touched chunks, the share the KVM tests ask of
+    // stage 2 (integration_tests::assert_mostly_huge): measured here, all
+    // 16 chunks were huge in 30 runs of 30 (THP `madvise`, defrag
+    // `madvise`, thp_fault_fallback 0 since boot). A backing that left
+    // the mapping small, or huge here and there, fails.
+    assert!(
+        huge_chunks * 10 >= touched_chunks * 9,
+        "only {huge_chunks} of {touched_chunks} touched chunks of the THP mapping are huge pages (/sys/kernel/mm/transparent_hugepage/enabled must not be `never`)"
+    );
 }
