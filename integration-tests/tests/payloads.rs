@@ -417,3 +417,127 @@ fn without_dev_kvm_there_is_one_clear_line() {
     assert!(stderr.contains("cannot open /dev/kvm"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
 }
+
+/// A payload argument out of its range is refused by the payload with
+/// the range (status 2), not accepted and ignored: a fault test naming a
+/// vCPU the VM does not have would otherwise pass without its fault.
+#[test]
+fn payload_arguments_out_of_range_are_refused() {
+    if skip_without_kvm("payload_arguments_out_of_range_are_refused") {
+        return;
+    }
+    for (payload, args, said) in [
+        (
+            "selftest",
+            "fault=ud vcpu=5",
+            "selftest: bad value '5' for vcpu= (expected 0 or 1)",
+        ),
+        (
+            "hostile",
+            "exceptions=2",
+            "hostile: bad value '2' for exceptions= (expected 0 or 1)",
+        ),
+    ] {
+        let run = hugevmm(
+            &[
+                "run",
+                "--payload",
+                payload,
+                "--payload-args",
+                args,
+                "--vcpus",
+                "2",
+                "--mem",
+                "64M",
+            ],
+            LIMIT,
+        );
+        run.expect_status(2);
+        assert!(
+            run.stdout.contains(said),
+            "{payload} {args}: {}",
+            run.stdout
+        );
+        assert_eq!(run.stats.as_ref().unwrap()["exit_kind"], "payload");
+    }
+}
+
+/// The command line and the payloads read sizes by one rule: a decimal
+/// fraction is taken where it makes whole bytes (`--mem 1.5G`,
+/// `bytes=1.5M`), and refused on both sides where it does not.
+#[test]
+fn the_cli_and_the_payloads_read_sizes_alike() {
+    if skip_without_kvm("the_cli_and_the_payloads_read_sizes_alike") {
+        return;
+    }
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "seqwrite",
+            "--mem",
+            "1.5G",
+            "--payload-args",
+            "bytes=1.5M",
+        ],
+        LIMIT,
+    );
+    run.expect_status(0);
+    assert_eq!(run.stat("/mem_bytes"), 1536 << 20);
+    assert!(
+        run.stdout.contains("seqwrite vcpu=0 bytes=1572864 "),
+        "{}",
+        run.stdout
+    );
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "seqwrite",
+            "--mem",
+            "64M",
+            "--payload-args",
+            "bytes=1.3K",
+        ],
+        LIMIT,
+    );
+    run.expect_status(2);
+    assert!(
+        run.stdout.contains("seqwrite: bad value '1.3K' for bytes="),
+        "{}",
+        run.stdout
+    );
+    let run = hugevmm(&["run", "--payload", "seqwrite", "--mem", "1.3K"], LIMIT);
+    run.expect_status(2);
+    assert!(
+        run.stderr.contains("'1.3K' is not a whole number of bytes"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// `hugevmm payloads` names every argument (verify's cycles= was missing)
+/// and says how arguments are written.
+#[test]
+fn the_payload_list_names_every_argument() {
+    let run = hugevmm(&["payloads"], LIMIT);
+    run.expect_status(0);
+    let verify = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("verify "))
+        .expect("verify listed");
+    assert!(verify.contains("cycles=N"), "{verify}");
+    for name in ["mixed", "blkcheck", "balloon"] {
+        assert!(
+            run.stdout.lines().any(|l| l.starts_with(name)),
+            "{}",
+            run.stdout
+        );
+    }
+    assert!(
+        run.stdout.contains("sizes as --mem takes them"),
+        "{}",
+        run.stdout
+    );
+}

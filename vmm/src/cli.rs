@@ -9,14 +9,14 @@ use crate::linux::LinuxBootConfig;
 use crate::machine_devices::DeviceOptions;
 use crate::outputs::{self, OutputFile};
 use crate::payload::layout::MAX_VCPUS;
-use crate::run_options::{self, RunArgs, RunFlags};
+use crate::run_options::{self, MemLimit, RunArgs, RunFlags};
 use crate::signals::StopSignals;
 use crate::stats;
 use crate::swap_setup::{self, SwapOptions};
 use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use guestmem::{format_size, Layout};
+use guestmem::Layout;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -246,7 +246,7 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         }
     }
     let swap_unit = args.flags.swap_unit.unwrap_or_default();
-    if let Some(limit_bytes) = args.flags.mem_limit {
+    if let Some(MemLimit::Bytes(limit_bytes)) = args.flags.mem_limit {
         swap_setup::check_mem_limit(limit_bytes, swap_unit.bytes(), args.vcpus, args.mem)
             .context("invalid --mem-limit")?;
     }
@@ -309,7 +309,7 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     }
     .map(std::sync::Arc::new);
     let swap = engine.then(|| SwapOptions {
-        mem_limit_bytes: args.flags.mem_limit,
+        mem_limit_bytes: args.flags.mem_limit.and_then(MemLimit::bytes),
         store: args.flags.swap_store.clone().unwrap_or(StoreSpec::Default),
         unit: swap_unit,
         fault_threads,
@@ -326,6 +326,9 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
 struct Outputs {
     stats_json: Option<OutputFile>,
     stats_timeline: Option<OutputFile>,
+    /// Written by the serial device while the guest runs; opened here so
+    /// that a run that fails to start removes a log it created.
+    console_log: Option<OutputFile>,
 }
 
 impl Outputs {
@@ -338,6 +341,7 @@ impl Outputs {
         Ok(Self {
             stats_json: open("--stats-json", &args.flags.stats_json)?,
             stats_timeline: open("--stats-timeline", &args.flags.stats_timeline)?,
+            console_log: open("--console-log", &args.flags.console_log)?,
         })
     }
 }
@@ -348,6 +352,9 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
     let outputs = Outputs::open(args)?;
     let stop_signals = StopSignals::install()?;
     let payload_name = guest.name();
+    let console_on_stdout = matches!(guest, Guest::Linux(_)) && args.flags.console_log.is_none();
+    let progress_interval = crate::progress::wanted(args.quiet(), console_on_stdout)
+        .then_some(crate::progress::INTERVAL);
     let config = RunConfig {
         mem_bytes: args.mem,
         backing: args.backing,
@@ -368,6 +375,7 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
                     .unwrap_or(DEFAULT_STATS_INTERVAL_MS),
             )
         }),
+        progress_interval,
         pageout_at_exit: args.pageout(),
         seccomp: args.seccomp(),
         api_socket: args.flags.api_socket.clone(),
@@ -377,12 +385,11 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
     };
     let console: ConsoleSink = Arc::new(Mutex::new(Box::new(std::io::stdout())));
     let outcome = vm::run(config, console)?;
+    if let Some(log) = outputs.console_log {
+        log.keep();
+    }
     if let Some(failure) = &outcome.failure {
         eprintln!("hugevmm: {failure}");
-    }
-    print_summary(args, &payload_name, &outcome);
-    if let Some(line) = crate::ratelimit::summary(crate::ratelimit::global()) {
-        eprintln!("{line}");
     }
     let summary = stats::RunSummary {
         payload: &payload_name,
@@ -391,6 +398,12 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
         backing: args.backing,
         outcome: &outcome,
     };
+    for line in summary.lines() {
+        eprintln!("{line}");
+    }
+    if let Some(line) = crate::ratelimit::summary(crate::ratelimit::global()) {
+        eprintln!("{line}");
+    }
     // The run is over: an output that cannot be written is reported, but
     // the guest's status stays the process's status.
     if let Some(out) = outputs.stats_timeline {
@@ -400,13 +413,13 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
             text.push('\n');
         }
         if let Err(e) = out.replace_with(&text) {
-            eprintln!("hugevmm: error: {e:#}");
+            eprintln!("hugevmm: error: {}", error_text(&e));
         }
     }
     if let Some(out) = outputs.stats_json {
         let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");
         if let Err(e) = out.replace_with(&(json + "\n")) {
-            eprintln!("hugevmm: error: {e:#}");
+            eprintln!("hugevmm: error: {}", error_text(&e));
         }
     }
     Ok(RunEnd {
@@ -416,79 +429,42 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
     })
 }
 
-fn print_summary(args: &RunArgs, payload_name: &str, outcome: &vm::RunOutcome) {
-    eprintln!(
-        "hugevmm: {} exited {} after {:.3} s on {} vCPUs, {} {} RAM; KVM stage-2 mappings: {} x 4K, {} x 2M, {} x 1G",
-        payload_name,
-        outcome.exit_status,
-        outcome.elapsed.as_secs_f64(),
-        args.vcpus,
-        format_size(args.mem),
-        args.backing,
-        outcome.stage2.pages_4k,
-        outcome.stage2.pages_2m,
-        outcome.stage2.pages_1g
-    );
-    if let Some(swap) = &outcome.swap {
-        eprintln!(
-            "hugevmm: swap: {} faults ({} store, {} staging, {} zero), {} evictions, {} clean drops, {} zero chunks, {} written, {} read, restored {} mapped huge / {} small, fault latency p50 {} us p99 {} us max {} us, resident max {}",
-            swap.faults.total,
-            swap.faults.store,
-            swap.faults.staging,
-            swap.faults.zero,
-            swap.evictions,
-            swap.clean_drops,
-            swap.zero_chunks,
-            format_size(swap.bytes_written),
-            format_size(swap.bytes_read),
-            swap.restored_huge,
-            swap.restored_split,
-            swap.fault_latency.p50(),
-            swap.fault_latency.p99(),
-            swap.fault_latency.max(),
-            format_size(swap.resident_bytes_max)
-        );
-        let split = &swap.split;
-        let splits: u64 = split.splits_by_origin.iter().sum();
-        if splits > 0 {
-            eprintln!(
-                "hugevmm: split chunks: {splits} splits, {} collapses verified huge ({} failed), {} page faults ({} store, {} zero), {} page evictions ({} written), {} split now",
-                split.collapses_verified,
-                split.collapse_failures.iter().sum::<u64>(),
-                split.page_faults_store + split.page_faults_zero,
-                split.page_faults_store,
-                split.page_faults_zero,
-                split.page_evictions,
-                split.pages_written,
-                split.chunks_split
-            );
+/// An error and its causes on one line, each cause once. Many errors
+/// already say their cause (thiserror's `{source}` in the message), which
+/// `{:#}` would print a second time ("... (os error 2); check that it
+/// exists ...: No such file or directory (os error 2)"); a cause whose
+/// text the line holds already is left out.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.contains(&part) {
+            continue;
         }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&part);
     }
-    if let Some(p) = &outcome.pageout {
-        eprintln!(
-            "hugevmm: pageout: {} resident -> {} in {:.3} ms ({} units written, {} clean, {} zero)",
-            format_size(p.resident_bytes_before),
-            format_size(p.resident_bytes_after),
-            p.elapsed.as_secs_f64() * 1e3,
-            p.report.written_units,
-            p.report.clean_dropped_units,
-            p.report.zero_units
-        );
-    }
+    text
 }
 
 /// A configuration error as the run's end.
 fn config_end(e: anyhow::Error) -> RunEnd {
-    eprintln!("hugevmm: error: {e:#}");
+    let text = error_text(&e);
+    eprintln!("hugevmm: error: {text}");
     RunEnd {
         status: EXIT_CONFIG,
         kind: ExitKind::Config,
-        message: Some(format!("{e:#}")),
+        message: Some(text),
     }
 }
 
 /// `hugevmm run`: the process exit status, with `--status-file` written.
-fn run_command(flags: RunFlags) -> i32 {
+/// `refused` is an error found before the command line was read (an
+/// unknown `HUGEVMM_LOG` level): the run ends with it as a configuration
+/// error.
+fn run_command(flags: RunFlags, refused: Option<anyhow::Error>) -> i32 {
     // A --config that cannot be read still gets the flag's status file.
     let status_file_flag = flags.status_file.clone();
     let open = |path: &PathBuf| OutputFile::open("--status-file", path);
@@ -497,7 +473,11 @@ fn run_command(flags: RunFlags) -> i32 {
             // Opened before the run: the main thread's seccomp filter lets
             // it open nothing once the VM runs.
             let status_file = args.flags.status_file.as_ref().map(open);
-            (run_checked(&args).unwrap_or_else(config_end), status_file)
+            let end = match refused {
+                Some(e) => config_end(e),
+                None => run_checked(&args).unwrap_or_else(config_end),
+            };
+            (end, status_file)
         }
         Err(e) => (config_end(e), status_file_flag.as_ref().map(open)),
     };
@@ -506,31 +486,43 @@ fn run_command(flags: RunFlags) -> i32 {
     if let Some(file) = status_file {
         let written = file.and_then(|f| f.replace_with(&end.status_file_text()));
         if let Err(e) = written {
-            eprintln!("hugevmm: error: {e:#}");
+            eprintln!("hugevmm: error: {}", error_text(&e));
         }
     }
     end.status
 }
 
-/// Runs the CLI and returns the process exit status.
-pub fn main() -> i32 {
+/// Runs the CLI and returns the process exit status. `logging` is how
+/// the logger took `HUGEVMM_LOG`: a value it refused ends every command.
+pub fn main(logging: Result<(), String>) -> i32 {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Run(args) => Ok(run_command(*args)),
-        Command::Bench(args) => bench::run(args),
-        Command::Ctl(args) => crate::control::client::run(args),
-        Command::Payloads => {
+    let refused = logging.err().map(anyhow::Error::msg);
+    let result = match (cli.command, refused) {
+        (Command::Run(args), refused) => Ok(run_command(*args, refused)),
+        (_, Some(e)) => Err(e),
+        (Command::Bench(args), None) => bench::run(args),
+        (Command::Ctl(args), None) => crate::control::client::run(args),
+        (Command::Payloads, None) => {
             for p in payloads::all() {
                 println!("{:<10} {}", p.name, p.description);
             }
+            println!();
+            println!("{PAYLOAD_ARGUMENTS}");
             Ok(0)
         }
     };
     match result {
         Ok(status) => status,
         Err(e) => {
-            eprintln!("hugevmm: error: {e:#}");
+            eprintln!("hugevmm: error: {}", error_text(&e));
             1
         }
     }
 }
+
+/// How payload arguments are written (`hugevmm payloads`).
+const PAYLOAD_ARGUMENTS: &str =
+    "Arguments (--payload-args \"key=value ...\"): numbers in decimal or 0x hex; \
+sizes as --mem takes them (4096, 64K, 512M, 1.5G; K/M/G/T are powers of 1024, a fraction only \
+if it makes whole bytes). A payload refuses an unknown key or a value outside its range, \
+naming the range, and exits 2.";

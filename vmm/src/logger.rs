@@ -3,7 +3,13 @@
 //! warning from `devices` or `guestmem` reads like one from `vmm`.
 //!
 //! Warnings and errors are printed by default; `HUGEVMM_LOG` (`error`,
-//! `warn`, `info`, `debug`, `trace` or `off`) changes the level.
+//! `warn`, `info`, `debug`, `trace` or `off`) changes the level. `info`
+//! adds the events that let a user follow a run (the swap engine's start
+//! and its store, memory limit changes, NBD reconnects); `debug` adds the
+//! engine's policy decisions (splits and collapses, summarized: see
+//! `swap::engine::log_budget`) and store retries. Another value is refused
+//! (the command ends with status 1), so that a typo does not silently
+//! mean "warnings only".
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 use std::io::Write;
@@ -73,21 +79,58 @@ fn line(level: Level, target: &str, args: &std::fmt::Arguments) -> String {
     }
 }
 
-/// Installs the logger; called once, first thing in `main`.
-pub fn init() {
-    let level = std::env::var("HUGEVMM_LOG")
-        .ok()
-        .and_then(|v| v.parse::<LevelFilter>().ok())
-        .unwrap_or(LevelFilter::Warn);
+/// The levels `HUGEVMM_LOG` takes, for its error.
+const LEVELS: &str = "error, warn (the default), info, debug, trace or off";
+
+/// The level `HUGEVMM_LOG` asks for: unset or empty is the default
+/// (warnings and errors); a word that is no level is refused, naming the
+/// ones there are.
+fn level_from(value: Result<String, std::env::VarError>) -> Result<LevelFilter, String> {
+    match value {
+        Err(std::env::VarError::NotPresent) => Ok(LevelFilter::Warn),
+        Err(std::env::VarError::NotUnicode(v)) => Err(format!(
+            "HUGEVMM_LOG={} is not a log level: give {LEVELS}",
+            v.to_string_lossy()
+        )),
+        Ok(v) if v.trim().is_empty() => Ok(LevelFilter::Warn),
+        Ok(v) => v
+            .trim()
+            .parse::<LevelFilter>()
+            .map_err(|_| format!("HUGEVMM_LOG={v} is not a log level: give {LEVELS}")),
+    }
+}
+
+/// Installs the logger; called once, first thing in `main`. A refused
+/// `HUGEVMM_LOG` is returned (the logger then prints warnings and errors,
+/// as by default) for the command to end with.
+pub fn init() -> Result<(), String> {
+    let level = level_from(std::env::var("HUGEVMM_LOG"));
     // Fails only if a logger is already installed, which keeps that one.
     if log::set_logger(&LOGGER).is_ok() {
-        log::set_max_level(level);
+        log::set_max_level(*level.as_ref().unwrap_or(&LevelFilter::Warn));
     }
+    level.map(|_| ())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unknown_level_is_refused_naming_the_levels() {
+        use std::env::VarError;
+        let err = level_from(Ok("bogus".into())).unwrap_err();
+        assert_eq!(
+            err,
+            "HUGEVMM_LOG=bogus is not a log level: give error, warn (the default), info, debug, trace or off"
+        );
+        assert!(level_from(Ok("infoo".into())).is_err());
+        assert_eq!(level_from(Err(VarError::NotPresent)), Ok(LevelFilter::Warn));
+        assert_eq!(level_from(Ok(String::new())), Ok(LevelFilter::Warn));
+        assert_eq!(level_from(Ok("debug".into())), Ok(LevelFilter::Debug));
+        assert_eq!(level_from(Ok("INFO".into())), Ok(LevelFilter::Info));
+        assert_eq!(level_from(Ok(" off ".into())), Ok(LevelFilter::Off));
+    }
 
     #[test]
     fn warnings_read_like_the_vmms_own_messages() {

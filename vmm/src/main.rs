@@ -14,6 +14,7 @@ mod logger;
 mod machine_devices;
 mod outputs;
 mod payload;
+mod progress;
 mod ratelimit;
 mod run_options;
 mod seccomp;
@@ -25,6 +26,6 @@ mod vcpu_stop;
 mod vm;
 
 fn main() {
-    logger::init();
-    std::process::exit(cli::main());
+    let logging = logger::init();
+    std::process::exit(cli::main(logging));
 }

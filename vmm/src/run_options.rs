@@ -81,9 +81,7 @@ pub fn parse_metrics_addr(s: &str) -> Result<SocketAddr, String> {
         ));
     };
     if host.is_empty() || host.starts_with('[') {
-        return Err(format!(
-            "'{s}' is not an address: {METRICS_ADDR_EXPECTED}"
-        ));
+        return Err(format!("'{s}' is not an address: {METRICS_ADDR_EXPECTED}"));
     }
     let addrs: Vec<SocketAddr> = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
         .map_err(|e| format!("cannot resolve '{host}' ({e}): {METRICS_ADDR_EXPECTED}"))?
@@ -877,7 +875,10 @@ mod tests {
         assert_eq!(flags(&["--mem", "1.5G"]).mem, Some(1536 << 20));
         assert_eq!(file(r#"{"mem": "1.5G"}"#).unwrap().mem, Some(1536 << 20));
         let err = Cli::try_parse_from(["run", "--mem", "1.3K"]).err().unwrap();
-        assert!(err.to_string().contains("not a whole number of bytes"), "{err}");
+        assert!(
+            err.to_string().contains("not a whole number of bytes"),
+            "{err}"
+        );
         assert!(Cli::try_parse_from(["run", "--mem", "0x1000"]).is_err());
     }
 

@@ -1,9 +1,11 @@
-//! The end-of-run statistics object written by `--stats-json`.
+//! The end-of-run statistics: the object written by `--stats-json`, and
+//! the summary lines printed on stderr.
 
 use crate::balloon_handle::BalloonSnapshot;
+use crate::exit::ExitKind;
 use crate::vm::{RunOutcome, Sample};
 use devices::virtio::BalloonStats;
-use guestmem::{Backing, StageTwoPages, PAGE_BYTES};
+use guestmem::{format_size, Backing, StageTwoPages, PAGE_BYTES};
 use serde_json::{json, Value};
 use std::time::Duration;
 use swap::engine::{FaultSource, LatencyHistogram, SwapStats};
@@ -62,6 +64,90 @@ impl RunSummary<'_> {
             });
         }
         value
+    }
+}
+
+impl RunSummary<'_> {
+    /// How the run ended, as the first summary line says it: the guest's
+    /// status, or what ended it when the guest did not choose (a status
+    /// of 143 or 0 alone would not say that a signal or `quit` did).
+    fn ending(&self) -> String {
+        let status = self.outcome.exit_status;
+        match self.outcome.exit_kind {
+            ExitKind::Payload => format!("exited {status}"),
+            ExitKind::Quit => format!("ended by quit (status {status})"),
+            ExitKind::Signal => format!(
+                "ended by {} (status {status})",
+                crate::signals::signal_name(status - 128)
+            ),
+            ExitKind::Timeout => format!("timed out (status {status})"),
+            ExitKind::VmFailure => format!("failed (status {status})"),
+            ExitKind::Config => format!("was refused (status {status})"),
+        }
+    }
+
+    /// The summary lines printed at the end of a run (stderr).
+    pub fn lines(&self) -> Vec<String> {
+        let o = self.outcome;
+        let mut lines = vec![format!(
+            "hugevmm: {} {} after {:.3} s on {} vCPUs, {} {} RAM; KVM stage-2 mappings: {} x 4K, {} x 2M, {} x 1G",
+            self.payload,
+            self.ending(),
+            o.elapsed.as_secs_f64(),
+            self.vcpus,
+            format_size(self.mem_bytes),
+            self.backing,
+            o.stage2.pages_4k,
+            o.stage2.pages_2m,
+            o.stage2.pages_1g
+        )];
+        if let Some(swap) = &o.swap {
+            lines.push(format!(
+                "hugevmm: swap: {} faults ({} store, {} staging, {} zero), {} evictions, {} clean drops, {} zero chunks, {} written, {} read, restored {} mapped huge / {} small, fault latency p50 {} us p99 {} us max {} us, resident max {}",
+                swap.faults.total,
+                swap.faults.store,
+                swap.faults.staging,
+                swap.faults.zero,
+                swap.evictions,
+                swap.clean_drops,
+                swap.zero_chunks,
+                format_size(swap.bytes_written),
+                format_size(swap.bytes_read),
+                swap.restored_huge,
+                swap.restored_split,
+                swap.fault_latency.p50(),
+                swap.fault_latency.p99(),
+                swap.fault_latency.max(),
+                format_size(swap.resident_bytes_max)
+            ));
+            let split = &swap.split;
+            let splits: u64 = split.splits_by_origin.iter().sum();
+            if splits > 0 {
+                lines.push(format!(
+                    "hugevmm: split chunks: {splits} splits, {} collapses verified huge ({} failed), {} page faults ({} store, {} zero), {} page evictions ({} written), {} split now",
+                    split.collapses_verified,
+                    split.collapse_failures.iter().sum::<u64>(),
+                    split.page_faults_store + split.page_faults_zero,
+                    split.page_faults_store,
+                    split.page_faults_zero,
+                    split.page_evictions,
+                    split.pages_written,
+                    split.chunks_split
+                ));
+            }
+        }
+        if let Some(p) = &o.pageout {
+            lines.push(format!(
+                "hugevmm: pageout: {} resident -> {} in {:.3} ms ({} units written, {} clean, {} zero)",
+                format_size(p.resident_bytes_before),
+                format_size(p.resident_bytes_after),
+                p.elapsed.as_secs_f64() * 1e3,
+                p.report.written_units,
+                p.report.clean_dropped_units,
+                p.report.zero_units
+            ));
+        }
+        lines
     }
 }
 
@@ -316,4 +402,104 @@ fn split_json(split: &swap::engine::SplitStats) -> Value {
         "pages_written": split.pages_written,
         "pages_zero": split.pages_zero,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(kind: ExitKind, status: i32) -> RunOutcome {
+        RunOutcome {
+            exit_status: status,
+            exit_kind: kind,
+            vcpu_statuses: vec![None],
+            failure: None,
+            elapsed: Duration::from_millis(1500),
+            stage2: StageTwoPages::default(),
+            tsc_khz: None,
+            swap: None,
+            timeline: Vec::new(),
+            pageout: None,
+            balloon: None,
+        }
+    }
+
+    fn first_line(outcome: &RunOutcome) -> String {
+        RunSummary {
+            payload: "verify",
+            vcpus: 2,
+            mem_bytes: 1 << 30,
+            backing: Backing::Thp,
+            outcome,
+        }
+        .lines()
+        .remove(0)
+    }
+
+    /// The summary says what ended the run when the guest did not: a
+    /// signal's 143 or quit's 0 alone reads like the guest's own status.
+    #[test]
+    fn the_summary_names_what_ended_the_run() {
+        for (kind, status, says) in [
+            (ExitKind::Payload, 7, "verify exited 7 after 1.500 s"),
+            (
+                ExitKind::Signal,
+                143,
+                "verify ended by SIGTERM (status 143) after",
+            ),
+            (
+                ExitKind::Signal,
+                130,
+                "verify ended by SIGINT (status 130) after",
+            ),
+            (ExitKind::Quit, 0, "verify ended by quit (status 0) after"),
+            (
+                ExitKind::Timeout,
+                124,
+                "verify timed out (status 124) after",
+            ),
+            (ExitKind::VmFailure, 125, "verify failed (status 125) after"),
+        ] {
+            let line = first_line(&outcome(kind, status));
+            assert!(line.starts_with(&format!("hugevmm: {says}")), "{line}");
+            assert!(
+                line.ends_with(
+                    "on 2 vCPUs, 1 GiB thp RAM; KVM stage-2 mappings: 0 x 4K, 0 x 2M, 0 x 1G"
+                ),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_swap_line_with_the_engine() {
+        let mut o = outcome(ExitKind::Payload, 0);
+        assert_eq!(
+            RunSummary {
+                payload: "hello",
+                vcpus: 1,
+                mem_bytes: 64 << 20,
+                backing: Backing::Thp,
+                outcome: &o,
+            }
+            .lines()
+            .len(),
+            1
+        );
+        o.swap = Some(SwapStats::default());
+        let lines = RunSummary {
+            payload: "hello",
+            vcpus: 1,
+            mem_bytes: 64 << 20,
+            backing: Backing::Thp,
+            outcome: &o,
+        }
+        .lines();
+        assert_eq!(lines.len(), 2);
+        assert!(
+            lines[1].starts_with("hugevmm: swap: 0 faults"),
+            "{}",
+            lines[1]
+        );
+    }
 }

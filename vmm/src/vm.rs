@@ -84,6 +84,8 @@ pub struct RunConfig {
     pub swap: Option<SwapOptions>,
     /// Sample the run's figures this often while the guest runs.
     pub sample_interval: Option<Duration>,
+    /// Print the status line this often (`progress`); None: never.
+    pub progress_interval: Option<Duration>,
     /// After the payload finished, evict all guest RAM and time it.
     pub pageout_at_exit: bool,
     /// Install the per-thread seccomp filters (off: `--no-seccomp`).
@@ -532,8 +534,15 @@ fn wait_for_the_end(
     let mut timeline = Vec::new();
     let deadline = config.timeout.map(|t| started + t);
     let mut next_sample = config.sample_interval.map(|i| started + i);
+    let mut progress = config
+        .progress_interval
+        .map(|i| crate::progress::Progress::new(started, i));
     while statuses.iter().any(Option::is_none) {
-        let wake = [deadline, next_sample].into_iter().flatten().min();
+        let next_progress = progress.as_ref().map(|p| p.next_at());
+        let wake = [deadline, next_sample, next_progress]
+            .into_iter()
+            .flatten()
+            .min();
         let event = match wake {
             Some(wake) => {
                 match events_rx.recv_timeout(wake.saturating_duration_since(Instant::now())) {
@@ -548,6 +557,15 @@ fn wait_for_the_end(
                                     stage2: stats.read().unwrap_or_default(),
                                 });
                                 next_sample = Some(at + interval);
+                            }
+                        }
+                        if let Some(p) = progress.as_mut().filter(|p| now >= p.next_at()) {
+                            let swap = engine.as_ref().map(|e| e.stats());
+                            let stage2 = stats.read().ok();
+                            let elapsed = started.elapsed();
+                            let line = p.due(now, elapsed, swap.as_ref(), stage2.as_ref());
+                            if let Some(line) = line {
+                                eprintln!("{line}");
                             }
                         }
                         if deadline.is_some_and(|d| now >= d) {

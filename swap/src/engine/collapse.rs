@@ -86,6 +86,9 @@ impl Merging {
     }
 }
 
+/// The debug lines of collapse decisions (summarized past the first ones).
+static COLLAPSES: super::log_budget::LogBudget = super::log_budget::LogBudget::new();
+
 /// Tries to collapse split chunk `chunk` into one huge mapping. Errors are
 /// fatal (the VMM exits); a collapse that does not happen leaves the chunk
 /// split.
@@ -99,6 +102,12 @@ pub(crate) fn try_collapse(
     };
     bump(&s.counters.collapses_by_reason[reason as usize]);
     let missing = PAGES_PER_CHUNK as u64 - merging.count(PageTag::Resident);
+    COLLAPSES.debug(|| {
+        format!(
+            "swap engine: collapsing the split chunk at {} ({reason:?}, {missing} of its pages to restore)",
+            s.unit_name(chunk)
+        )
+    });
     if missing == 0 && collapse_in_place(s, &merging) {
         merging.free_slot(s);
         s.table.finish_collapse(chunk.into(), merging.loading, true);

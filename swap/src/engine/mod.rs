@@ -24,6 +24,7 @@ pub mod fault;
 pub mod granularity;
 pub mod hash;
 pub mod limit;
+pub(crate) mod log_budget;
 pub mod policy;
 mod prefetch;
 mod recycle;
@@ -245,7 +246,32 @@ impl SwapEngine {
             small_restore_buffers: config.small_restore_buffers,
             pin_restore_buffers_us: config.pin_restore_buffers_us,
         });
-        SwapEngine::start_threads(shared, &config, staging.pool_mode)
+        let engine = SwapEngine::start_threads(shared, &config, staging.pool_mode)?;
+        let s = &engine.shared;
+        log::info!(
+            "swap store: {}, {} slots of {} ({})",
+            s.store.describe(),
+            s.store.capacity_slots(),
+            guestmem::format_size(s.unit_bytes),
+            guestmem::format_size(s.store.capacity_slots() * s.unit_bytes)
+        );
+        log::info!(
+            "swap engine: started over {} of guest RAM ({}), unit {}{}, limit {}, {} fault thread(s){}",
+            guestmem::format_size(s.region.len_bytes),
+            match backing {
+                Backing::Thp => "THP",
+                Backing::Hugetlb { .. } => "hugetlb",
+                Backing::Small => "4 KiB pages",
+            },
+            config.unit,
+            if s.split.enabled { " (chunks may split)" } else { "" },
+            config
+                .mem_limit_bytes
+                .map_or_else(|| "none".to_string(), guestmem::format_size),
+            s.fault_threads,
+            if s.prefetch_on { ", sequential prefetch" } else { "" }
+        );
+        Ok(engine)
     }
 
     /// The fault-service threads, the background evictor and the buffer
@@ -448,8 +474,21 @@ impl SwapEngine {
     /// Changes the memory limit at run time (`None`: no limit).
     pub fn set_mem_limit_bytes(&self, bytes: Option<u64>) {
         let s = &self.shared;
-        s.limiter
-            .set_limit_pages(bytes.map(|b| limit_pages(b, s.unit_bytes)));
+        let shown = |pages: Option<u64>| {
+            pages.map_or_else(
+                || "none".to_string(),
+                |p| guestmem::format_size(p * PAGE_BYTES),
+            )
+        };
+        let before = s.limiter.limit_pages();
+        let after = bytes.map(|b| limit_pages(b, s.unit_bytes));
+        s.limiter.set_limit_pages(after);
+        log::info!(
+            "swap engine: memory limit {} -> {} ({} resident)",
+            shown(before),
+            shown(after),
+            guestmem::format_size(s.limiter.held_pages() * PAGE_BYTES)
+        );
     }
 
     /// Per-state unit counts `[absent, resident, staged, stored, loading,

@@ -124,6 +124,13 @@ pub(crate) fn split_on_restore(
         .finish_split(chunk.into(), loading, slot, &|_| PageState::new(page_tag));
     bump(&s.counters.splits_by_origin[origin_index(from.tag())]);
     bump(&s.counters.splits_by_reason[reason as usize]);
+    SPLITS.debug(|| {
+        format!(
+            "swap engine: split the {:?} chunk at {} on its restore ({reason:?})",
+            from.tag(),
+            s.unit_name(chunk)
+        )
+    });
     Ok(true)
 }
 
@@ -164,8 +171,17 @@ pub(crate) fn split_resident(
     });
     bump(&s.counters.splits_by_origin[origin_index(origin)]);
     bump(&s.counters.splits_by_reason[reason as usize]);
+    SPLITS.debug(|| {
+        format!(
+            "swap engine: split the resident chunk at {} ({reason:?}, restored from {origin:?})",
+            s.unit_name(chunk)
+        )
+    });
     Ok(())
 }
+
+/// The debug lines of split decisions (summarized past the first ones).
+static SPLITS: super::log_budget::LogBudget = super::log_budget::LogBudget::new();
 
 /// Guest address of page `page` of `chunk`, for messages and the store.
 pub(crate) fn page_gpa(s: &Shared, at: PageRef) -> u64 {
