@@ -97,9 +97,10 @@ pub struct BenchArgs {
     /// Suite to run.
     #[arg(value_enum)]
     pub suite: Suite,
-    /// Small sizes and single runs: `all` finishes in under 3 minutes on a
-    /// 2-core machine. Without it (full mode) the sizes and repetitions are
-    /// the ones docs/BENCHMARKS.md reports.
+    /// Small sizes and single runs, for a quick look (minutes rather than
+    /// the full mode's tens of minutes; how long depends on the machine:
+    /// README "Results" has this one's). Without it (full mode) the sizes
+    /// and repetitions are the ones docs/BENCHMARKS.md reports.
     #[arg(long)]
     pub quick: bool,
     /// Directory for results.json, results.csv, results.md, the SVG plots
