@@ -13,11 +13,12 @@
 use anyhow::Result;
 use serde_json::{json, Value};
 
+use super::figures;
 use super::floor::{self, Floors};
 use super::hist::Hist;
 use super::limits::Limits;
 use super::plots::{self, LatencySeries};
-use super::report::{Headline, Table};
+use super::report::Table;
 use super::runner::{RunResult, RunSpec, CHUNK_BYTES, GIB};
 use super::{Ctx, Mode};
 
@@ -158,9 +159,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let (t, rows_json, loaded_floor_us) = table(ctx, &limits, &floors, &rows);
     ctx.report.tables.push(t);
     plot(ctx, &floors, &rows)?;
-    ctx.report.set(
-        "fault_latency",
-        json!({
+    let suite = json!({
             "floor": floors.json(),
             "floor_with_disk_writing_us": loaded_floor_us,
             "sources": rows_json,
@@ -170,8 +169,10 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                 "fault_latency_us": r.stats["swap"]["fault_latency_us"],
                 "raw_stats": format!("runs/{}.json", r.spec.name),
             })).collect::<Vec<Value>>(),
-        }),
-    );
+    });
+    // The headline from the JSON, as a results file holds it.
+    ctx.report.headline.extend(figures::fault_latency(&suite));
+    ctx.report.set("fault_latency", suite);
     Ok(())
 }
 
@@ -411,39 +412,6 @@ fn table(ctx: &mut Ctx, limits: &Limits, f: &Floors, rows: &[Row]) -> (Table, Ve
     // at the mixed rate `limits` measured. Shown for context, not the aim.
     let loaded_read_us = (CHUNK_BYTES as f64 / GIB) / limits.disk_mixed_read_gibs.max(1e-9) * 1e6;
     let loaded_floor_us = loaded_read_us + f.store_file_2m.fill_us + f.store_file_2m.install_us;
-    if let Some(row) = rows
-        .first()
-        .filter(|r| r.name.starts_with("2m store, file") && r.hist.count() > 0)
-    {
-        t.note(&format!(
-            "context: with the disk also writing, as while swapping, a 2 MiB read at the mixed rate of limits ({:.2} GiB/s) makes the floor {:.2} ms; p99 / that = {:.2}",
-            limits.disk_mixed_read_gibs,
-            loaded_floor_us / 1000.0,
-            row.hist.quantile_us(0.99) as f64 / loaded_floor_us
-        ));
-    }
-    if let Some(row) = rows
-        .first()
-        .filter(|r| r.name.starts_with("2m store, file") && r.hist.count() > 0)
-    {
-        let p99 = row.hist.quantile_us(0.99) as f64;
-        let floor = row.floor_us.unwrap_or(0.0);
-        if floor > 0.0 {
-            ctx.report.headline.push(Headline {
-                key: "p99_over_floor",
-                what: "p99 2 MiB store fault / floor".into(),
-                value: p99 / floor,
-                aim: "<= 2",
-                met: p99 / floor <= 2.0,
-                how: format!(
-                    "{}: p99 {:.2} ms over floor {:.2} ms (read + THP fill + move, measured in the same invocation)",
-                    row.name,
-                    p99 / 1000.0,
-                    floor / 1000.0
-                ),
-            });
-        }
-    }
     (t, rows_json, loaded_floor_us)
 }
 

@@ -19,6 +19,9 @@
 //! - `linux` (opt-in, not in `all`): a stock Linux kernel with a busybox
 //!   tmpfs workload under a limit, per unit, nested in QEMU where this
 //!   host cannot run guest kernels.
+//! - `report`: every suite whose figures README.md and docs/BENCHMARKS.md
+//!   publish, into one results file; `report --render FILE` rewrites the
+//!   docs' generated tables from such a file ([`render`]).
 //!
 //! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
 //! figures come from its `--stats-json`, exactly what a user would get, and
@@ -31,6 +34,7 @@
 
 mod encryption;
 mod fault_latency;
+mod figures;
 mod fio;
 mod floor;
 mod hist;
@@ -43,6 +47,7 @@ mod pageout;
 mod plots;
 mod prime;
 mod progress;
+pub mod render;
 mod report;
 mod runner;
 mod swap_w_seq;
@@ -74,6 +79,8 @@ pub enum Suite {
     Linux,
     /// All of the above but `linux` (limits first).
     All,
+    /// The suites whose figures README.md and docs/BENCHMARKS.md publish (limits, swap-w-seq, pageout, fault-latency), into one results file; with --render FILE, rewrite the docs' tables from such a file instead.
+    Report,
 }
 
 impl Suite {
@@ -87,6 +94,7 @@ impl Suite {
             Suite::Nbd => "nbd",
             Suite::Linux => "linux",
             Suite::All => "all",
+            Suite::Report => "report",
         }
     }
 }
@@ -119,6 +127,11 @@ pub struct BenchArgs {
     /// measures that cost instead.
     #[arg(long)]
     pub no_prime: bool,
+    /// With `report` only: run nothing, and rewrite the generated tables
+    /// of README.md and docs/BENCHMARKS.md (found in the current
+    /// directory, the repository's top) from this results file.
+    #[arg(long, value_name = "RESULTS_FILE")]
+    pub render: Option<PathBuf>,
 }
 
 /// Quick or full sizes.
@@ -254,8 +267,45 @@ fn prepare_dirs(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// `report --render FILE`: the docs' tables from a results file.
+fn render_docs(args: &BenchArgs, results: &std::path::Path) -> Result<i32> {
+    if args.suite != Suite::Report {
+        bail!(
+            "--render is an option of `hugevmm bench report`, not of `{}`",
+            args.suite.name()
+        );
+    }
+    let file = render::read_results(results)?;
+    let mismatched = render::headline_mismatches(&file);
+    if !mismatched.is_empty() {
+        bail!(
+            "{}: its headline figures {} are not the ones its runs give; render only a file that `hugevmm bench report` wrote",
+            results.display(),
+            mismatched.join(", ")
+        );
+    }
+    let changed = render::write_docs(std::path::Path::new("."), results)?;
+    if changed.is_empty() {
+        eprintln!(
+            "hugevmm bench: the tables already match {}",
+            results.display()
+        );
+    }
+    for path in changed {
+        eprintln!(
+            "hugevmm bench: rewrote the tables of {} from {}",
+            path.display(),
+            results.display()
+        );
+    }
+    Ok(0)
+}
+
 /// Runs a suite; returns the process exit status.
 pub fn run(args: BenchArgs) -> Result<i32> {
+    if let Some(results) = &args.render {
+        return render_docs(&args, results);
+    }
     let started = Instant::now();
     prepare_dirs(&args)?;
     interrupt::install();
@@ -307,6 +357,13 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Encryption,
             Suite::Nbd,
         ],
+        // What README.md and docs/BENCHMARKS.md publish.
+        Suite::Report => vec![
+            Suite::Limits,
+            Suite::SwapWSeq,
+            Suite::Pageout,
+            Suite::FaultLatency,
+        ],
         one => vec![one],
     };
     let mut failures = Vec::new();
@@ -323,7 +380,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Encryption => encryption::run(&mut ctx),
             Suite::Nbd => nbd::run(&mut ctx),
             Suite::Linux => linux::run(&mut ctx),
-            Suite::All => unreachable!("expanded above"),
+            Suite::All | Suite::Report => unreachable!("expanded above"),
         };
         if let Err(e) = result {
             // One suite failing must not lose what the others measured:
@@ -338,12 +395,40 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     }
 
     ctx.report.command = command;
+    ctx.report.argv = std::env::args().collect();
     ctx.report.mode = mode.name().to_string();
     ctx.report.wall_s = started.elapsed().as_secs_f64();
     ctx.report.failures.extend(failures.iter().cloned());
     ctx.report.finish_headline();
     let written = ctx.report.write(&ctx.out_dir)?;
     ctx.report.print_tables();
+    if args.suite == Suite::Report {
+        let json_path = ctx.out_dir.join("results.json");
+        let published = ctx.out_dir.join("published.md");
+        // Read back: the tables come from the file, as --render's do.
+        let results = render::read_results(&json_path)?;
+        let mut md = String::new();
+        for name in [
+            "summary",
+            "figures",
+            "fio",
+            "swap-w-seq",
+            "pageout",
+            "fault-latency",
+            "limits",
+        ] {
+            md += &format!("## {name}\n\n{}\n", render::block(&results, name)?);
+        }
+        std::fs::write(&published, md)
+            .with_context(|| format!("cannot write {}", published.display()))?;
+        eprintln!(
+            "hugevmm bench: the docs' tables from this run are in {}; to publish them: cp {} docs/results/{}.json && hugevmm bench report --render docs/results/{}.json",
+            published.display(),
+            json_path.display(),
+            mode.name(),
+            mode.name()
+        );
+    }
     eprintln!(
         "hugevmm bench: {} in {:.0} s; wrote {}",
         if ctx.report.failures.is_empty() {

@@ -117,28 +117,151 @@ impl Table {
     }
 }
 
-/// One headline figure against its aim.
-#[derive(Debug, Clone)]
+/// An aim a figure is held to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Aim {
+    /// The figure must be at least this.
+    AtLeast(f64),
+    /// The figure must be at most this.
+    AtMost(f64),
+}
+
+impl Aim {
+    /// Whether `value` meets the aim.
+    pub fn met_by(self, value: f64) -> bool {
+        match self {
+            Aim::AtLeast(bound) => value >= bound,
+            Aim::AtMost(bound) => value <= bound,
+        }
+    }
+
+    /// `>= 0.9`, `<= 2`.
+    pub fn text(self) -> String {
+        match self {
+            Aim::AtLeast(b) => format!(">= {b}"),
+            Aim::AtMost(b) => format!("<= {b}"),
+        }
+    }
+
+    /// The inverse of [`Aim::text`].
+    pub fn parse(text: &str) -> Option<Aim> {
+        let (op, bound) = text.trim().split_once(' ')?;
+        let bound: f64 = bound.trim().parse().ok()?;
+        match op {
+            ">=" => Some(Aim::AtLeast(bound)),
+            "<=" => Some(Aim::AtMost(bound)),
+            _ => None,
+        }
+    }
+}
+
+/// One headline figure: its value in each alternated round (or each run,
+/// where nothing is paired), and the aim it is held to. The noise rule,
+/// whichever way the aim points: the figure is the median of the values,
+/// their min and max are its spread, and the aim is met only when the
+/// median meets it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Headline {
     /// Key in results.json.
-    pub key: &'static str,
+    pub key: String,
     /// What it is.
     pub what: String,
-    /// The figure.
-    pub value: f64,
-    /// The aim, as text (`>= 10`).
-    pub aim: &'static str,
-    /// Whether the aim is met.
-    pub met: bool,
+    /// One value per round or run (finite values only).
+    pub values: Vec<f64>,
+    /// The aim, if the figure has one.
+    pub aim: Option<Aim>,
     /// How it was computed.
     pub how: String,
+}
+
+impl Headline {
+    /// A figure from its per-round values (non-finite ones are left out:
+    /// a stopped run has no ratio).
+    pub fn new(
+        key: &str,
+        what: impl Into<String>,
+        values: Vec<f64>,
+        aim: Option<Aim>,
+        how: impl Into<String>,
+    ) -> Headline {
+        Headline {
+            key: key.into(),
+            what: what.into(),
+            values: values.into_iter().filter(|v| v.is_finite()).collect(),
+            aim,
+            how: how.into(),
+        }
+    }
+
+    /// The median of the values (NaN without any).
+    pub fn median(&self) -> f64 {
+        super::hist::median(&self.values).unwrap_or(f64::NAN)
+    }
+
+    /// The smallest value.
+    pub fn min(&self) -> f64 {
+        self.values.iter().copied().fold(f64::NAN, f64::min)
+    }
+
+    /// The largest value.
+    pub fn max(&self) -> f64 {
+        self.values.iter().copied().fold(f64::NAN, f64::max)
+    }
+
+    /// Whether the median meets the aim; `None` without an aim or values.
+    pub fn met(&self) -> Option<bool> {
+        let aim = self.aim?;
+        (!self.values.is_empty()).then(|| aim.met_by(self.median()))
+    }
+
+    /// `met`, `missed` or empty.
+    pub fn verdict(&self) -> &'static str {
+        match self.met() {
+            Some(true) => "met",
+            Some(false) => "missed",
+            None => "",
+        }
+    }
+
+    /// The entry of `results.json`'s `headline` object.
+    pub fn json(&self) -> Value {
+        json!({
+            "what": self.what,
+            "values": self.values,
+            "value": self.median(),
+            "min": self.min(),
+            "median": self.median(),
+            "max": self.max(),
+            "aim": self.aim.map(Aim::text),
+            "met": self.met(),
+            "how": self.how,
+        })
+    }
+
+    /// Reads back [`Headline::json`].
+    pub fn from_json(key: &str, v: &Value) -> Option<Headline> {
+        Some(Headline {
+            key: key.into(),
+            what: v.get("what")?.as_str()?.into(),
+            values: v
+                .get("values")?
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_f64)
+                .collect(),
+            aim: v.get("aim").and_then(Value::as_str).and_then(Aim::parse),
+            how: v.get("how")?.as_str()?.into(),
+        })
+    }
 }
 
 /// Everything measured in one invocation.
 #[derive(Debug, Default)]
 pub struct Report {
-    /// The command line that produced it.
+    /// The command line that produced it (normalized: every option).
     pub command: String,
+    /// The arguments exactly as given.
+    pub argv: Vec<String>,
     /// `quick` or `full`.
     pub mode: String,
     /// Wall time of the whole invocation.
@@ -236,6 +359,26 @@ pub fn machine_json() -> Value {
     json!({"cores": cores, "mem_gib": mem_kib / 1048576.0, "cpu": cpu, "kernel": kernel, "kvm": kvm, "thp": thp, "loadavg_at_end": loadavg})
 }
 
+/// The commit of the checkout the bench runs in (the current directory),
+/// and whether tracked files differ from it: the figures belong to that
+/// source only if the binary was built from it.
+pub fn source_json() -> Value {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git").args(args).output().ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    match git(&["rev-parse", "HEAD"]) {
+        Some(commit) => json!({
+            "commit": commit,
+            "commit_date": git(&["show", "-s", "--format=%cI", "HEAD"]),
+            "tracked_files_modified": git(&["status", "--porcelain", "--untracked-files=no"]).map(|s| !s.is_empty()),
+        }),
+        None => json!({"commit": null, "note": "not run inside a git checkout"}),
+    }
+}
+
 impl Report {
     /// Sets a suite's result object.
     pub fn set(&mut self, key: &str, value: Value) {
@@ -272,31 +415,34 @@ impl Report {
             return;
         }
         let mut t = Table::new(
-            "headline figures (one invocation)",
-            &["figure", "value", "aim", "met", "how"],
+            "headline figures (one invocation; median of the alternated rounds, min-max)",
+            &["figure", "median", "min-max", "rounds", "aim", "met", "how"],
         );
         for h in &self.headline {
             t.row(vec![
                 h.what.clone(),
-                fmt_f(h.value, 2),
-                h.aim.to_string(),
-                if h.met { "yes" } else { "NO" }.into(),
+                fmt_f(h.median(), 2),
+                format!("{}-{}", fmt_f(h.min(), 2), fmt_f(h.max(), 2)),
+                h.values.len().to_string(),
+                h.aim.map(Aim::text).unwrap_or_default(),
+                h.verdict().into(),
                 h.how.clone(),
             ]);
         }
         self.tables.push(t);
     }
 
-    fn json(&self) -> Value {
+    /// Everything as `results.json` holds it.
+    pub fn json(&self) -> Value {
         let mut v = json!({
             "command": self.command,
+            "argv": self.argv,
+            "source": source_json(),
             "mode": self.mode,
             "wall_s": self.wall_s,
             "machine": machine_json(),
             "ratio_2m_over_4k": self.ratio_2m_over_4k,
-            "headline": self.headline.iter().map(|h| (h.key.to_string(), json!({
-                "what": h.what, "value": h.value, "aim": h.aim, "met": h.met, "how": h.how,
-            }))).collect::<Map<String, Value>>(),
+            "headline": self.headline.iter().map(|h| (h.key.clone(), h.json())).collect::<Map<String, Value>>(),
             "skipped": self.skipped,
             "failures": self.failures,
             "plots": self.plots,

@@ -12,9 +12,10 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(600);
 
 /// `verify` on 2 vCPUs, 512 MiB held to 128 MiB, onto a new `file:` store
-/// at `store`, with `extra` options; the store file is left for the caller.
+/// at `store`, with `extra` options; the store file is left for the caller
+/// (`,keep`).
 fn verify_onto(store: &Path, extra: &[&str]) -> Run {
-    let run = verify_small_overcommitted(&format!("file:{}", store.display()), extra);
+    let run = verify_small_overcommitted(&format!("file:{},keep", store.display()), extra);
     run.expect_status(0);
     assert!(run.stat("/swap/evictions") >= 256, "too few evictions");
     assert!(run.stat("/swap/faults/store") >= 128, "too few store reads");

@@ -158,3 +158,63 @@ fn a_forbidden_call_ends_the_run_naming_the_call_and_the_thread_kind() {
         assert_eq!(out.status.code(), Some(0), "{kind} --no-seccomp");
     }
 }
+
+/// A run whose filter stopped a call still ends the way a failed run does:
+/// `--stats-json` and `--status-file` are written, naming the call and the
+/// kind, and the status is 159. (They were left empty: the handler ended
+/// the process where the call was made.)
+#[test]
+fn a_run_stopped_by_its_filter_writes_its_stats_and_status_file() {
+    if skip_without_kvm("a_run_stopped_by_its_filter_writes_its_stats_and_status_file") {
+        return;
+    }
+    for kind in ["evictor", "vcpu", "control"] {
+        let status_file = temp_path("seccomp-status.json");
+        let stats_file = temp_path("seccomp-stats.json");
+        let socket = temp_path("seccomp-status.sock");
+        let mut cmd = Command::new(hugevmm_bin());
+        cmd.args([
+            "run",
+            "--payload",
+            "hello",
+            "--vcpus",
+            "2",
+            "--mem",
+            "64M",
+            "--mem-limit",
+            "32M",
+        ])
+        .arg("--status-file")
+        .arg(&status_file)
+        .arg("--stats-json")
+        .arg(&stats_file)
+        .arg("--api-socket")
+        .arg(&socket)
+        .env("HUGEVMM_SECCOMP_PROBE", kind);
+        let out = run_with_limit(cmd, LIMIT);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let read = |path: &std::path::Path| {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let _ = std::fs::remove_file(path);
+            serde_json::from_str::<serde_json::Value>(&text).unwrap_or_else(|e| {
+                panic!(
+                    "{kind}: {} is not JSON ({e}): {text:?}\n{stderr}",
+                    path.display()
+                )
+            })
+        };
+        let (status, stats) = (read(&status_file), read(&stats_file));
+        let want = format!("seccomp: forbidden system call execve (59) on a thread of kind {kind}");
+        assert_eq!(out.status.code(), Some(159), "{kind}: {stderr}");
+        assert_eq!(status["exit_status"], 159, "{kind}: {status}");
+        assert_eq!(status["exit_kind"], "vm-failure", "{kind}: {status}");
+        assert_eq!(status["message"], want.as_str(), "{kind}: {status}");
+        assert_eq!(stats["exit_status"], 159, "{kind}: {stats}");
+        assert_eq!(stats["failure"], want.as_str(), "{kind}: {stats}");
+        assert!(
+            stderr.contains(&format!("hugevmm: {want}; ending the VM")),
+            "{kind}: {stderr}"
+        );
+        assert!(!socket.exists(), "{kind}: the API socket is left");
+    }
+}

@@ -1,6 +1,7 @@
 //! The files a run writes its results to (`--stats-json`,
-//! `--stats-timeline`, `--status-file`): checked before anything else is
-//! acquired, opened before the guest starts, written at the end.
+//! `--stats-timeline`, `--status-file`, and `--console-log` while it
+//! runs): checked before anything else is acquired, opened before the
+//! guest starts, written at the end.
 //!
 //! Checking at the start means a typo in an output path fails in a second
 //! instead of after a long run, and never replaces the guest's exit status
@@ -85,6 +86,12 @@ impl OutputFile {
         })
     }
 
+    /// Keeps the file as the run left it: for a file written while the
+    /// guest runs (`--console-log`), once the run has started.
+    pub fn keep(mut self) {
+        self.file = None;
+    }
+
     /// Replaces the file's content with `text` (a regular file is
     /// truncated first; a pipe or device such as /dev/stdout just gets the
     /// text).
@@ -142,6 +149,12 @@ mod tests {
         std::fs::write(&path, "kept").unwrap();
         drop(OutputFile::open("--stats-json", &path).unwrap());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "kept");
+        std::fs::remove_file(&path).unwrap();
+        // A file written while the run goes on, once it started: kept.
+        let log = OutputFile::open("--console-log", &path).unwrap();
+        std::fs::write(&path, "guest output").unwrap();
+        log.keep();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "guest output");
         std::fs::remove_file(&path).unwrap();
     }
 }

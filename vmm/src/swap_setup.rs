@@ -7,6 +7,8 @@ use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
 use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapUnit};
+use swap::store::file::OldContent;
+use swap::store::spec::OpenedStore;
 use swap::store::{CapacityNeed, Integrity, StoreSpec};
 
 /// The swap options of a run.
@@ -101,6 +103,33 @@ pub fn check_mem_limit(
     Ok(())
 }
 
+/// A started engine, and what its store left for the main thread to do
+/// before the guest is loaded.
+pub struct StartedSwap {
+    /// The engine.
+    pub engine: SwapEngine,
+    /// An `,overwrite` store file's old content: cut it ([`cut_old_content`])
+    /// once every other file of the run is open (a `--disk` naming the same
+    /// file must find it as it was) and before the guest is loaded (its
+    /// first eviction would otherwise cut it on the evictor thread, whose
+    /// seccomp filter forbids `fchmod` and `ftruncate`).
+    pub old_content: Option<OldContent>,
+}
+
+/// Cuts an `,overwrite` store file's old content away (see
+/// [`StartedSwap::old_content`]).
+pub fn cut_old_content(old: Option<OldContent>) -> Result<()> {
+    match old {
+        Some(old) => old.cut().with_context(|| {
+            format!(
+                "cannot empty the --swap-store file {} (,overwrite)",
+                old.path().display()
+            )
+        }),
+        None => Ok(()),
+    }
+}
+
 /// Registers all guest RAM with a new swap engine. Must run before anything
 /// touches guest RAM. The VMM's own chunk (page tables, descriptor tables,
 /// stacks) is pinned: the guest walks it on every TLB miss.
@@ -108,7 +137,7 @@ pub fn start(
     ram: &GuestRam,
     options: &SwapOptions,
     events: Sender<VcpuEvent>,
-) -> Result<SwapEngine> {
+) -> Result<StartedSwap> {
     let kind = match ram.backing() {
         Backing::Hugetlb => MemoryKind::Hugetlb {
             memfd: ram
@@ -150,10 +179,13 @@ pub fn start(
         Some(sealer) => Integrity::Sealed(std::sync::Arc::clone(sealer)),
         None => Integrity::Checksum,
     };
-    let store = options
+    let OpenedStore { store, old_content } = options
         .store
-        .open_with(options.unit.bytes() as usize, ram.len_bytes(), &integrity)
+        .open_for_run(options.unit.bytes() as usize, ram.len_bytes(), &integrity)
         .with_context(|| format!("cannot open --swap-store {}", options.store))?;
+    if let Some(warning) = options.store.lifecycle_warning(integrity.is_sealed()) {
+        eprintln!("hugevmm: warning: {warning}");
+    }
     // A block device can hold less than the size asked for. The test aid
     // `faulty:full-after=N` is left alone: filling up at run time is what
     // it is for.
@@ -183,7 +215,12 @@ pub fn start(
             .unwrap_or_else(|e| e.into_inner())
             .send(VcpuEvent::SwapFatal { message });
     });
-    SwapEngine::start(region, store, config, on_fatal).context("cannot start the swap engine")
+    let engine = SwapEngine::start(region, store, config, on_fatal)
+        .context("cannot start the swap engine")?;
+    Ok(StartedSwap {
+        engine,
+        old_content,
+    })
 }
 
 /// What the store of a run with these options can need to hold

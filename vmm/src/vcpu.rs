@@ -52,6 +52,12 @@ pub enum VcpuEvent {
         /// The signal's number.
         signo: i32,
     },
+    /// A seccomp filter stopped a system call (`seccomp::trap`); the run
+    /// ends as after a failure, with status 159.
+    Forbidden {
+        /// The call and the kind of thread, for the user.
+        message: String,
+    },
     /// The vCPU cannot continue; the whole run ends.
     Fatal {
         /// vCPU index.

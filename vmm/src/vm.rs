@@ -259,6 +259,7 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         stop,
         vcpu_threads,
     )
+    .map(crate::seccomp::account_for_trap)
 }
 
 /// Checks the options against each other and the payload image against
@@ -324,16 +325,16 @@ fn build_machine(config: &mut RunConfig, layout: &Layout, kind: GuestKind) -> Re
         .context("cannot register guest RAM with KVM")?;
     let stats = KvmStats::open(&vm).context("cannot open KVM statistics")?;
     let (events_tx, events_rx) = mpsc::channel();
+    crate::seccomp::forward_traps(events_tx.clone())?;
     if let Some(stop_signals) = config.stop_signals.take() {
         stop_signals.forward(events_tx.clone())?;
     }
-    let engine = match &config.swap {
-        Some(options) => Some(Arc::new(swap_setup::start(
-            &ram,
-            options,
-            events_tx.clone(),
-        )?)),
-        None => None,
+    let (engine, old_store_content) = match &config.swap {
+        Some(options) => {
+            let started = swap_setup::start(&ram, options, events_tx.clone())?;
+            (Some(Arc::new(started.engine)), started.old_content)
+        }
+        None => (None, None),
     };
     let interrupts = match kind {
         GuestKind::Linux => Interrupts::Irqchip(&vm),
@@ -349,6 +350,8 @@ fn build_machine(config: &mut RunConfig, layout: &Layout, kind: GuestKind) -> Re
     if let Some(engine) = &engine {
         machine.free_memory.attach_engine(engine.clone());
     }
+    // Every file is open and locked, and nothing has touched guest RAM.
+    swap_setup::cut_old_content(old_store_content)?;
     Ok((kvm, ram, vm, stats, events_tx, events_rx, engine, machine))
 }
 
@@ -614,6 +617,12 @@ fn wait_for_the_end(
             VcpuEvent::SwapFatal { message } => {
                 failure = Some(format!("swap engine: {message}"));
                 exit_status = Some(EXIT_VM_FAILURE);
+                exit_kind = ExitKind::VmFailure;
+                break;
+            }
+            VcpuEvent::Forbidden { message } => {
+                failure = Some(message);
+                exit_status = Some(crate::seccomp::TRAPPED_STATUS);
                 exit_kind = ExitKind::VmFailure;
                 break;
             }

@@ -5,8 +5,10 @@
 //! a filter is inherited by threads spawned later and can only narrow, so
 //! the main thread installs its own last, after every other thread
 //! started. A system call outside the kind's list raises SIGSYS; the
-//! handler ([`trap`]) prints the call and the thread kind and ends the
-//! process. `clone3` fails with ENOSYS (a second, tiny filter) so that
+//! handler ([`trap`]) prints the call and the thread kind, parks the
+//! thread and has the run loop end the VM as after a failure ([`watch`]:
+//! statistics and status file written, status [`TRAPPED_STATUS`]).
+//! `clone3` fails with ENOSYS (a second, tiny filter) so that
 //! glibc's `pthread_create` falls back to `clone`, whose flags a filter
 //! can read (`clone3` passes them in memory, out of a filter's reach);
 //! `open` and `openat` fail with EACCES (a third), see `rules::REFUSED`.
@@ -19,6 +21,7 @@
 
 mod rules;
 mod trap;
+mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -27,6 +30,7 @@ use anyhow::{Context, Result};
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
 
 pub use rules::ThreadKind;
+pub use watch::forward_traps;
 
 /// Exit status of a process that a filter stopped: the shell's status for
 /// death by SIGSYS.
@@ -161,10 +165,29 @@ pub fn engine_thread_setup() -> Option<swap::engine::ThreadSetup> {
     })
 }
 
+/// A run's outcome with a trapped call accounted for: a run in which a
+/// filter stopped a call ends with [`TRAPPED_STATUS`] and the call named
+/// as its failure, also when the trap came after the run loop had ended
+/// (while the run was ending), so that it did not end the loop itself.
+pub fn account_for_trap(mut outcome: crate::vm::RunOutcome) -> crate::vm::RunOutcome {
+    let Some((nr, kind)) = trap::trapped() else {
+        return outcome;
+    };
+    let mut message = String::new();
+    trap::describe(kind, nr, &mut message);
+    outcome.failure = match outcome.failure.take() {
+        Some(earlier) if earlier != message => Some(format!("{message} (after: {earlier})")),
+        _ => Some(message),
+    };
+    outcome.exit_status = TRAPPED_STATUS;
+    outcome.exit_kind = crate::exit::ExitKind::VmFailure;
+    outcome
+}
+
 /// Test aid: `HUGEVMM_SECCOMP_PROBE=KIND` (a [`ThreadKind`] name, e.g.
-/// `vcpu`) makes the first thread of that kind issue a call no filter
-/// allows right after installing its filter, so that a test sees the trap
-/// end the run with its message.
+/// `vcpu`) makes every thread of that kind issue a call no filter allows
+/// (`execve`) right after installing its filter, so that a test sees the
+/// trap end the run with its message. A parked thread never gets past it.
 fn probe(kind: ThreadKind) {
     let Some(wanted) = std::env::var_os("HUGEVMM_SECCOMP_PROBE") else {
         return;
