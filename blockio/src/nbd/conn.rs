@@ -522,6 +522,7 @@ impl Shared {
             if now >= deadline {
                 break;
             }
+            log::info!("NBD server {}: reconnect attempt failed: {last}", self.uri);
             // Sleep in short steps so that closing is noticed promptly.
             let until = (now + backoff).min(deadline);
             while Instant::now() < until && !self.closing.load(Ordering::Acquire) {
