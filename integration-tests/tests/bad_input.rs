@@ -1,7 +1,8 @@
 //! Bad input, as a careless or hostile user gives it: every case is
 //! refused with a message that names the problem and what to do, before
 //! the guest runs and before anything the user named is written; signals
-//! end a run cleanly; ending a VM never puts zeros on its disk.
+//! end a run cleanly; ending a VM while a disk write is in flight (held by
+//! an NBD server) never puts zeros on its disk.
 
 use integration_tests::*;
 use std::path::Path;
@@ -313,10 +314,86 @@ fn round_of(sector_bytes: &[u8]) -> u64 {
     u64::from_le_bytes(sector_bytes[8..16].try_into().unwrap())
 }
 
-/// The guest streams swapped-out memory to its disk; the VM is ended by
-/// `end` while those writes are in flight. Every sector must then hold
-/// its old content or a whole sector of some round: a device that read
-/// guest memory nobody served any more would write zeros.
+/// One request in nbdkit's log filter's file: `connection=C Write id=N
+/// offset=0x.. count=0x..` when it arrives, `connection=C ...Write id=N
+/// return=R` when it is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LoggedWrite {
+    connection: String,
+    id: String,
+    offset_bytes: u64,
+    count_bytes: u64,
+    /// The `return=` of its answer, None while it is not answered.
+    returned: Option<String>,
+}
+
+/// The writes in an nbdkit log file, in arrival order.
+fn logged_writes(log: &Path) -> Vec<LoggedWrite> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let field = |line: &str, key: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .map(str::to_string)
+    };
+    let hex = |v: Option<String>| {
+        v.and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+            .unwrap_or(0)
+    };
+    let mut writes: Vec<LoggedWrite> = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let (Some(connection), Some(id)) = (field(line, "connection="), field(line, "id=")) else {
+            continue;
+        };
+        if words.contains(&"Write") {
+            writes.push(LoggedWrite {
+                connection,
+                id,
+                offset_bytes: hex(field(line, "offset=")),
+                count_bytes: hex(field(line, "count=")),
+                returned: None,
+            });
+        } else if words.contains(&"...Write") {
+            let returned = field(line, "return=").unwrap_or_default();
+            if let Some(w) = writes
+                .iter_mut()
+                .find(|w| w.connection == connection && w.id == id && w.returned.is_none())
+            {
+                w.returned = Some(returned);
+            }
+        }
+    }
+    writes
+}
+
+/// Sends one command to nbdkit's pause filter (`p` pause, `r` resume) and
+/// waits for its answer (the letter in upper case; `P` once the requests
+/// received before the pause were answered).
+fn pause_filter(control: &Path, command: u8) {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(control)
+        .unwrap_or_else(|e| panic!("nbdkit's pause control {}: {e}", control.display()));
+    stream.set_read_timeout(Some(LIMIT)).unwrap();
+    stream.write_all(&[command]).unwrap();
+    let mut answer = [0u8; 1];
+    stream.read_exact(&mut answer).unwrap();
+    assert_eq!(
+        answer[0],
+        command.to_ascii_uppercase(),
+        "pause filter answer"
+    );
+}
+
+/// The guest streams swapped-out memory to its disk, an NBD export that
+/// nbdkit serves through its log filter (every request's arrival and
+/// answer) and its pause filter (requests that arrive while paused are
+/// held). The test pauses the server, waits until the log shows a write
+/// of the guest's that arrived and is held unanswered, ends the VM with
+/// `end` while it is held (and checks it still is), then lets it through.
+/// Every sector must then hold its old content or a whole sector of some
+/// round, never zeros (a device that read guest memory nobody served any
+/// more would write zeros), and a held write that was answered as done
+/// must be on the disk whole.
 fn disk_writes_in_flight_survive(test: &str, end: impl FnOnce(&Background, &Path)) {
     if skip_without_kvm(test) {
         return;
@@ -325,7 +402,23 @@ fn disk_writes_in_flight_survive(test: &str, end: impl FnOnce(&Background, &Path
     let disk_bytes = 32usize << 20;
     let disk = temp_path("stream-disk.img");
     std::fs::write(&disk, vec![OLD; disk_bytes]).unwrap();
-    let disk_arg = disk.to_str().unwrap().to_string();
+    let log = temp_path("stream-disk.nbdkit-log");
+    let control = temp_path("stream-disk.pause");
+    let Some(mut server) = blockio::test_support::NbdServer::nbdkit(
+        test,
+        &[
+            "--filter=log",
+            "--filter=pause",
+            "file",
+            disk.to_str().unwrap(),
+            &format!("logfile={}", log.display()),
+            &format!("pause-control={}", control.display()),
+        ],
+    ) else {
+        std::fs::remove_file(&disk).unwrap();
+        return;
+    };
+    let disk_arg = server.uri().to_string();
     let (vm, socket) = start_with_api_socket(&[
         "run",
         "--payload",
@@ -364,15 +457,56 @@ fn disk_writes_in_flight_survive(test: &str, end: impl FnOnce(&Background, &Path
         evictions > 0,
         "{test}: the stream buffer was never swapped out"
     );
+    pause_filter(&control, b'p');
+    let mut held = None;
+    for _ in 0..2400 {
+        held = logged_writes(&log)
+            .into_iter()
+            .find(|w| w.returned.is_none());
+        if held.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let held = held.unwrap_or_else(|| {
+        panic!("{test}: no guest write arrived at the paused server, so none would be in flight")
+    });
+    // What the held write's sectors hold before it lands: the round
+    // before its own (the server is idle while paused).
+    let sectors_of = |w: &LoggedWrite| {
+        let first = w.offset_bytes as usize / 512;
+        first..first + w.count_bytes as usize / 512
+    };
+    let before: Vec<u64> = {
+        let image = std::fs::read(&disk).unwrap();
+        sectors_of(&held)
+            .map(|s| round_of(&image[s * 512..(s + 1) * 512]))
+            .collect()
+    };
     end(&vm, &socket);
+    let still = logged_writes(&log);
+    assert!(
+        still.contains(&held),
+        "{test}: the held write {held:?} was answered while the server was paused: {still:?}"
+    );
+    pause_filter(&control, b'r');
     let run = vm.finish(LIMIT);
     assert!(
         run.status.is_some(),
         "{test}: hugevmm died by a signal\n{}",
         run.stderr
     );
+    // Every request the server holds is answered before it stops.
+    server.terminate();
+    let fate = logged_writes(&log)
+        .into_iter()
+        .find(|w| w.connection == held.connection && w.id == held.id)
+        .and_then(|w| w.returned);
+    eprintln!("{test}: the write in flight when the VM was ended: {held:?}, answered {fate:?}");
     let image = std::fs::read(&disk).unwrap();
     std::fs::remove_file(&disk).unwrap();
+    let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&control);
     let mut rounds_seen = std::collections::BTreeMap::new();
     for (sector, bytes) in image.chunks(512).enumerate() {
         if bytes.iter().all(|b| *b == OLD) {
@@ -388,6 +522,15 @@ fn disk_writes_in_flight_survive(test: &str, end: impl FnOnce(&Background, &Path
             run.stderr
         );
         *rounds_seen.entry(round).or_insert(0u64) += 1;
+    }
+    if fate.as_deref() == Some("0") {
+        for (sector, was) in sectors_of(&held).zip(before) {
+            let now = round_of(&image[sector * 512..(sector + 1) * 512]);
+            assert!(
+                now > was,
+                "{test}: the held write {held:?} was answered as done, but sector {sector} still holds round {now} (before it: {was})"
+            );
+        }
     }
     eprintln!("{test}: sectors per round on the disk: {rounds_seen:?}");
 }
