@@ -224,7 +224,7 @@ fn a_store_file_is_gone_while_the_vm_runs_and_after_sigterm() {
     }
     let path = store_path("sigterm");
     let spec = format!("file:{}", path.display());
-    let (vm, _socket) = start_with_api_socket(&[
+    let (vm, socket) = start_with_api_socket(&[
         "run",
         "--payload",
         "balloon",
@@ -238,6 +238,9 @@ fn a_store_file_is_gone_while_the_vm_runs_and_after_sigterm() {
         "--swap-store",
         &spec,
     ]);
+    // The socket listens before the store is opened; its first answer
+    // comes once the machine is built.
+    ctl(&socket, &["stats"]);
     let named_while_running = path.exists();
     let deleted = format!("{} (deleted)", path.display());
     let held_open = std::fs::read_dir(format!("/proc/{}/fd", vm.pid()))
