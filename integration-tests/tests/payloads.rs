@@ -541,3 +541,42 @@ fn the_payload_list_names_every_argument() {
         run.stdout
     );
 }
+
+/// The keys of a payload's argument table (`{ "key", HVMM_ARG_...`).
+fn argument_keys(source: &str) -> Vec<String> {
+    source
+        .split("{ \"")
+        .skip(1)
+        .filter_map(|rest| {
+            let (key, after) = rest.split_once('"')?;
+            after
+                .trim_start_matches([',', ' '])
+                .starts_with("HVMM_ARG_")
+                .then(|| key.to_string())
+        })
+        .collect()
+}
+
+/// README.md's payload table has a row for every built-in payload (it
+/// lacked mixed, blkcheck and balloon), naming every argument it takes.
+#[test]
+fn the_readme_payload_table_lists_every_payload_and_argument() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for builtin in payloads::all() {
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", builtin.name)))
+            .unwrap_or_else(|| panic!("README.md has no payload table row for {}", builtin.name));
+        let source =
+            std::fs::read_to_string(root.join(format!("payloads/src/guest/{}.c", builtin.name)))
+                .unwrap();
+        for key in argument_keys(&source) {
+            assert!(
+                row.contains(&format!("`{key}=")),
+                "README.md's row for {} does not name {key}=: {row}",
+                builtin.name
+            );
+        }
+    }
+}

@@ -914,4 +914,27 @@ mod tests {
             );
         }
     }
+
+    /// The key file's modes are said one way where they are said: what
+    /// `swap::store::Sealer::from_key_file` checks (no bit for group or
+    /// others), in --help and in README.md's option table.
+    #[test]
+    fn the_key_file_modes_read_the_same_in_help_and_readme() {
+        use clap::CommandFactory;
+        let rule = "no permission bits for group or others, e.g. mode 0600 or 0400";
+        let help = Cli::command()
+            .get_arguments()
+            .find(|a| a.get_long() == Some("swap-key-file"))
+            .and_then(|a| a.get_help())
+            .map(|h| h.to_string().replace('\n', " "))
+            .unwrap();
+        assert!(help.contains(rule), "{help}");
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with("| `--swap-key-file PATH` |"))
+            .expect("README.md has the --swap-key-file row");
+        assert!(row.contains(rule), "{row}");
+    }
 }
