@@ -35,9 +35,54 @@ fn the_seed_corpus_runs_clean() {
     assert!(replay("corpus") >= TARGETS.len());
 }
 
+/// Every committed regression input, as (target, file name). The test
+/// replays these and fails when one is missing (an emptied or missing
+/// folder replays nothing, which must not pass) or when the folder holds
+/// one this list does not name (add it here when you commit it).
+const REGRESSIONS: &[(&str, &str)] = &[
+    ("engine", "auto-retry-split-pages"),
+    ("engine", "collapse-waits-for-a-starved-cpu"),
+    ("engine", "evict-all-waits-for-a-failed-fault"),
+    ("engine", "sealed-auto-split-pages"),
+    ("engine", "sealed-retry-transient-corruption"),
+    ("engine", "stuck-under-load-limit-2-unconfirmed"),
+    ("kernel_image", "image-kind-phoff-overflow-1"),
+    ("kernel_image", "image-kind-phoff-overflow-2"),
+    ("kernel_image", "vmlinux-end-gpa-overflow"),
+    ("payload_elf", "image-kind-phoff-overflow-1"),
+    ("payload_elf", "image-kind-phoff-overflow-2"),
+    ("store_spec", "nbd-host-with-brackets"),
+];
+
 #[test]
 fn every_regression_input_runs_clean() {
-    replay("regressions");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
+    let mut on_disk = Vec::new();
+    for target in TARGETS {
+        for file in inputs(&root.join(target.name)) {
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            on_disk.push((target.name.to_string(), name));
+        }
+    }
+    for (target, name) in &on_disk {
+        assert!(
+            REGRESSIONS.contains(&(target.as_str(), name.as_str())),
+            "fuzz/regressions/{target}/{name} is not in this test's REGRESSIONS list: add it there"
+        );
+    }
+    for (target, name) in REGRESSIONS {
+        assert!(
+            on_disk.iter().any(|(t, n)| t == target && n == name),
+            "fuzz/regressions/{target}/{name} is missing (was the folder emptied?)"
+        );
+    }
+    let replayed = replay("regressions");
+    assert_eq!(
+        replayed,
+        REGRESSIONS.len(),
+        "replayed {replayed} regression inputs, {} are committed",
+        REGRESSIONS.len()
+    );
 }
 
 #[test]
@@ -56,4 +101,60 @@ fn the_committed_seeds_are_the_generated_ones() {
             );
         }
     }
+}
+
+fn regression(target: &str, name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("regressions")
+        .join(target)
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The engine inputs kept for the `auto` unit, the retry layer and sealed
+/// stores reach what they are named for: a replay that no longer split a
+/// chunk, retried a fault or opened a sealed page would test nothing.
+#[test]
+fn the_engine_regressions_reach_what_they_are_named_for() {
+    use hugevmm_fuzz::engine::run_input;
+    // Thrashing chunks split, their pages fault back alone through the
+    // retry layer (EIOs and checksum failures injected on the way), and
+    // the dense ones collapse.
+    let auto = run_input(&regression("engine", "auto-retry-split-pages"));
+    let (split, store) = (&auto.stats.split, &auto.store);
+    assert!(auto.completed, "{auto:?}");
+    assert!(
+        split.splits_by_reason[1] > 0
+            && split.page_faults_store > 0
+            && split.collapses_by_reason[1] > 0,
+        "auto-retry-split-pages: {split:?}"
+    );
+    assert!(
+        store.injected_transient_errors > 0
+            && store.retries > 0
+            && store.injected_transient_corruptions > 0
+            && store.checksum_recovered > 0,
+        "auto-retry-split-pages: {store:?}"
+    );
+    // A sealed store keeps split chunks' pages, each sealed apart.
+    let sealed = run_input(&regression("engine", "sealed-auto-split-pages"));
+    let split = &sealed.stats.split;
+    assert!(sealed.completed, "{sealed:?}");
+    assert!(
+        split.splits_by_reason[1] > 0 && split.pages_written > 0 && split.page_faults_store > 0,
+        "sealed-auto-split-pages: {split:?}"
+    );
+    // Damage on the way to a sealed image fails authentication once, the
+    // re-read opens it; EIOs are retried.
+    let retried = run_input(&regression("engine", "sealed-retry-transient-corruption"));
+    let store = &retried.store;
+    assert!(retried.completed, "{retried:?}");
+    assert!(
+        store.sealed && store.auth_rereads > 0 && store.auth_recovered == store.auth_rereads,
+        "sealed-retry-transient-corruption: {store:?}"
+    );
+    assert!(
+        store.injected_transient_errors > 0 && store.retries > 0,
+        "sealed-retry-transient-corruption: {store:?}"
+    );
 }
