@@ -241,6 +241,33 @@ impl NbdServer {
         }
     }
 
+    /// Stops the server the normal way (SIGTERM: what `systemctl stop` or
+    /// a Ctrl-C sends; nbdkit answers requests in flight with
+    /// `NBD_ESHUTDOWN`, then waits for its clients to disconnect) and
+    /// waits for it to be gone. A server still there after a generous
+    /// minute fails the test: its clients did not let go.
+    pub fn terminate(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) on our own child, which has not been reaped (we
+        // hold its Child), so the pid names no other process.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let started = std::time::Instant::now();
+        while child.try_wait().ok().flatten().is_none() {
+            if started.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{} did not exit within 60 s of SIGTERM: a client kept its connection after NBD_ESHUTDOWN",
+                    self.program
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Starts the server again with the same arguments (after [`Self::kill`],
     /// or killing it first) and waits until it accepts connections.
     pub fn restart(&mut self) {

@@ -13,9 +13,19 @@
 //! which neither a store nor a disk needs, and simple replies keep one
 //! reply per request.
 //!
-//! When the connection drops (a read or write on the socket fails, or a
-//! reply breaks the protocol), the reader thread reconnects with backoff
-//! until `reconnect_timeout` has passed since the drop. Meanwhile waiters
+//! When the connection drops (a read or write on the socket fails: EOF,
+//! `ECONNRESET`, `EPIPE`, ...; or a reply breaks the protocol), the reader
+//! thread reconnects with backoff until `reconnect_timeout` has passed
+//! since the outage began. A server stopped the normal way (nbdkit on
+//! SIGTERM) first answers what it holds with `NBD_ESHUTDOWN` and then
+//! waits for its clients to leave: such a reply is no answer, the request
+//! stays for the next connection; nothing more is sent on this one, and
+//! once nothing sent on it lacks a reply the client disconnects
+//! (`NBD_CMD_DISC`, as the protocol asks) and waits for the server to
+//! close, as for a drop. The outage begins at the first drop or
+//! `NBD_ESHUTDOWN` since the server last answered a request, so a server
+//! that takes each new connection and then drops or refuses it is bounded
+//! too. Meanwhile waiters
 //! block: a read is never answered with anything but the server's data.
 //! On success it installs the new socket under a new *generation* and
 //! wakes everyone; each waiter sends again those of its requests that have
@@ -46,6 +56,8 @@ use super::uri::NbdUri;
 
 const REQUEST_MAGIC: u32 = 0x2560_9513;
 const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+/// `NBD_ESHUTDOWN`: the server is shutting down (Linux's `ESHUTDOWN`).
+const NBD_ESHUTDOWN: u32 = 108;
 
 /// `NBD_CMD_*`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,6 +138,9 @@ struct Request {
     buf: BufPtr,
     /// The connection generation it was last sent on (0: not yet).
     sent_generation: u64,
+    /// The generation whose server answered it `NBD_ESHUTDOWN` (0: none):
+    /// no answer, it goes out again on the next connection.
+    refused_generation: u64,
     outcome: Option<Outcome>,
     /// The batch it belongs to, woken when the batch's last reply comes.
     waiter: Arc<Waiter>,
@@ -164,13 +179,31 @@ pub(crate) struct Submit {
 #[derive(Default)]
 struct State {
     requests: HashMap<u64, Request>,
-    /// The current connection's generation; 0 while disconnected.
+    /// The generation of the connection requests may be sent on; 0 while
+    /// there is none (disconnected, or the server is shutting down).
     generation: u64,
     /// Set once the reconnection bound has passed.
     dead: Option<String>,
 }
 
 impl State {
+    /// Requests sent on connection `generation` that wait for its reply.
+    fn in_flight_on(&self, generation: u64) -> usize {
+        self.requests
+            .values()
+            .filter(|r| {
+                r.outcome.is_none()
+                    && r.sent_generation == generation
+                    && r.refused_generation != generation
+            })
+            .count()
+    }
+
+    /// Whether any request waits for an outcome.
+    fn any_waiting(&self) -> bool {
+        self.requests.values().any(|r| r.outcome.is_none())
+    }
+
     /// The batches that wait on a request, each once.
     fn waiters(&self) -> Vec<Arc<Waiter>> {
         let mut out: Vec<Arc<Waiter>> = Vec::new();
@@ -326,6 +359,7 @@ impl NbdClient {
                             len_bytes: r.len_bytes,
                             buf: BufPtr(r.buf),
                             sent_generation: 0,
+                            refused_generation: 0,
                             outcome: None,
                             waiter: Arc::clone(&waiter),
                         },
@@ -387,6 +421,12 @@ impl Shared {
             };
             let request = {
                 let mut state = lock(&self.state);
+                if state.generation != generation {
+                    // The reader has declared this connection lost or its
+                    // server shutting down: the request waits for the
+                    // next one.
+                    return;
+                }
                 let Some(r) = state.requests.get_mut(&cookie) else {
                     continue;
                 };
@@ -424,23 +464,29 @@ impl Shared {
         }
     }
 
-    /// The reader thread: replies until the connection drops, then a
+    /// The reader thread: replies until the connection ends, then a
     /// reconnection, until the client closes or gives up.
     fn read_loop(&self, mut stream: Stream, mut generation: u64) {
+        // When the current outage began: None while the server answers.
+        let mut outage_since: Option<Instant> = None;
         loop {
-            let error = loop {
-                if let Err(e) = self.read_reply(&mut stream, generation) {
-                    break e;
-                }
-            };
+            // Whether this connection already counts in DISCONNECTED_CLIENTS
+            // (from its server's NBD_ESHUTDOWN on).
+            let mut counted = false;
+            let error = self.serve(&mut stream, generation, &mut outage_since, &mut counted);
             if self.closing.load(Ordering::Acquire) {
+                if counted {
+                    DISCONNECTED_CLIENTS.fetch_sub(1, Ordering::Relaxed);
+                }
                 return;
             }
             stream.shutdown();
+            let started = *outage_since.get_or_insert_with(Instant::now);
+            let left = (started + self.reconnect_timeout).saturating_duration_since(Instant::now());
             log::warn!(
-                "NBD server {}: connection lost ({error}); reconnecting for up to {} s",
+                "NBD server {}: connection lost ({error}); reconnecting for up to {:.1} s",
                 self.uri,
-                self.reconnect_timeout.as_secs_f64()
+                left.as_secs_f64()
             );
             {
                 let mut tx = lock(&self.tx);
@@ -450,8 +496,10 @@ impl Shared {
                 }
             }
             lock(&self.state).generation = 0;
-            DISCONNECTED_CLIENTS.fetch_add(1, Ordering::Relaxed);
-            let reconnected = self.reconnect(&error);
+            if !counted {
+                DISCONNECTED_CLIENTS.fetch_add(1, Ordering::Relaxed);
+            }
+            let reconnected = self.reconnect(&error, started);
             DISCONNECTED_CLIENTS.fetch_sub(1, Ordering::Relaxed);
             match reconnected {
                 Some(new_stream) => {
@@ -476,6 +524,11 @@ impl Shared {
             let waiters = {
                 let mut state = lock(&self.state);
                 state.generation = generation;
+                if !state.any_waiting() {
+                    // Nothing to prove the server with: as far as anyone
+                    // knows it is back, and a later drop is a new outage.
+                    outage_since = None;
+                }
                 state.waiters()
             };
             self.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -490,16 +543,99 @@ impl Shared {
         }
     }
 
-    /// Tries to connect again with backoff until the bound passes. `None`:
-    /// the client is closing, or gave up (every request is failed then).
-    fn reconnect(&self, cause: &io::Error) -> Option<Stream> {
-        let started = Instant::now();
+    /// Reads the replies of connection `generation` until it ends, and
+    /// returns how it ended. A reply to any request ends an outage
+    /// (`outage_since`). An `NBD_ESHUTDOWN` reply begins one: nothing more
+    /// is sent on this connection, and once nothing sent on it waits for
+    /// a reply the client disconnects softly and reads on until the server
+    /// closes (or, for a server that never does, until the outage's bound).
+    fn serve(
+        &self,
+        stream: &mut Stream,
+        generation: u64,
+        outage_since: &mut Option<Instant>,
+        counted: &mut bool,
+    ) -> io::Error {
+        let mut shutting_down = false;
+        let mut disconnected = false;
+        loop {
+            match self.read_reply(stream, generation) {
+                Ok(Reply::Answered) if !shutting_down => *outage_since = None,
+                Ok(Reply::Answered) => {}
+                Ok(Reply::ShuttingDown) if !shutting_down => {
+                    shutting_down = true;
+                    let started = *outage_since.get_or_insert_with(Instant::now);
+                    // Senders check this under the state lock before they
+                    // mark a request sent, so from here the requests in
+                    // flight on this connection only decrease.
+                    lock(&self.state).generation = 0;
+                    DISCONNECTED_CLIENTS.fetch_add(1, Ordering::Relaxed);
+                    *counted = true;
+                    log::warn!(
+                        "NBD server {}: the server is shutting down (it answered NBD_ESHUTDOWN); requests without a reply wait for it to come back and are sent again",
+                        self.uri
+                    );
+                    let left = (started + self.reconnect_timeout)
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1));
+                    if let Err(e) = stream.set_read_timeout(Some(left)) {
+                        return e;
+                    }
+                }
+                Ok(Reply::ShuttingDown) => {}
+                Err(e) if shutting_down => {
+                    return match e.kind() {
+                        io::ErrorKind::UnexpectedEof => io::Error::new(
+                            io::ErrorKind::ConnectionAborted,
+                            "the server shut down: it answered NBD_ESHUTDOWN, then closed",
+                        ),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the server answered NBD_ESHUTDOWN but kept the connection open",
+                        ),
+                        _ => e,
+                    };
+                }
+                Err(e) => return e,
+            }
+            if shutting_down && !disconnected && lock(&self.state).in_flight_on(generation) == 0 {
+                self.disconnect_softly(generation);
+                disconnected = true;
+            }
+        }
+    }
+
+    /// `NBD_CMD_DISC` on connection `generation`, after which nothing is
+    /// sent on it: what the protocol asks of a client that got
+    /// `NBD_ESHUTDOWN` (nbdkit waits for it before it exits). Called with
+    /// nothing in flight on the connection, so no sender holds the send
+    /// lock for long: none is writing a request the server has not read.
+    fn disconnect_softly(&self, generation: u64) {
+        let mut tx = lock(&self.tx);
+        if tx.generation != generation || !tx.usable {
+            return;
+        }
+        tx.usable = false;
+        if let Some(stream) = tx.stream.as_mut() {
+            // Best effort: if it fails, the server's close or the outage's
+            // bound ends the connection all the same.
+            let _ = stream.write_all(&disconnect_request());
+        }
+    }
+
+    /// Tries to connect again with backoff until the bound passes, counted
+    /// from `started`, when the outage began. `None`: the client is
+    /// closing, or gave up (every request is failed then).
+    fn reconnect(&self, cause: &io::Error, started: Instant) -> Option<Stream> {
         let deadline = started + self.reconnect_timeout;
         let mut backoff = FIRST_BACKOFF;
-        let mut last: String;
+        let mut last = String::from("none made: the outage had lasted the whole bound");
         loop {
             if self.closing.load(Ordering::Acquire) {
                 return None;
+            }
+            if Instant::now() >= deadline {
+                break;
             }
             match handshake::connect(&self.uri, &self.tcp_addrs) {
                 Ok((stream, info)) if info.size_bytes == self.export.size_bytes => {
@@ -522,7 +658,6 @@ impl Shared {
             if now >= deadline {
                 break;
             }
-            log::info!("NBD server {}: reconnect attempt failed: {last}", self.uri);
             // Sleep in short steps so that closing is noticed promptly.
             let until = (now + backoff).min(deadline);
             while Instant::now() < until && !self.closing.load(Ordering::Acquire) {
@@ -531,7 +666,7 @@ impl Shared {
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         let message = format!(
-            "the NBD server {} is unreachable: the connection dropped ({cause}) and reconnecting failed for {:.1} s (last error: {last}); check the server, or give it more time with ,timeout=SECONDS",
+            "the NBD server {} is unreachable: the connection dropped ({cause}) and reconnecting failed for {:.1} s (last attempt: {last}); check the server, or give it more time with ,timeout=SECONDS",
             self.uri,
             started.elapsed().as_secs_f64()
         );
@@ -555,8 +690,9 @@ impl Shared {
         None
     }
 
-    /// Reads one simple reply and records it.
-    fn read_reply(&self, stream: &mut Stream, generation: u64) -> io::Result<()> {
+    /// Reads one simple reply and records it. An `NBD_ESHUTDOWN` error is
+    /// no outcome: the request is marked for sending again.
+    fn read_reply(&self, stream: &mut Stream, generation: u64) -> io::Result<Reply> {
         let mut header = [0u8; 16];
         stream.read_exact(&mut header)?;
         let magic = u32::from_be_bytes(header[0..4].try_into().expect("4 bytes"));
@@ -569,9 +705,17 @@ impl Shared {
             ));
         }
         let (command, len_bytes, buf) = {
-            let state = lock(&self.state);
-            match state.requests.get(&cookie) {
-                Some(r) if r.outcome.is_none() && r.sent_generation == generation => {
+            let mut state = lock(&self.state);
+            match state.requests.get_mut(&cookie) {
+                Some(r)
+                    if r.outcome.is_none()
+                        && r.sent_generation == generation
+                        && r.refused_generation != generation =>
+                {
+                    if errno == NBD_ESHUTDOWN {
+                        r.refused_generation = generation;
+                        return Ok(Reply::ShuttingDown);
+                    }
                     (r.command, r.len_bytes, r.buf)
                 }
                 _ => {
@@ -606,13 +750,31 @@ impl Shared {
         if let Some(waiter) = finished {
             waiter.cond.notify_one();
         }
-        Ok(())
+        Ok(Reply::Answered)
     }
 }
 
+/// What one reply was.
+enum Reply {
+    /// The request has its outcome.
+    Answered,
+    /// `NBD_ESHUTDOWN`: the server is going away; the request is to be
+    /// sent again on the next connection.
+    ShuttingDown,
+}
+
+/// `NBD_CMD_DISC`: the client's end of a connection (no reply comes).
+fn disconnect_request() -> [u8; 28] {
+    let mut header = [0u8; 28];
+    header[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
+    header[6..8].copy_from_slice(&(Command::Disconnect as u16).to_be_bytes());
+    header
+}
+
 /// The local errno for an `NBD_E*` error: the protocol uses Linux's
-/// numbers (EPERM, EIO, ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP,
-/// ESHUTDOWN); anything else is reported as EIO, as the protocol says.
+/// numbers (EPERM, EIO, ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP);
+/// anything else is reported as EIO, as the protocol says. (ESHUTDOWN is
+/// no error of the request: `read_reply` has it sent again.)
 fn errno_of(nbd_error: u32) -> i32 {
     match nbd_error as i32 {
         e @ (libc::EPERM
@@ -621,8 +783,7 @@ fn errno_of(nbd_error: u32) -> i32 {
         | libc::EINVAL
         | libc::ENOSPC
         | libc::EOVERFLOW
-        | libc::ENOTSUP
-        | libc::ESHUTDOWN) => e,
+        | libc::ENOTSUP) => e,
         _ => libc::EIO,
     }
 }
@@ -650,10 +811,7 @@ impl Drop for NbdClient {
             if let Some(stream) = tx.stream.as_mut() {
                 // NBD_CMD_DISC: a polite end, so the server does not log a
                 // dropped client. Best effort; the shutdown follows.
-                let mut header = [0u8; 28];
-                header[0..4].copy_from_slice(&REQUEST_MAGIC.to_be_bytes());
-                header[6..8].copy_from_slice(&(Command::Disconnect as u16).to_be_bytes());
-                let _ = stream.write_all(&header);
+                let _ = stream.write_all(&disconnect_request());
                 stream.shutdown();
             }
             tx.stream = None;

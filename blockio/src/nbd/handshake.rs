@@ -114,7 +114,7 @@ impl Stream {
         };
     }
 
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(timeout),
             Stream::Unix(s) => s.set_read_timeout(timeout),

@@ -371,3 +371,106 @@ fn server_errors_are_surfaced() {
         );
     }
 }
+
+/// Waits (generously) until `ready` holds; a state that never comes fails
+/// the test naming `what`.
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// nbdkit stopped the normal way (SIGTERM) while requests are in flight:
+/// its delay filter's sleeps end early on a shutdown, so the writes and the
+/// read it holds are answered `NBD_ESHUTDOWN` before it closes. Started
+/// again, it gets them all again: the read returns the file's data, and
+/// the writes, which never reached the file, are in it.
+#[test]
+fn a_server_stopped_with_sigterm_gets_its_unanswered_requests_again() {
+    let file = test_dir().join(format!(".nbd-sigterm-{}", std::process::id()));
+    let before = pattern(21, 4 * UNIT);
+    let mut image = vec![0u8; 16 << 20];
+    image[..4 * UNIT].copy_from_slice(&before);
+    std::fs::write(&file, &image).unwrap();
+    let log = log_path("sigterm");
+    let _ = std::fs::remove_file(&log);
+    let args = [
+        "--filter=log".to_string(),
+        "--filter=delay".to_string(),
+        "file".to_string(),
+        file.to_str().unwrap().to_string(),
+        format!("logfile={}", log.display()),
+        "delay-read=2".to_string(),
+        "delay-write=2".to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let Some(mut server) = NbdServer::nbdkit("nbd sigterm", &args) else {
+        let _ = std::fs::remove_file(&file);
+        return;
+    };
+    let f = Arc::new(open(&server, Duration::from_secs(60)));
+    let written = || (0..4).map(|i| pattern(30 + i, UNIT)).collect::<Vec<_>>();
+    let writer = {
+        let f = Arc::clone(&f);
+        std::thread::spawn(move || {
+            let written = written();
+            let mut ops: Vec<BlockOp> = written
+                .iter()
+                .enumerate()
+                .map(|(i, b)| BlockOp::Write {
+                    offset: ((8 + i) * UNIT) as u64,
+                    buf: b,
+                })
+                .collect();
+            f.submit(&mut ops)
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+                .map(|_| ())
+        })
+    };
+    let reader = {
+        let f = Arc::clone(&f);
+        std::thread::spawn(move || {
+            let mut back = AlignedBuf::new(4 * UNIT, 1);
+            f.read_at(0, &mut back).map(|()| back)
+        })
+    };
+    // The log filter sits outside the delay: a request is logged as soon
+    // as the server has it, then sleeps.
+    wait_for("the requests to reach the server", || {
+        log_lines(&log, " Write ").len() == 4 && log_lines(&log, " Read ").len() == 1
+    });
+    server.terminate();
+    let answered = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        answered.contains("ESHUTDOWN"),
+        "nbdkit answers what it held with ESHUTDOWN: {answered}"
+    );
+    server.restart();
+    writer
+        .join()
+        .unwrap()
+        .expect("the writes are sent again, not failed");
+    let back = reader
+        .join()
+        .unwrap()
+        .expect("the read is sent again, not failed");
+    assert!(back[..] == before[..], "the read returns the file's data");
+    assert!(f.nbd().unwrap().reconnects() >= 1);
+    drop(f);
+    drop(server);
+    let image = std::fs::read(&file).unwrap();
+    for (i, w) in written().iter().enumerate() {
+        assert!(
+            image[(8 + i) * UNIT..(9 + i) * UNIT] == w[..],
+            "write {i} is in the file"
+        );
+    }
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&log);
+}
