@@ -1,7 +1,7 @@
 //! How a run ended, as a kind a caller can read (`exit_kind` in
 //! `--stats-json`, and `--status-file`), because the exit status alone
 //! cannot say it: a payload may exit with any status 0-255, including the
-//! ones hugevmm uses itself (1, 124, 125, 128 + signal).
+//! ones hugevmm uses itself (1, 124, 125, 159, 128 + signal).
 
 use serde_json::json;
 
@@ -21,7 +21,7 @@ pub enum ExitKind {
     /// `--timeout` expired: status 124.
     Timeout,
     /// The VM failed (guest exception, KVM error, swap store failure):
-    /// status 125.
+    /// status 125; a system call a thread's seccomp filter forbids: 159.
     VmFailure,
     /// SIGTERM, SIGINT or SIGHUP ended the run: status 128 + the signal.
     Signal,
