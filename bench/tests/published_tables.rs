@@ -1,0 +1,51 @@
+//! The result tables of README.md and docs/BENCHMARKS.md are the ones the
+//! committed results file renders to, and that file's headline figures
+//! are the ones its own runs give. To update both after a new run:
+//! `cp bench-results/results.json docs/results/quick.json &&
+//! hugevmm bench report --render docs/results/quick.json`.
+
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the bench crate lives in the workspace")
+        .to_path_buf()
+}
+
+fn committed() -> PathBuf {
+    repo().join("docs/results/quick.json")
+}
+
+#[test]
+fn the_docs_tables_are_rendered_from_the_committed_results() {
+    let stale = bench::render::stale_docs(&repo(), &committed()).unwrap();
+    assert!(
+        stale.is_empty(),
+        "these tables differ from {}: {}; run `hugevmm bench report --render docs/results/quick.json` from the repository's top directory",
+        committed().display(),
+        stale.join(", ")
+    );
+}
+
+#[test]
+fn the_committed_headline_is_what_its_runs_give() {
+    let results = bench::render::read_results(&committed()).unwrap();
+    let mismatched = bench::render::headline_mismatches(&results);
+    assert!(
+        mismatched.is_empty(),
+        "{}: headline figures {mismatched:?} differ from the figures its runs give",
+        committed().display()
+    );
+    let headline = results["headline"].as_object().expect("a headline object");
+    for key in [
+        "ratio_2m_over_4k",
+        "auto_over_2m_seqwrite",
+        "p99_over_floor",
+    ] {
+        assert!(
+            headline.contains_key(key),
+            "the committed run has no {key}: it must cover the published suites"
+        );
+    }
+}
