@@ -1,10 +1,13 @@
 //! Test helpers shared with the crates that build on this one (enable the
 //! `test-support` feature in their dev-dependencies): a directory that takes
-//! `O_DIRECT` files, and throwaway mounts of other filesystem types.
+//! `O_DIRECT` files, throwaway mounts of other filesystem types, NBD servers
+//! (nbdkit, qemu-nbd, and a fake one that goes away on cue).
 
 use std::path::{Path, PathBuf};
 
 use crate::{BlockFile, BlockOptions};
+
+pub use crate::nbd::fake_server::{FakeNbdServer, Misbehaviour};
 
 /// A directory whose filesystem takes O_DIRECT files.
 pub fn test_dir() -> PathBuf {

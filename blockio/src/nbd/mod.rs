@@ -21,6 +21,8 @@
 //! virtio-blk disk on NBD is write-through for the same reason.
 
 mod conn;
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) mod fake_server;
 pub(crate) mod handshake;
 mod uri;
 

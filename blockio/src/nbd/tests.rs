@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::test_support::{test_dir, NbdServer};
+use crate::test_support::{test_dir, FakeNbdServer, Misbehaviour, NbdServer};
 use crate::tests::{pattern, UNIT};
 use crate::{AlignedBuf, BlockOp};
 
@@ -473,4 +473,138 @@ fn a_server_stopped_with_sigterm_gets_its_unanswered_requests_again() {
     }
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&log);
+}
+
+/// Writes 64 units in one pipelined batch and reads them back in another,
+/// through `server`; every byte must come back, whatever the server did to
+/// its connections meanwhile.
+fn round_trip_through(server: &FakeNbdServer) -> BlockFile {
+    let uri: NbdUri = server.uri().parse().expect("the fake server's URI parses");
+    let f = BlockFile::open_nbd(
+        &uri,
+        &NbdOptions {
+            reconnect_timeout: Duration::from_secs(60),
+            read_only: false,
+        },
+    )
+    .expect("open the fake server");
+    let count = 64;
+    let bufs: Vec<AlignedBuf> = (0..count).map(|i| pattern(40 + i as u64, UNIT)).collect();
+    let mut ops: Vec<BlockOp> = bufs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| BlockOp::Write {
+            offset: (i * UNIT) as u64,
+            buf: b,
+        })
+        .collect();
+    for r in f.submit(&mut ops) {
+        r.expect("every write completes");
+    }
+    let mut back: Vec<AlignedBuf> = (0..count)
+        .map(|_| {
+            let mut b = AlignedBuf::new(UNIT, 1);
+            // Not zeros: a read claimed done with part of its data
+            // missing would show.
+            b.fill(0xa5);
+            b
+        })
+        .collect();
+    let mut ops: Vec<BlockOp> = back
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| BlockOp::Read {
+            offset: (i * UNIT) as u64,
+            buf: b,
+        })
+        .collect();
+    for r in f.submit(&mut ops) {
+        r.expect("every read completes");
+    }
+    for (i, b) in back.iter().enumerate() {
+        assert!(b[..] == bufs[i][..], "unit {i} reads back as written");
+        assert!(
+            server.contents((i * UNIT) as u64, UNIT) == bufs[i][..],
+            "unit {i} is on the server"
+        );
+    }
+    f
+}
+
+/// A server that closes each connection right after a reply, with
+/// requests sent after it unanswered (a clean EOF between replies): they
+/// are sent again on the next connection.
+#[test]
+fn a_server_closing_after_a_reply_gets_the_rest_again() {
+    let server = FakeNbdServer::start(16 << 20, Misbehaviour::CloseAfterReply { every: 5 });
+    let f = round_trip_through(&server);
+    assert!(server.misbehaved() >= 20, "{}", server.misbehaved());
+    assert!(f.nbd().unwrap().reconnects() >= 20);
+}
+
+/// A server that closes in the middle of a reply (half a read's data, or
+/// half a header): the torn reply is no answer, the request goes out again.
+#[test]
+fn a_server_closing_mid_reply_gets_the_request_again() {
+    let server = FakeNbdServer::start(16 << 20, Misbehaviour::CloseMidReply { every: 5 });
+    let f = round_trip_through(&server);
+    assert!(server.misbehaved() >= 20, "{}", server.misbehaved());
+    assert!(f.nbd().unwrap().reconnects() >= 20);
+}
+
+/// The fake server itself, well-behaved: what the tests above rely on.
+#[test]
+fn the_fake_server_serves_when_it_behaves() {
+    let server = FakeNbdServer::start(16 << 20, Misbehaviour::None);
+    let f = round_trip_through(&server);
+    assert_eq!(server.misbehaved(), 0);
+    assert_eq!(f.nbd().unwrap().reconnects(), 0);
+    assert_eq!(server.connections(), 1);
+}
+
+/// A server that is there for every connection but serves none (it drops
+/// each before answering, or answers everything `NBD_ESHUTDOWN`): the
+/// bound runs from the first drop, not from each, so the request fails
+/// with the server named instead of waiting forever.
+#[test]
+fn a_server_that_never_serves_is_given_up_within_the_bound() {
+    for misbehaviour in [Misbehaviour::CloseBeforeReply, Misbehaviour::AnswerShutdown] {
+        let server = FakeNbdServer::start(16 << 20, misbehaviour);
+        let uri: NbdUri = server.uri().parse().unwrap();
+        let f = Arc::new(
+            BlockFile::open_nbd(
+                &uri,
+                &NbdOptions {
+                    reconnect_timeout: Duration::from_secs(2),
+                    read_only: false,
+                },
+            )
+            .expect("open the fake server"),
+        );
+        let (done, result) = std::sync::mpsc::channel();
+        {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || {
+                let mut buf = AlignedBuf::new(UNIT, 1);
+                let _ = done.send(f.read_at(0, &mut buf));
+            });
+        }
+        // Generous: the bound is 2 s; a client that restarts it on every
+        // connection never answers at all.
+        let err = result
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("{misbehaviour:?}: the read is still waiting after 120 s"))
+            .expect_err("nothing was served");
+        let text = err.to_string();
+        assert!(
+            matches!(&err, BlockIoError::Io { source, .. } if source.kind() == io::ErrorKind::NotConnected),
+            "{misbehaviour:?}: {err:?}"
+        );
+        assert!(text.contains("unreachable"), "{misbehaviour:?}: {text}");
+        assert!(text.contains(server.uri()), "{misbehaviour:?}: {text}");
+        assert!(
+            server.connections() >= 2,
+            "{misbehaviour:?}: it reconnected"
+        );
+    }
 }
