@@ -194,6 +194,62 @@ fn forced_splits_are_refused_where_chunks_cannot_split() {
 }
 
 #[test]
+fn small_page_ram_stays_small_pages_through_swapping() {
+    if skip_without_kvm("small_page_ram_stays_small_pages_through_swapping") {
+        return;
+    }
+    // --backing 4k is the small-page baseline: with the engine its unit is
+    // the page, and nothing it restores is mapped 2 MiB.
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "seqwrite",
+            "--vcpus",
+            "2",
+            "--mem",
+            "256M",
+            "--mem-limit",
+            "64M",
+            "--backing",
+            "4k",
+            "--payload-args",
+            "bytes=128M passes=2",
+        ],
+        LIMIT,
+    );
+    run.expect_status(0);
+    assert_eq!(run.stat("/swap/unit_bytes"), 4096, "{:?}", run.stats);
+    assert!(run.stat("/swap/faults/store") > 0, "it swapped");
+    assert_eq!(run.stat("/kvm/pages_2m"), 0, "{:?}", run.stats);
+    assert_eq!(run.stat("/swap/restored_huge"), 0, "{:?}", run.stats);
+    for unit in ["2m", "auto"] {
+        let run = hugevmm(
+            &[
+                "run",
+                "--payload",
+                "hello",
+                "--mem",
+                "64M",
+                "--mem-limit",
+                "32M",
+                "--backing",
+                "4k",
+                "--swap-unit",
+                unit,
+            ],
+            Duration::from_secs(60),
+        );
+        run.expect_status(1);
+        assert!(
+            run.stderr.contains("--backing 4k") && run.stderr.contains("--backing thp"),
+            "{unit}: {}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
 fn verify_with_the_4k_baseline_unit() {
     if skip_without_kvm("verify_with_4k_unit") {
         return;

@@ -21,6 +21,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use swap::engine::SwapUnit;
 use swap::store::StoreSpec;
 
 #[derive(Parser)]
@@ -245,7 +246,25 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
             bail!("--timeout must be a positive number of seconds");
         }
     }
-    let swap_unit = args.flags.swap_unit.unwrap_or_default();
+    // 4 KiB RAM is the small-page baseline end to end, so its swap unit is
+    // the page: a 2 MiB unit is restored by moving a THP into place, which
+    // would map the "4k" RAM huge.
+    let swap_unit = match (args.backing, args.flags.swap_unit) {
+        (guestmem::Backing::Small4k, None) => SwapUnit::Small4K,
+        (guestmem::Backing::Small4k, Some(unit @ (SwapUnit::Huge2M | SwapUnit::Auto))) => {
+            let name = if unit == SwapUnit::Huge2M {
+                "2m"
+            } else {
+                "auto"
+            };
+            bail!(
+                "--swap-unit {name} restores 2 MiB chunks as huge mappings, which --backing 4k \
+                 (the small-page baseline) must not get: use --backing thp for 2 MiB units, or \
+                 drop --swap-unit (4k RAM swaps 4 KiB pages)"
+            );
+        }
+        (_, unit) => unit.unwrap_or_default(),
+    };
     if let Some(MemLimit::Bytes(limit_bytes)) = args.flags.mem_limit {
         swap_setup::check_mem_limit(limit_bytes, swap_unit.bytes(), args.vcpus, args.mem)
             .context("invalid --mem-limit")?;
