@@ -1,12 +1,14 @@
 //! Swap stores and disks on NBD exports, against real servers the tests
 //! start on Unix sockets of their own (nbdkit's memory and file plugins,
-//! its error filter, qemu-nbd over a file): overcommitted guests keep
-//! every word, a server restarted mid-run is reconnected and nothing is
-//! lost, a server gone for good or failing I/O ends the VM with the chunk's
-//! address and the server's name, never with zeros, and an export too
-//! small for the run is refused at start.
+//! its error filter, qemu-nbd over a file) and a fake one that goes away
+//! on cue: overcommitted guests keep every word; a server restarted
+//! mid-run, whether killed (SIGKILL) or stopped (SIGTERM), or one that
+//! closes its connections after a reply or in the middle of one, is
+//! reconnected and nothing is lost; a server gone for good or failing I/O
+//! ends the VM with the chunk's address and the server's name, never with
+//! zeros; and an export too small for the run is refused at start.
 
-use blockio::test_support::NbdServer;
+use blockio::test_support::{FakeNbdServer, Misbehaviour, NbdServer};
 use integration_tests::*;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -174,10 +176,12 @@ fn start_swapping(store: &str) -> (Background, PathBuf) {
     (vm, socket)
 }
 
-fn restart_mid_run(mut server: NbdServer, what: &str) {
+/// Stops `server` mid-run with `stop` (kill: SIGKILL, terminate:
+/// SIGTERM), starts it again, and checks that the run lost nothing.
+fn restart_mid_run(mut server: NbdServer, what: &str, stop: fn(&mut NbdServer)) {
     let store = format!("{},timeout=120", server.uri());
     let (vm, _socket) = start_swapping(&store);
-    server.kill();
+    stop(&mut server);
     // Down long enough for the vCPUs to wait on it (reads) and the
     // evictor to find it gone (writes); no result depends on how long.
     std::thread::sleep(Duration::from_secs(2));
@@ -197,6 +201,11 @@ fn restart_mid_run(mut server: NbdServer, what: &str) {
         run.stderr
     );
     assert!(run.stderr.contains("reconnected"), "{what}: {}", run.stderr);
+    eprintln!(
+        "{what}: {} reconnection(s), {} NBD_ESHUTDOWN answer(s) seen",
+        run.stderr.matches("reconnected").count(),
+        run.stderr.matches("answered NBD_ESHUTDOWN);").count()
+    );
 }
 
 #[test]
@@ -207,14 +216,85 @@ fn a_server_restarted_mid_run_loses_no_word() {
     let file = backing_file("restart-nbdkit", 1 << 30);
     let path = file.to_str().unwrap().to_string();
     if let Some(server) = NbdServer::nbdkit("nbd restart nbdkit file", &["file", &path]) {
-        restart_mid_run(server, "nbdkit file");
+        restart_mid_run(server, "nbdkit file", NbdServer::kill);
     }
     let _ = std::fs::remove_file(&file);
     let file = backing_file("restart-qemu-nbd", 1 << 30);
     if let Some(server) = NbdServer::qemu_nbd("nbd restart qemu-nbd", &file) {
-        restart_mid_run(server, "qemu-nbd");
+        restart_mid_run(server, "qemu-nbd", NbdServer::kill);
     }
     let _ = std::fs::remove_file(&file);
+}
+
+/// nbdkit stopped the normal way (SIGTERM, what `systemctl stop` sends)
+/// mid-run: it answers the requests it holds `NBD_ESHUTDOWN` and waits for
+/// its clients to disconnect before it exits. The VM disconnects, waits
+/// for it to come back, sends those requests again and loses no word
+/// (before: it ended at once with status 125, "Cannot send after transport
+/// endpoint shutdown").
+#[test]
+fn a_server_stopped_with_sigterm_mid_run_loses_no_word() {
+    if skip_without_kvm("nbd sigterm restart") {
+        return;
+    }
+    let file = backing_file("sigterm-nbdkit", 1 << 30);
+    let path = file.to_str().unwrap().to_string();
+    if let Some(server) = NbdServer::nbdkit("nbd sigterm restart", &["file", &path]) {
+        restart_mid_run(server, "nbdkit stopped with SIGTERM", NbdServer::terminate);
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+/// `verify` (512 MiB held to 128 MiB) on a fake server that goes away as
+/// `misbehaviour` says, many times over the run: every word comes back.
+fn verify_through_a_server_that(misbehaviour: Misbehaviour) {
+    let server = FakeNbdServer::start(512 << 20, misbehaviour);
+    let store = format!("{},timeout=60", server.uri());
+    let run = verify_small_overcommitted(&store, &[]);
+    run.expect_status(0);
+    assert_eq!(
+        run.stdout.matches(" ok").count(),
+        2,
+        "{misbehaviour:?}: {}",
+        run.stdout
+    );
+    assert!(
+        !run.stdout.contains("MISMATCH"),
+        "{misbehaviour:?}: {}",
+        run.stdout
+    );
+    assert!(run.stat("/swap/faults/store") > 0, "{misbehaviour:?}");
+    eprintln!(
+        "{misbehaviour:?}: {} connections, {} closed on purpose",
+        server.connections(),
+        server.misbehaved()
+    );
+    assert!(
+        server.misbehaved() >= 10,
+        "{misbehaviour:?}: the server went away only {} times",
+        server.misbehaved()
+    );
+    assert!(
+        run.stderr.contains("reconnected"),
+        "{misbehaviour:?}: {}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_server_closing_after_a_reply_loses_no_word() {
+    if skip_without_kvm("nbd close after a reply") {
+        return;
+    }
+    verify_through_a_server_that(Misbehaviour::CloseAfterReply { every: 100 });
+}
+
+#[test]
+fn a_server_closing_mid_reply_loses_no_word() {
+    if skip_without_kvm("nbd close mid-reply") {
+        return;
+    }
+    verify_through_a_server_that(Misbehaviour::CloseMidReply { every: 100 });
 }
 
 fn assert_names_server_and_chunk(run: &Run, uri: &str) {
