@@ -71,11 +71,14 @@ pub enum Resource {
     /// Locking a page in RAM (`mlock`): root (`CAP_IPC_LOCK`), or a
     /// locked-memory limit (`ulimit -l`) with a page to spare.
     Mlock,
+    /// Root and `setpriv(1)` (util-linux), to give files to and run
+    /// commands as another user (`nobody`, uid 65534).
+    OtherUser,
 }
 
 impl Resource {
     /// Every resource, for `all` and for checking names.
-    pub const ALL: [Resource; 19] = [
+    pub const ALL: [Resource; 20] = [
         Resource::Kvm,
         Resource::Hugetlb,
         Resource::Kernel,
@@ -95,6 +98,7 @@ impl Resource {
         Resource::PrometheusParser,
         Resource::IoUring,
         Resource::Mlock,
+        Resource::OtherUser,
     ];
 
     /// The name used in `HUGEVMM_REQUIRE_RESOURCES` and in messages.
@@ -119,6 +123,7 @@ impl Resource {
             Resource::PrometheusParser => "python3-prometheus-client",
             Resource::IoUring => "io-uring",
             Resource::Mlock => "mlock",
+            Resource::OtherUser => "other-user",
         }
     }
 }

@@ -157,6 +157,16 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         for_kernels,
     )?;
     not_applicable(
+        args.flags.console_log_max.is_some() && args.flags.console_log.is_none(),
+        "--console-log-max",
+        "caps --console-log: add --console-log PATH or drop it",
+    )?;
+    not_applicable(
+        !args.flags.api_allow_uid.is_empty() && args.flags.api_socket.is_none(),
+        "--api-allow-uid",
+        "names who else may use --api-socket: add --api-socket PATH or drop it",
+    )?;
+    not_applicable(
         is_linux && args.flags.payload_args.is_some(),
         "--payload-args",
         "applies to payloads only: a kernel's arguments go in --cmdline",
@@ -383,7 +393,11 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
             disks: args.flags.disks.clone(),
             balloon: args.balloon(),
             balloon_target_pages,
-            console_log: args.flags.console_log.clone(),
+            console_log: outputs
+                .console_log
+                .as_ref()
+                .map(|log| log.console_log(args.flags.console_log_max))
+                .transpose()?,
         },
         timeout: args.flags.timeout.map(Duration::from_secs_f64),
         swap,
@@ -398,6 +412,8 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
         pageout_at_exit: args.pageout(),
         seccomp: args.seccomp(),
         api_socket: args.flags.api_socket.clone(),
+        api_allow_uids: args.flags.api_allow_uid.clone(),
+        dumpable: args.dumpable(),
         metrics_addr: args.flags.metrics_addr,
         options_json: args.given.clone(),
         stop_signals: Some(stop_signals),

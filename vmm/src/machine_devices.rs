@@ -3,6 +3,7 @@
 //! virtio-mmio disks and balloon on the MMIO bus (both kinds of guest).
 
 use crate::balloon_handle::BalloonHandle;
+use crate::outputs::ConsoleLog;
 use crate::vcpu::VcpuEvent;
 use anyhow::{Context, Result};
 use devices::virtio::{
@@ -15,7 +16,6 @@ use devices::{
 use guestmem::GuestRam;
 use kvm_ioctls::VmFd;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
 use swap::engine::SwapEngine;
@@ -38,8 +38,9 @@ pub struct DeviceOptions {
     pub balloon: bool,
     /// `--balloon-target`, in 4 KiB pages (0: none).
     pub balloon_target_pages: u32,
-    /// `--console-log`: serial output to this file instead of stdout.
-    pub console_log: Option<PathBuf>,
+    /// `--console-log`: serial output to this file (opened at the start,
+    /// capped) instead of stdout.
+    pub console_log: Option<ConsoleLog>,
 }
 
 /// One virtio-mmio device as the guest sees it.
@@ -120,10 +121,7 @@ pub fn build(
     let mut console = None;
     if serial {
         let out: Box<dyn Write + Send> = match &options.console_log {
-            Some(path) => Box::new(
-                std::fs::File::create(path)
-                    .with_context(|| format!("cannot create --console-log {}", path.display()))?,
-            ),
+            Some(log) => log.writer()?,
             None => Box::new(std::io::stdout()),
         };
         let uart = Arc::new(Mutex::new(SerialPort::new(
@@ -267,5 +265,41 @@ impl FreeMemorySink for FreeChunkDropper {
 
     fn reclaim_range(&self, _gpa: u64, _len_bytes: u64) {
         // Nothing to do: dropped memory is refilled by the next touch.
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outputs::OutputFile;
+    use guestmem::{Backing, Layout};
+
+    #[test]
+    fn the_serial_console_log_stops_at_its_cap() {
+        let path = std::env::temp_dir().join(format!("hugevmm-console-cap-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let out = OutputFile::open("--console-log", &path).unwrap();
+        let ram =
+            Arc::new(GuestRam::new(Layout::new(64 << 20).unwrap(), Backing::Small4k).unwrap());
+        let options = DeviceOptions {
+            console_log: Some(out.console_log(Some(64)).unwrap()),
+            ..DeviceOptions::default()
+        };
+        let (events, _events_rx) = std::sync::mpsc::channel();
+        let machine = build(&ram, &options, Interrupts::Polled, true, &events).unwrap();
+        // A guest that prints for ever, as it does: a byte per port write.
+        for i in 0..10_000u32 {
+            machine.pio.write(SERIAL_PORT, &[b'a' + (i % 26) as u8]);
+        }
+        drop(machine);
+        out.keep();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert!(text.len() < 300, "{} bytes: {text}", text.len());
+        assert!(text.starts_with("abcdefghij"), "{text}");
+        assert!(
+            text.ends_with("reached --console-log-max (64 bytes); the rest of the guest's output is dropped]\n"),
+            "{text}"
+        );
     }
 }

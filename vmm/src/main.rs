@@ -5,6 +5,7 @@ mod cli;
 mod console;
 mod control;
 mod cpu;
+mod dumpable;
 mod exit;
 mod host_check;
 mod image_kind;

@@ -175,6 +175,14 @@ pub struct RunFlags {
     #[arg(long, value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub api_socket: Option<PathBuf>,
+    /// Also serve --api-socket to clients running as this uid (a number;
+    /// repeat for more; in the file: a list). Without it only the uid that
+    /// started the VM and root are served (checked on every connection,
+    /// SO_PEERCRED); others get a 403. The socket file stays mode 0600:
+    /// give the other user a way to it (its mode, or a directory).
+    #[arg(long, value_name = "UID")]
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub api_allow_uid: Vec<u32>,
     /// Serve GET /metrics (Prometheus) on this TCP address while the VM
     /// runs, e.g. 127.0.0.1:9800 (a host name is resolved when the options
     /// are read: localhost:9800 serves 127.0.0.1:9800); nothing else is
@@ -186,6 +194,12 @@ pub struct RunFlags {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub console_log: Option<PathBuf>,
+    /// Most bytes of guest output --console-log keeps (e.g. 1M); past it
+    /// one line says the log was cut and the rest is dropped, so that a
+    /// guest cannot fill the disk [default: 64M].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[serde(with = "size", skip_serializing_if = "Option::is_none")]
+    pub console_log_max: Option<u64>,
     /// Argument string passed verbatim to the payload (`key=value` words).
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -228,9 +242,10 @@ pub struct RunFlags {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_encrypt: Option<bool>,
     /// With --swap-encrypt: derive the run's key from this operator key (a
-    /// file of exactly 32 random bytes that only its owner may read: no
-    /// permission bits for group or others, e.g. mode 0600 or 0400) and a
-    /// random per-run salt, instead of a random key.
+    /// regular file of exactly 32 random bytes, yours or root's, that only
+    /// its owner may read: no permission bits for group or others, e.g.
+    /// mode 0600 or 0400) and a random per-run salt, instead of a random
+    /// key.
     #[arg(long, value_name = "PATH")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_key_file: Option<PathBuf>,
@@ -289,6 +304,15 @@ pub struct RunFlags {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_seccomp: Option<bool>,
+    /// Leave the process dumpable: by default hugevmm makes itself
+    /// non-dumpable (PR_SET_DUMPABLE 0) once the machine is built, so that
+    /// it leaves no core dump of guest memory and other processes of the
+    /// same user cannot ptrace it or read its /proc/PID/mem; --dumpable
+    /// keeps the default of the process (for gdb -p or a core dump, when
+    /// debugging); --dumpable=false turns off a file's.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dumpable: Option<bool>,
     /// No status line: on a terminal, a run prints one line every few
     /// seconds on stderr (resident memory, faults, store I/O) until it
     /// ends; --quiet leaves it out (it is off anyway when stderr is not a
@@ -320,8 +344,10 @@ impl RunFlags {
             balloon,
             balloon_target,
             api_socket,
+            api_allow_uid,
             metrics_addr,
             console_log,
+            console_log_max,
             payload_args,
             stats_json,
             status_file,
@@ -339,6 +365,7 @@ impl RunFlags {
             force_split_every,
             prefetch,
             no_seccomp,
+            dumpable,
             quiet,
         } = self;
         let guest_given = payload.is_some() || payload_file.is_some() || kernel.is_some();
@@ -364,6 +391,7 @@ impl RunFlags {
             cmdline: file.cmdline.filter(|_| same_kind),
             virtio_announce: file.virtio_announce.filter(|_| same_kind),
             console_log: file.console_log.filter(|_| same_kind),
+            console_log_max: file.console_log_max.filter(|_| same_kind),
             payload_args: file.payload_args.filter(|_| same_kind),
             ..file
         };
@@ -382,8 +410,14 @@ impl RunFlags {
             balloon: balloon.or(file.balloon),
             balloon_target: balloon_target.or(file.balloon_target),
             api_socket: api_socket.or(file.api_socket),
+            api_allow_uid: if api_allow_uid.is_empty() {
+                file.api_allow_uid
+            } else {
+                api_allow_uid
+            },
             metrics_addr: metrics_addr.or(file.metrics_addr),
             console_log: console_log.or(file.console_log),
+            console_log_max: console_log_max.or(file.console_log_max),
             payload_args: payload_args.or(file.payload_args),
             stats_json: stats_json.or(file.stats_json),
             status_file: status_file.or(file.status_file),
@@ -401,6 +435,7 @@ impl RunFlags {
             force_split_every: force_split_every.or(file.force_split_every),
             prefetch: prefetch.or(file.prefetch),
             no_seccomp: no_seccomp.or(file.no_seccomp),
+            dumpable: dumpable.or(file.dumpable),
             quiet: quiet.or(file.quiet),
         }
     }
@@ -439,6 +474,11 @@ impl RunArgs {
     /// Whether the threads get their seccomp filters (the default).
     pub fn seccomp(&self) -> bool {
         !self.flags.no_seccomp.unwrap_or(false)
+    }
+
+    /// Whether the process stays dumpable (`--dumpable`).
+    pub fn dumpable(&self) -> bool {
+        self.flags.dumpable.unwrap_or(false)
     }
 
     /// Whether the status line is left out (`--quiet`).
@@ -701,10 +741,16 @@ mod tests {
             "4M",
             "--api-socket",
             "/s",
+            "--api-allow-uid",
+            "1000",
+            "--api-allow-uid",
+            "1001",
             "--metrics-addr",
             "127.0.0.1:9800",
             "--console-log",
             "/c",
+            "--console-log-max",
+            "1M",
             "--stats-json",
             "/j",
             "--status-file",
@@ -733,6 +779,7 @@ mod tests {
             "3",
             "--prefetch=false",
             "--no-seccomp",
+            "--dumpable",
             "--quiet",
         ]);
         let json = serde_json::to_value(&all).unwrap();
@@ -752,6 +799,9 @@ mod tests {
         assert_eq!(json["virtio-announce"], "acpi");
         assert_eq!(json["metrics-addr"], "127.0.0.1:9800");
         assert_eq!(json["no-seccomp"], true);
+        assert_eq!(json["api-allow-uid"], serde_json::json!([1000, 1001]));
+        assert_eq!(json["console-log-max"], 1 << 20);
+        assert_eq!(json["dumpable"], true);
         assert_eq!(json["quiet"], true);
         let again: RunFlags = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(serde_json::to_value(&again).unwrap(), json);

@@ -92,6 +92,10 @@ pub struct RunConfig {
     pub seccomp: bool,
     /// Serve the API here while the guest runs.
     pub api_socket: Option<PathBuf>,
+    /// Uids served there besides this process's and root's.
+    pub api_allow_uids: Vec<u32>,
+    /// Leave the process dumpable (`--dumpable`).
+    pub dumpable: bool,
     /// Serve `GET /metrics` on this TCP address while the guest runs.
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// The run's options as given (flags over `--config`), for `GET /vm`.
@@ -210,12 +214,16 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let control_socket = config
         .api_socket
         .as_deref()
-        .map(ControlSocket::bind)
+        .map(|path| ControlSocket::bind(path, &config.api_allow_uids))
         .transpose()?;
     let metrics_listener = config.metrics_addr.map(MetricsListener::bind).transpose()?;
 
     let (kvm, ram, vm, stats, events_tx, events_rx, engine, machine) =
         build_machine(&mut config, &layout, kind)?;
+    // Not before: the engine opens /proc/self/pagemap, which a
+    // non-dumpable process may open only as root. Nothing of the guest is
+    // in memory yet (the key is in a page left out of core dumps).
+    crate::dumpable::set(config.dumpable)?;
     let entry = load_guest(&config, &ram, &ranges, &image, &machine)?;
     let (vcpus, tsc_khz) = create_vcpus(&kvm, &vm, &config, &entry, &image)?;
     // Started last, after everything that can fail, and dropped when this

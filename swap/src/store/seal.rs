@@ -12,7 +12,8 @@
 //!   that key with a random 32-byte salt drawn at start
 //!   ([`Sealer::from_key_file`]): a per-run subkey. It lives in a
 //!   [`SecretPage`] (locked in RAM, `MADV_DONTDUMP`, `MADV_DONTFORK`,
-//!   zeroed on drop), with the expanded key schedule.
+//!   zeroed on drop) while it is expanded, and is wiped there once the
+//!   expanded key schedule, which stays in the page, is made.
 //! - **Nonce.** 96 bits: 32 zero bits and a 64-bit *write generation* that
 //!   the sealer hands out once per seal, counting up from 1. Every seal
 //!   under one key gets a generation no other seal under that key had, so
@@ -33,7 +34,7 @@
 
 use std::io::Read;
 use std::mem::{align_of, size_of};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,7 +44,7 @@ use guestmem::host::{SecretPage, SecretPageError};
 use ring::aead::{Aad, LessSafeKey, Nonce, Tag, UnboundKey, AES_256_GCM, NONCE_LEN};
 use ring::hkdf;
 use ring::rand::{SecureRandom, SystemRandom};
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 use super::{SlotId, StoreError};
 
@@ -129,6 +130,17 @@ pub enum SealKeyError {
         /// Its permission bits.
         mode: u32,
     },
+    /// The key file belongs to another user than the one running hugevmm
+    /// (and not to root): its owner could change the key.
+    #[error("--swap-key-file {} belongs to uid {uid}, not to the user running hugevmm (uid {euid}) or root: its owner can change the key; use a key file of your own (`chown {euid} {}`, as root)", path.display(), path.display())]
+    Owner {
+        /// The file.
+        path: PathBuf,
+        /// Its owner.
+        uid: u32,
+        /// The user running hugevmm.
+        euid: u32,
+    },
     /// The key file is not exactly [`KEY_BYTES`] long.
     #[error("--swap-key-file {} holds {got_bytes} bytes, not 32: it must hold exactly 32 random bytes (a raw AES-256 key), e.g. `head -c 32 /dev/urandom > {} && chmod 600 {}`", path.display(), path.display(), path.display(), got_bytes = if *more { ">32".to_string() } else { got_bytes.to_string() })]
     Length {
@@ -157,7 +169,8 @@ enum KeyOrigin {
     },
 }
 
-/// Where the raw key bytes sit in the secret page (the expanded key at 0).
+/// Where the raw key bytes sit in the secret page while the key is
+/// expanded (the expanded key at 0); wiped right after.
 const RAW_KEY_OFFSET: usize = 2048;
 
 // The expanded key and the raw key share one page without overlapping.
@@ -166,7 +179,8 @@ const _: () = assert!(align_of::<LessSafeKey>() <= 64);
 const _: () = assert!(RAW_KEY_OFFSET + KEY_BYTES <= SecretPage::BYTES);
 
 /// The run's key in a [`SecretPage`]: ring's expanded key at the start of
-/// the page, the raw key bytes it was made from at [`RAW_KEY_OFFSET`].
+/// the page; the raw key bytes it was made from were at
+/// [`RAW_KEY_OFFSET`], zeroed once it was made.
 struct KeyHolder {
     page: SecretPage,
 }
@@ -191,6 +205,10 @@ impl KeyHolder {
         let key = LessSafeKey::new(
             UnboundKey::new(&AES_256_GCM, raw).expect("a 32-byte key is an AES-256 key"),
         );
+        // The key schedule is all sealing needs: the raw bytes go, so that
+        // a reader of this page (a core dump that ignored MADV_DONTDUMP, a
+        // bug that leaks it) finds no key in its plain form.
+        raw.zeroize();
         // The expanded key moves into the page; the moved-from copy on
         // this stack frame is overwritten by later calls (ring's key types
         // cannot be zeroized; docs/ENCRYPTION.md says what that leaves).
@@ -246,18 +264,34 @@ impl Sealer {
     }
 
     /// A sealer under a per-run subkey of the operator's key in `path`
-    /// (exactly 32 bytes, a regular file its owner alone may read and
-    /// write): HKDF-SHA256 with a random salt drawn now.
+    /// (exactly 32 bytes, a regular file of the user running hugevmm or
+    /// root, which its owner alone may read and write): HKDF-SHA256 with a
+    /// random salt drawn now.
     pub fn from_key_file(path: &Path) -> Result<Sealer, SealKeyError> {
         let unreadable = |source| SealKeyError::Unreadable {
             path: path.to_owned(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(unreadable)?;
+        // Non-blocking: a FIFO (or a device) opens at once and is refused
+        // below, instead of holding the start until someone writes to it.
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(unreadable)?;
         let meta = file.metadata().map_err(unreadable)?;
         if !meta.file_type().is_file() {
             return Err(SealKeyError::NotAFile {
                 path: path.to_owned(),
+            });
+        }
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if meta.uid() != euid && meta.uid() != 0 {
+            return Err(SealKeyError::Owner {
+                path: path.to_owned(),
+                uid: meta.uid(),
+                euid,
             });
         }
         let mode = meta.mode() & 0o7777;
@@ -267,18 +301,26 @@ impl Sealer {
                 mode,
             });
         }
-        let mut operator = Zeroizing::new(Vec::with_capacity(KEY_BYTES + 1));
-        file.take(KEY_BYTES as u64 + 1)
-            .read_to_end(&mut operator)
-            .map_err(unreadable)?;
-        if operator.len() != KEY_BYTES {
+        // Into a fixed buffer that is wiped on drop: a growing Vec would
+        // leave copies behind in the memory it gives back.
+        let mut operator = Zeroizing::new([0u8; KEY_BYTES + 1]);
+        let mut got_bytes = 0;
+        while got_bytes < operator.len() {
+            match file.read(&mut operator[got_bytes..]) {
+                Ok(0) => break,
+                Ok(n) => got_bytes += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(unreadable(e)),
+            }
+        }
+        if got_bytes != KEY_BYTES {
             return Err(SealKeyError::Length {
                 path: path.to_owned(),
-                got_bytes: operator.len(),
-                more: operator.len() > KEY_BYTES,
+                got_bytes,
+                more: got_bytes > KEY_BYTES,
             });
         }
-        Sealer::derived(&operator, path.to_owned())
+        Sealer::derived(&operator[..KEY_BYTES], path.to_owned())
     }
 
     /// A sealer under a per-run subkey of `operator` (32 bytes): HKDF with
@@ -704,6 +746,90 @@ mod tests {
         for p in [good, short, long, open] {
             std::fs::remove_file(p).unwrap();
         }
+    }
+
+    /// The raw key bytes the page held while the key was expanded.
+    fn raw_key_area(sealer: &Sealer) -> [u8; KEY_BYTES] {
+        // SAFETY: the page is mapped read-write for the sealer's life, and
+        // [RAW_KEY_OFFSET, +32) lies inside it (asserted at the top).
+        unsafe {
+            sealer
+                .key
+                .page
+                .as_mut_ptr()
+                .add(RAW_KEY_OFFSET)
+                .cast::<[u8; KEY_BYTES]>()
+                .read_volatile()
+        }
+    }
+
+    #[test]
+    fn the_raw_key_is_wiped_once_expanded() {
+        let path = key_file("wiped", &[7u8; 32], 0o600);
+        let derived = Sealer::from_key_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        for sealer in [sealer(), Arc::new(derived)] {
+            assert_eq!(raw_key_area(&sealer), [0u8; KEY_BYTES], "{sealer:?}");
+            // The expanded key still seals and opens.
+            let at = Place::unit(SlotId::new(0), 0);
+            let mut data = vec![3u8; 4096];
+            let seal = sealer.seal(at, &mut data).unwrap();
+            sealer.open(at, seal, &mut data).unwrap();
+            assert_eq!(data, vec![3u8; 4096]);
+        }
+    }
+
+    #[test]
+    fn a_fifo_key_file_is_refused_at_once() {
+        let path = std::env::temp_dir().join(format!("hugevmm-key-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: mkfifo reads the NUL-terminated path, which lives across
+        // the call.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let opened = path.clone();
+        std::thread::spawn(move || {
+            let _ = done_tx.send(Sealer::from_key_file(&opened).map(|_| ()));
+        });
+        // A bound on a wait, not a measurement: opening a FIFO without a
+        // writer blocks for ever unless it is opened non-blocking.
+        let answer = done.recv_timeout(std::time::Duration::from_secs(60));
+        if answer.is_err() {
+            // Unblock the thread stuck in open before failing.
+            let _ = std::fs::OpenOptions::new().write(true).open(&path);
+        }
+        std::fs::remove_file(&path).unwrap();
+        let err = answer
+            .expect("reading a FIFO key file blocked: no writer will ever come")
+            .unwrap_err();
+        assert!(matches!(err, SealKeyError::NotAFile { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_key_file_someone_else_owns_is_refused() {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            test_resources::skip(
+                "a_key_file_someone_else_owns_is_refused",
+                test_resources::Resource::OtherUser,
+                "not root: cannot give a file to another user",
+            );
+            return;
+        }
+        let path = key_file("owner", &[7u8; 32], 0o600);
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let err = Sealer::from_key_file(&path).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, SealKeyError::Owner { uid: 65534, .. }),
+            "{text}"
+        );
+        assert!(text.contains("chown"), "{text}");
+        // Root's own file (the owner here) is accepted.
+        std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+        Sealer::from_key_file(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]

@@ -41,15 +41,18 @@
 use super::api::{self, Service};
 use super::context::ControlContext;
 use super::http::{self, Parsed, Response};
+use crate::ratelimit::GuestLog;
 use anyhow::{bail, Context, Result};
+use std::collections::HashMap;
 use std::io::{self, ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use vmm_sys_util::eventfd::EventFd;
@@ -148,19 +151,187 @@ fn clear_stale(path: &Path) -> Result<()> {
     }
 }
 
+/// Most connections waiting to be accepted on the API socket.
+const LISTEN_BACKLOG: libc::c_int = 128;
+
+/// Creates a Unix stream socket listening at `path` whose file has mode
+/// 0600 (less what the umask takes) from the moment it exists.
+///
+/// Linux gives the file that `bind` creates the mode of the socket's own
+/// inode, less the umask (`unix_bind_bsd`: `SOCK_INODE(sock)->i_mode &
+/// ~current_umask()`), and `fchmod` on the unbound socket sets that mode.
+/// So the socket is `fchmod`ed to 0600 before it is bound: no moment in
+/// which the file has the umask's mode, and no change of the umask, which
+/// is the whole process's (other threads create files meanwhile).
+fn bind_owner_only(path: &Path) -> io::Result<UnixListener> {
+    let address = unix_address(path)?;
+    // SAFETY: socket has no memory effects; the descriptor it returns is
+    // owned by no one else and is taken over by the OwnedFd just below.
+    let raw = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `raw` is a fresh, open descriptor that nothing else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fchmod on a descriptor this function owns; no memory effects.
+    if unsafe { libc::fchmod(socket.as_raw_fd(), 0o600) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `address` is an initialized sockaddr_un that lives across the
+    // call, and its size is passed with it; bind only reads it.
+    let bound = unsafe {
+        libc::bind(
+            socket.as_raw_fd(),
+            (&address as *const libc::sockaddr_un).cast::<libc::sockaddr>(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if bound < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: listen on a descriptor this function owns; no memory effects.
+    if unsafe { libc::listen(socket.as_raw_fd(), LISTEN_BACKLOG) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(UnixListener::from(socket))
+}
+
+/// The address of the Unix socket at `path` (NUL-terminated in
+/// `sun_path`, which holds 107 bytes of path).
+fn unix_address(path: &Path) -> io::Result<libc::sockaddr_un> {
+    // SAFETY: sockaddr_un is plain data for which all zeros is valid.
+    let mut address: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    address.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.contains(&0) {
+        return Err(io::Error::new(
+            ErrorKind::InvalidInput,
+            "the path holds a NUL byte",
+        ));
+    }
+    if bytes.len() >= address.sun_path.len() {
+        return Err(io::Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "the path is {} bytes long and a Unix socket's address holds at most {}; give a shorter path",
+                bytes.len(),
+                address.sun_path.len() - 1
+            ),
+        ));
+    }
+    for (to, &from) in address.sun_path.iter_mut().zip(bytes) {
+        *to = from as libc::c_char;
+    }
+    Ok(address)
+}
+
+/// The uid and pid of the process at the other end of `stream`, as they
+/// were when it connected (`SO_PEERCRED`).
+fn peer_credentials(stream: &UnixStream) -> io::Result<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes for the whole call, and
+    // `len` holds the size of `cred`, which the kernel writes no more than.
+    let got = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(io::Error::other("SO_PEERCRED returned a short answer"));
+    }
+    Ok(cred)
+}
+
+/// This process's effective uid: the API socket's owner.
+fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Who may talk to the API socket: whoever connects to it can resize the
+/// guest's memory, end the VM or read its statistics. The file's mode
+/// (0600) keeps others out where the directory's permissions are what
+/// they seem; the peer's uid (`SO_PEERCRED`, checked on every connection)
+/// is checked as well, so that a socket reached some other way (a copy
+/// of the descriptor, a mode changed later, a namespace) is still the
+/// owner's only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct PeerPolicy {
+    owner: u32,
+    /// Sorted, without repeats: the owner, root and the --api-allow-uid
+    /// uids.
+    allowed: Vec<u32>,
+}
+
+impl PeerPolicy {
+    /// This process's uid, root and `extra` (`--api-allow-uid`).
+    fn owner_root_and(extra: &[u32]) -> PeerPolicy {
+        Self::with_owner(effective_uid(), extra)
+    }
+
+    fn with_owner(owner: u32, extra: &[u32]) -> PeerPolicy {
+        let mut allowed: Vec<u32> = [owner, 0].iter().chain(extra).copied().collect();
+        allowed.sort_unstable();
+        allowed.dedup();
+        PeerPolicy { owner, allowed }
+    }
+
+    fn allows(&self, uid: u32) -> bool {
+        self.allowed.binary_search(&uid).is_ok()
+    }
+
+    /// The 403's message for a client of `uid`.
+    fn refusal(&self, uid: u32) -> String {
+        let others: Vec<String> = self
+            .allowed
+            .iter()
+            .filter(|&&u| u != self.owner && u != 0)
+            .map(u32::to_string)
+            .collect();
+        let also = if others.is_empty() {
+            String::new()
+        } else {
+            format!(", uid {} (--api-allow-uid)", others.join(", "))
+        };
+        format!(
+            "this API serves the uid that started the VM ({}), root{also} only, and this client runs as uid {uid}: run the client as one of them, or start the VM with --api-allow-uid {uid}",
+            self.owner
+        )
+    }
+}
+
 /// A bound API socket, not served yet.
 pub struct ControlSocket {
     listener: UnixListener,
     file: SocketFile,
+    peers: PeerPolicy,
 }
 
 impl ControlSocket {
-    /// Creates the socket at `path` (mode 0600: whoever can connect can
-    /// resize the guest's memory), replacing a stale one.
-    pub fn bind(path: &Path) -> Result<Self> {
+    /// Creates the socket at `path` (mode 0600 from the start: whoever can
+    /// connect can resize the guest's memory), replacing a stale one; it
+    /// serves this process's uid, root and `allow_uids`
+    /// (`--api-allow-uid`).
+    pub fn bind(path: &Path, allow_uids: &[u32]) -> Result<Self> {
+        Self::bind_for(path, PeerPolicy::owner_root_and(allow_uids))
+    }
+
+    fn bind_for(path: &Path, peers: PeerPolicy) -> Result<Self> {
         clear_stale(path)?;
         let shown = path.display();
-        let listener = UnixListener::bind(path)
+        let listener = bind_owner_only(path)
             .with_context(|| format!("cannot create the API socket --api-socket {shown}"))?;
         let meta = std::fs::symlink_metadata(path)
             .with_context(|| format!("--api-socket {shown}: the socket vanished"))?;
@@ -169,15 +340,24 @@ impl ControlSocket {
             dev: meta.dev(),
             ino: meta.ino(),
         };
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).with_context(
-            || format!("--api-socket {shown}: cannot restrict the socket to its owner"),
-        )?;
+        // A umask that takes the owner's own bits (0277, say) leaves a
+        // socket its owner cannot connect to: those are given back. Only
+        // owner bits are ever added.
+        if meta.mode() & 0o777 != 0o600 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).with_context(
+                || format!("--api-socket {shown}: cannot give the socket mode 0600"),
+            )?;
+        }
         // poll says when a client waits; the accept must not block if it
         // gave up in between.
         listener
             .set_nonblocking(true)
             .context("cannot make the API socket non-blocking")?;
-        Ok(Self { listener, file })
+        Ok(Self {
+            listener,
+            file,
+            peers,
+        })
     }
 
     /// Starts the threads that serve every route with `context`.
@@ -191,6 +371,7 @@ impl ControlSocket {
             Some(self.file),
             context,
             Service::Api,
+            Admission::Uids(self.peers),
             limits,
             "api",
         )
@@ -200,6 +381,9 @@ impl ControlSocket {
 /// A bound `--metrics-addr` listener, not served yet.
 pub struct MetricsListener {
     listener: TcpListener,
+    /// Whether the address is reachable from other hosts (not loopback):
+    /// then each peer gets at most [`MAX_CLIENTS_PER_PEER`] slots.
+    remote: bool,
 }
 
 impl MetricsListener {
@@ -212,7 +396,10 @@ impl MetricsListener {
         listener
             .set_nonblocking(true)
             .context("cannot make the metrics socket non-blocking")?;
-        Ok(Self { listener })
+        Ok(Self {
+            listener,
+            remote: !addr.ip().is_loopback(),
+        })
     }
 
     /// The address bound (the port the kernel chose for port 0).
@@ -223,21 +410,62 @@ impl MetricsListener {
 
     /// Starts the threads that serve `GET /metrics` with `context`.
     pub fn serve(self, context: Arc<ControlContext>) -> Result<ControlServer> {
+        self.serve_with(context, Limits::DEFAULT)
+    }
+
+    fn serve_with(self, context: Arc<ControlContext>, limits: Limits) -> Result<ControlServer> {
+        let admission = if self.remote {
+            Admission::PerAddress(Default::default())
+        } else {
+            Admission::Any
+        };
         start(
             self.listener,
             None,
             context,
             Service::MetricsOnly,
-            Limits::DEFAULT,
+            admission,
+            limits,
             "metrics",
         )
     }
 }
 
+/// Who is at the other end of a new connection.
+enum Peer {
+    /// A process on this host (the API socket): its uid and pid.
+    Local { uid: u32, pid: i32 },
+    /// A TCP client (`--metrics-addr`).
+    Remote(IpAddr),
+}
+
 /// What the listeners and streams of both kinds have in common.
 trait Listen: AsRawFd + Send + 'static {
     type Stream: Connection;
-    fn accept_one(&self) -> io::Result<Self::Stream>;
+    fn accept_one(&self) -> io::Result<(Self::Stream, Peer)>;
+}
+
+impl Listen for UnixListener {
+    type Stream = UnixStream;
+    fn accept_one(&self) -> io::Result<(UnixStream, Peer)> {
+        let (stream, _) = self.accept()?;
+        let cred = peer_credentials(&stream)?;
+        Ok((
+            stream,
+            Peer::Local {
+                uid: cred.uid,
+                pid: cred.pid,
+            },
+        ))
+    }
+}
+
+impl Listen for TcpListener {
+    type Stream = TcpStream;
+    fn accept_one(&self) -> io::Result<(TcpStream, Peer)> {
+        let (stream, addr) = self.accept()?;
+        Ok((stream, Peer::Remote(addr.ip())))
+    }
 }
 
 /// A client's connection, used through `&self` as `UnixStream` and
@@ -250,13 +478,7 @@ trait Connection: AsRawFd + Send + 'static {
 }
 
 macro_rules! connection {
-    ($listener:ty, $stream:ty) => {
-        impl Listen for $listener {
-            type Stream = $stream;
-            fn accept_one(&self) -> io::Result<$stream> {
-                self.accept().map(|(stream, _)| stream)
-            }
-        }
+    ($stream:ty) => {
         impl Connection for $stream {
             fn set_nonblocking(&self, on: bool) -> io::Result<()> {
                 <$stream>::set_nonblocking(self, on)
@@ -273,14 +495,56 @@ macro_rules! connection {
         }
     };
 }
-connection!(UnixListener, UnixStream);
-connection!(TcpListener, TcpStream);
+connection!(UnixStream);
+connection!(TcpStream);
+
+/// Most of a remote listener's [`MAX_CLIENTS`] slots one peer may hold at
+/// once, so that one host cannot take them all: a Prometheus server needs
+/// one.
+pub const MAX_CLIENTS_PER_PEER: usize = 4;
+
+/// Where a remote peer's connections are counted: its IPv4 address, or
+/// the /64 of its IPv6 address (one host commonly has a whole /64 to pick
+/// addresses from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PeerKey {
+    V4(Ipv4Addr),
+    V6Prefix(u64),
+}
+
+impl PeerKey {
+    fn of(ip: IpAddr) -> PeerKey {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+            v4 => v4,
+        };
+        match ip {
+            IpAddr::V4(v4) => PeerKey::V4(v4),
+            IpAddr::V6(v6) => PeerKey::V6Prefix((u128::from(v6) >> 64) as u64),
+        }
+    }
+}
+
+/// Connections being served per remote peer.
+type PeerCounts = Arc<Mutex<HashMap<PeerKey, usize>>>;
+
+/// Which connections a listener takes, before the count of all clients.
+enum Admission {
+    /// The API socket: the peers whose uid the policy allows.
+    Uids(PeerPolicy),
+    /// A remote `--metrics-addr`: at most [`MAX_CLIENTS_PER_PEER`] per
+    /// peer.
+    PerAddress(PeerCounts),
+    /// A loopback `--metrics-addr`: every client is on this host.
+    Any,
+}
 
 fn start<L: Listen>(
     listener: L,
     file: Option<SocketFile>,
     context: Arc<ControlContext>,
     service: Service,
+    admission: Admission,
     limits: Limits,
     name: &str,
 ) -> Result<ControlServer> {
@@ -290,6 +554,8 @@ fn start<L: Listen>(
         stop: stop.clone(),
         context,
         service,
+        admission,
+        refusals: GuestLog::default(),
         limits,
     });
     let client_name = format!("{name}-client");
@@ -313,6 +579,10 @@ struct Shared {
     stop: Arc<EventFd>,
     context: Arc<ControlContext>,
     service: Service,
+    admission: Admission,
+    /// Rate limit of the messages about refused clients: whoever may
+    /// connect decides how often.
+    refusals: GuestLog,
     limits: Limits,
 }
 
@@ -415,13 +685,67 @@ fn wait_for(
     }
 }
 
-/// Decrements the count of clients being served when a client thread ends
-/// (or is never started).
-struct Served(Arc<AtomicUsize>);
+/// A client's slot: decrements the count of clients being served (and
+/// its peer's, on a remote listener) when its thread ends (or is never
+/// started).
+struct Served {
+    all: Arc<AtomicUsize>,
+    peer: Option<(PeerCounts, PeerKey)>,
+}
 
 impl Drop for Served {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.all.fetch_sub(1, Ordering::AcqRel);
+        if let Some((counts, key)) = &self.peer {
+            let mut counts = counts.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(n) = counts.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(key);
+                }
+            }
+        }
+    }
+}
+
+/// Whether the listener takes a connection from `peer`: the peer's slot
+/// (counted on a remote listener), or the response that refuses it.
+fn admit(shared: &Shared, peer: &Peer) -> Result<Option<(PeerCounts, PeerKey)>, Response> {
+    match (&shared.admission, peer) {
+        (Admission::Uids(policy), Peer::Local { uid, pid }) => {
+            if policy.allows(*uid) {
+                return Ok(None);
+            }
+            if shared.refusals.allow("refused API client") {
+                eprintln!(
+                    "hugevmm: API: refused a client running as uid {uid} (pid {pid}): not the uid that started the VM, root or one --api-allow-uid names (at most {} such messages at once, then 1 per {} s)",
+                    crate::ratelimit::BURST,
+                    crate::ratelimit::REFILL.as_secs()
+                );
+            }
+            Err(Response::error(403, policy.refusal(*uid)))
+        }
+        (Admission::PerAddress(counts), Peer::Remote(ip)) => {
+            let key = PeerKey::of(*ip);
+            let mut held = counts.lock().unwrap_or_else(|e| e.into_inner());
+            let n = held.entry(key).or_insert(0);
+            if *n >= MAX_CLIENTS_PER_PEER {
+                return Err(Response::error(
+                    503,
+                    format!("too many connections from {ip} ({MAX_CLIENTS_PER_PEER}, the most one peer may hold of the {} client slots); try again when one has closed", shared.limits.max_clients),
+                ));
+            }
+            *n += 1;
+            Ok(Some((counts.clone(), key)))
+        }
+        (Admission::Any, _) => Ok(None),
+        // A listener's peers are all of its own kind.
+        (Admission::Uids(_), Peer::Remote(_)) | (Admission::PerAddress(_), Peer::Local { .. }) => {
+            Err(Response::error(
+                500,
+                "a peer of the wrong kind for this listener".to_string(),
+            ))
+        }
     }
 }
 
@@ -437,8 +761,8 @@ fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str)
                 break;
             }
         }
-        let stream = match listener.accept_one() {
-            Ok(stream) => stream,
+        let (stream, peer) = match listener.accept_one() {
+            Ok(accepted) => accepted,
             Err(e)
                 if matches!(
                     e.kind(),
@@ -454,8 +778,21 @@ fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str)
         };
         // Ended threads have nothing left to join.
         clients.retain(|client| !client.is_finished());
+        // Who the peer is first: a refused one learns nothing else.
+        let peer_slot = match admit(shared, &peer) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                say_and_close(&stream, &refusal);
+                continue;
+            }
+        };
         let max_clients = shared.limits.max_clients;
-        if served.load(Ordering::Acquire) >= max_clients {
+        let guard = Served {
+            all: served.clone(),
+            peer: peer_slot,
+        };
+        if served.fetch_add(1, Ordering::AcqRel) >= max_clients {
+            drop(guard);
             say_and_close(
                 &stream,
                 &Response::error(
@@ -465,8 +802,6 @@ fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str)
             );
             continue;
         }
-        served.fetch_add(1, Ordering::AcqRel);
-        let guard = Served(served.clone());
         let thread_shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name(client_name.into())
@@ -734,7 +1069,7 @@ mod tests {
     fn serve(tag: &str, limits: Limits) -> (ControlServer, PathBuf) {
         let path = temp_path(tag);
         let _ = std::fs::remove_file(&path);
-        let server = ControlSocket::bind(&path)
+        let server = ControlSocket::bind(&path, &[])
             .unwrap()
             .serve_with(Arc::new(context(true)), limits)
             .unwrap();
@@ -972,25 +1307,203 @@ mod tests {
         // Stale: bound, then the listener dropped (the file stays).
         drop(UnixListener::bind(&path).unwrap());
         assert!(path.exists());
-        let socket = ControlSocket::bind(&path).unwrap();
+        let socket = ControlSocket::bind(&path, &[]).unwrap();
         // Live: the socket just bound listens.
-        let err = ControlSocket::bind(&path).err().unwrap().to_string();
+        let err = ControlSocket::bind(&path, &[]).err().unwrap().to_string();
         assert!(err.contains("listens on this socket"), "{err}");
         drop(socket);
         assert!(!path.exists(), "an unserved socket is removed too");
         // Not a socket: refused, and left alone.
         std::fs::write(&path, "data").unwrap();
-        let err = ControlSocket::bind(&path).err().unwrap().to_string();
+        let err = ControlSocket::bind(&path, &[]).err().unwrap().to_string();
         assert!(err.contains("is not a socket"), "{err}");
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "data");
         std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Sets the process's umask for the life of the guard. The umask is
+    /// process-wide: the tests that change it take this lock so that they
+    /// do not see each other's.
+    struct Umask {
+        old: libc::mode_t,
+        _lock: std::sync::MutexGuard<'static, ()>,
+    }
+
+    impl Umask {
+        fn set(mask: libc::mode_t) -> Umask {
+            static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+            let lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: umask only swaps the process's mask.
+            let old = unsafe { libc::umask(mask) };
+            Umask { old, _lock: lock }
+        }
+    }
+
+    impl Drop for Umask {
+        fn drop(&mut self) {
+            // SAFETY: as in `set`.
+            unsafe { libc::umask(self.old) };
+        }
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path).unwrap().mode() & 0o7777
+    }
+
+    #[test]
+    fn the_socket_file_is_owner_only_from_the_moment_it_is_bound() {
+        // Whatever the umask lets through, the file is 0600 as bind makes
+        // it: no moment in which others may connect.
+        let path = temp_path("mode");
+        let _ = std::fs::remove_file(&path);
+        let listener = {
+            let _umask = Umask::set(0);
+            bind_owner_only(&path).unwrap()
+        };
+        assert_eq!(mode_of(&path), 0o600, "right after bind");
+        drop(listener);
+        std::fs::remove_file(&path).unwrap();
+        // A umask that takes the owner's bits too: the owner still gets
+        // them (it could not connect otherwise), nobody else does.
+        let socket = {
+            let _umask = Umask::set(0o277);
+            ControlSocket::bind(&path, &[]).unwrap()
+        };
+        assert_eq!(mode_of(&path), 0o600);
+        drop(socket);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_client_of_another_uid_gets_a_403_and_allowed_ones_are_served() {
+        // This process's uid is not in the list (the test runs as someone,
+        // maybe root, who is neither 12345 nor 12346): refused.
+        let me = effective_uid();
+        assert!(me != 12345 && me != 12346);
+        let path = temp_path("peer");
+        let _ = std::fs::remove_file(&path);
+        let policy = PeerPolicy {
+            owner: 12345,
+            allowed: vec![12345, 12346],
+        };
+        let server = ControlSocket::bind_for(&path, policy)
+            .unwrap()
+            .serve_with(Arc::new(context(true)), PATIENT)
+            .unwrap();
+        for _ in 0..3 {
+            let mut c = Client::connect(&path);
+            let (status, r) = c.ask("GET", "/vm", "");
+            assert_eq!(status, 403, "{r}");
+            let message = r["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains(&format!("runs as uid {me}"))
+                    && message.contains(&format!("--api-allow-uid {me}"))
+                    && message.contains("(12345)")
+                    && message.contains("uid 12346 (--api-allow-uid)"),
+                "{message}"
+            );
+            c.closed();
+        }
+        server.shutdown(true);
+        // The owner and root always, and the uids given.
+        let policy = PeerPolicy::with_owner(1000, &[2000, 1000]);
+        assert_eq!(policy.allowed, [0, 1000, 2000]);
+        assert!(policy.allows(0) && policy.allows(1000) && policy.allows(2000));
+        assert!(!policy.allows(3000));
+        // The real policy: this process is its owner and is served.
+        let (server, path) = serve("peer-owner", PATIENT);
+        let mut c = Client::connect(&path);
+        assert_eq!(c.ask("GET", "/vm", "").0, 200);
+        server.shutdown(true);
+    }
+
+    #[test]
+    fn a_remote_metrics_listener_gives_one_peer_at_most_its_share() {
+        // A client that asks once and stays connected; the status line's
+        // start, or the error of a connection closed under it.
+        let ask = |addr: SocketAddr| {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            stream.set_read_timeout(Some(GUARD)).unwrap();
+            let mut head = [0u8; 12];
+            let got = stream
+                .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+                .and_then(|_| stream.read_exact(&mut head))
+                .map(|_| head.to_vec());
+            (stream, got)
+        };
+        // Not loopback (all addresses): every client here comes from
+        // 127.0.0.1, one peer.
+        let listener = MetricsListener::bind("0.0.0.0:0".parse().unwrap()).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = listener
+            .serve_with(Arc::new(context(true)), PATIENT)
+            .unwrap();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut held: Vec<TcpStream> = (0..MAX_CLIENTS_PER_PEER)
+            .map(|_| {
+                let (stream, head) = ask(addr);
+                assert_eq!(head.unwrap(), b"HTTP/1.1 200");
+                stream
+            })
+            .collect();
+        let mut extra = TcpStream::connect(addr).unwrap();
+        extra.set_read_timeout(Some(GUARD)).unwrap();
+        let mut text = String::new();
+        let _ = extra.read_to_string(&mut text);
+        assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+        assert!(
+            text.contains(&format!(
+                "too many connections from 127.0.0.1 ({MAX_CLIENTS_PER_PEER}"
+            )),
+            "{text}"
+        );
+        // One leaves: its share comes back (its thread ends a moment after
+        // the close: retry, counting tries, not time).
+        drop(held.pop());
+        let mut tries = 0;
+        loop {
+            let (stream, head) = ask(addr);
+            if head.is_ok_and(|h| h == b"HTTP/1.1 200") {
+                held.push(stream);
+                break;
+            }
+            tries += 1;
+            assert!(tries < 10_000, "the peer's freed slot is never reused");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        server.shutdown(true);
+
+        // Loopback: all clients are on this host; only the total counts.
+        let listener = MetricsListener::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = listener
+            .serve_with(Arc::new(context(true)), PATIENT)
+            .unwrap();
+        let held: Vec<TcpStream> = (0..MAX_CLIENTS_PER_PEER + 2)
+            .map(|_| {
+                let (stream, head) = ask(addr);
+                assert_eq!(head.unwrap(), b"HTTP/1.1 200");
+                stream
+            })
+            .collect();
+        drop(held);
+        server.shutdown(true);
+    }
+
+    #[test]
+    fn peers_are_counted_by_ipv4_address_or_ipv6_64() {
+        let key = |s: &str| PeerKey::of(s.parse().unwrap());
+        assert_eq!(key("192.0.2.1"), key("::ffff:192.0.2.1"));
+        assert_ne!(key("192.0.2.1"), key("192.0.2.2"));
+        assert_eq!(key("2001:db8:1:2::1"), key("2001:db8:1:2:ffff::9"));
+        assert_ne!(key("2001:db8:1:2::1"), key("2001:db8:1:3::1"));
     }
 
     #[test]
     fn a_path_taken_over_is_left_alone() {
         let path = temp_path("takeover");
         let _ = std::fs::remove_file(&path);
-        let socket = ControlSocket::bind(&path).unwrap();
+        let socket = ControlSocket::bind(&path, &[]).unwrap();
         std::fs::remove_file(&path).unwrap();
         std::fs::write(&path, "someone else's").unwrap();
         drop(socket);

@@ -319,6 +319,17 @@ pub fn rules(kind: ThreadKind) -> BTreeMap<i64, Vec<SeccompRule>> {
         .and_then(|c| SeccompRule::new(vec![c]))
         .expect("a one-condition rule on argument 0 is valid");
         rules.insert(sys::clone, vec![rule]);
+        // getsockopt(fd, SOL_SOCKET, SO_PEERCRED) only: the API socket
+        // checks each client's uid (control/server.rs).
+        let peer_cred = [(1, libc::SOL_SOCKET), (2, libc::SO_PEERCRED)]
+            .into_iter()
+            .map(|(arg, value)| {
+                SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value as u64)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(SeccompRule::new)
+            .expect("two conditions on arguments 1 and 2 are valid");
+        rules.insert(sys::getsockopt, vec![peer_cred]);
     }
     rules
 }
