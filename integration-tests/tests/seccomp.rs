@@ -63,8 +63,16 @@ fn check_threads(extra: &[&str], ready: impl Fn(&[(String, String)]) -> bool) {
     ];
     args.extend_from_slice(extra);
     let (vm, socket) = start_with_api_socket(&args);
-    // One request, so that a client thread has run too.
+    // One request, so that a client thread has run too; GET /vm says what
+    // the filters do.
     ctl(&socket, &["stats"]);
+    let info = curl(Some(&socket), "GET", "http://localhost/vm", None, &[]).json();
+    let filtered = !extra.contains(&"--no-seccomp");
+    assert_eq!(
+        info["seccomp"],
+        if filtered { "trap" } else { "off" },
+        "{info}"
+    );
     let start = Instant::now();
     let mut modes = thread_modes(vm.pid());
     while !ready(&modes) && start.elapsed() < Duration::from_secs(30) {
@@ -81,16 +89,28 @@ fn check_threads(extra: &[&str], ready: impl Fn(&[(String, String)]) -> bool) {
         run.stderr
     );
     // vCPU 1 of the balloon payload is done at once; vCPU 0 waits.
-    for name in [
+    let mut expected = vec![
         "vcpu0",
         "swap-fault-0",
         "swap-evictor",
         "swap-refill",
         "signals",
         "api",
-    ] {
+    ];
+    if filtered {
+        expected.push("ram-teardown");
+    }
+    for name in expected {
         assert!(names.contains(&name), "no {name} thread among {names:?}");
     }
+    // Filters off is said at the start; the trap, the default, is not.
+    let warning = "hugevmm: warning: seccomp filters off (--no-seccomp)";
+    assert_eq!(run.stderr.contains(warning), !filtered, "{}", run.stderr);
+    assert!(
+        !run.stderr.contains("seccomp filters in log mode"),
+        "{}",
+        run.stderr
+    );
     run.expect_status(0);
 }
 
@@ -126,6 +146,7 @@ fn a_forbidden_call_ends_the_run_naming_the_call_and_the_thread_kind() {
         "evictor",
         "device",
         "control",
+        "teardown",
     ] {
         let socket = temp_path("probe.sock");
         let mut cmd = Command::new(hugevmm_bin());
@@ -217,4 +238,190 @@ fn a_run_stopped_by_its_filter_writes_its_stats_and_status_file() {
         );
         assert!(!socket.exists(), "{kind}: the API socket is left");
     }
+}
+
+/// Runs the `hello` payload (2 vCPUs, the swap engine, an API socket) with
+/// `HUGEVMM_SECCOMP_PROBE=probe`; its status and stderr.
+fn probe_run(probe: &str) -> (Option<i32>, String) {
+    let socket = temp_path("probe-args.sock");
+    let mut cmd = Command::new(hugevmm_bin());
+    cmd.args([
+        "run",
+        "--payload",
+        "hello",
+        "--vcpus",
+        "2",
+        "--mem",
+        "64M",
+        "--mem-limit",
+        "32M",
+    ])
+    .arg("--api-socket")
+    .arg(&socket)
+    .env("HUGEVMM_SECCOMP_PROBE", probe);
+    let out = run_with_limit(cmd, LIMIT);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The calls the filters allow with some arguments only, made with the
+/// arguments they refuse: the run ends with status 159, naming the call,
+/// the kind and the argument. (Before, `ioctl` took any request, `mmap`
+/// and `mprotect` any protection, `tgkill` any process, and these runs
+/// ended with status 0.) `TIOCSTI` is refused on every kind of thread.
+#[test]
+fn calls_checked_by_argument_end_the_run_naming_the_argument() {
+    if skip_without_kvm("calls_checked_by_argument_end_the_run_naming_the_argument") {
+        return;
+    }
+    let mut cases: Vec<(String, String)> = [
+        (
+            "memslot",
+            "ioctl (16) on a thread of kind vcpu: request KVM_SET_USER_MEMORY_REGION (0x4020ae46)",
+        ),
+        (
+            "mmap-exec",
+            "mmap (9) on a thread of kind vcpu: protection 0x5 (PROT_EXEC)",
+        ),
+        (
+            "mprotect-exec",
+            "mprotect (10) on a thread of kind vcpu: protection 0x5 (PROT_EXEC)",
+        ),
+        (
+            "tgkill",
+            "tgkill (234) on a thread of kind vcpu: to process 1",
+        ),
+        (
+            "socket-dgram",
+            "socket (41) on a thread of kind vcpu: family 2, type 0x80002",
+        ),
+    ]
+    .iter()
+    .map(|(call, said)| (format!("vcpu:{call}"), said.to_string()))
+    .collect();
+    for kind in [
+        "vcpu",
+        "main",
+        "fault-service",
+        "evictor",
+        "device",
+        "control",
+        "teardown",
+    ] {
+        cases.push((
+            format!("{kind}:tiocsti"),
+            format!("ioctl (16) on a thread of kind {kind}: request TIOCSTI (0x5412)"),
+        ));
+    }
+    for (probe, said) in cases {
+        let (status, stderr) = probe_run(&probe);
+        let want = format!("hugevmm: seccomp: forbidden system call {said}; ending the VM");
+        assert!(
+            stderr.contains(&want),
+            "{probe}: want {want:?} in\n{stderr}"
+        );
+        assert_eq!(status, Some(159), "{probe}: {stderr}");
+    }
+}
+
+/// A port nobody listens on, for --metrics-addr (bound and released: a
+/// race with another program is possible but harmless here).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// API and metrics clients run under filters of their own kinds, which
+/// the trap names (before: they ran under their listener's, with block
+/// I/O, thread starts and every ioctl, and a trap named the kind
+/// "unknown").
+#[test]
+fn api_and_metrics_client_threads_have_kinds_of_their_own() {
+    if skip_without_kvm("api_and_metrics_client_threads_have_kinds_of_their_own") {
+        return;
+    }
+    use std::io::Write;
+    for kind in ["api-client", "metrics-client"] {
+        let socket = temp_path("client-probe.sock");
+        let port = free_port();
+        let mut cmd = Command::new(hugevmm_bin());
+        cmd.args([
+            "run",
+            "--payload",
+            "balloon",
+            "--mem",
+            "64M",
+            "--balloon",
+            "--payload-args",
+            "follow=1",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--api-socket")
+        .arg(&socket)
+        .env("HUGEVMM_SECCOMP_PROBE", format!("{kind}:tiocsti"));
+        let run = std::thread::spawn(move || run_with_limit(cmd, LIMIT));
+        // Every connection starts a client thread, which makes the probe.
+        let start = Instant::now();
+        let request = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+        while !run.is_finished() && start.elapsed() < LIMIT {
+            let sent = if kind == "api-client" {
+                std::os::unix::net::UnixStream::connect(&socket)
+                    .and_then(|mut s| s.write_all(request))
+            } else {
+                std::net::TcpStream::connect(("127.0.0.1", port))
+                    .and_then(|mut s| s.write_all(request))
+            };
+            if sent.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = run.join().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let want = format!(
+            "hugevmm: seccomp: forbidden system call ioctl (16) on a thread of kind {kind}: request TIOCSTI (0x5412); ending the VM"
+        );
+        assert!(stderr.contains(&want), "{kind}: {stderr}");
+        assert_eq!(out.status.code(), Some(159), "{kind}: {stderr}");
+    }
+}
+
+/// Log mode lets a forbidden call through and says so at the start; a
+/// value of HUGEVMM_SECCOMP_LOG that is neither 0 nor 1 is refused.
+#[test]
+fn log_mode_is_said_at_the_start_and_other_values_are_refused() {
+    if skip_without_kvm("log_mode_is_said_at_the_start_and_other_values_are_refused") {
+        return;
+    }
+    let mut cmd = Command::new(hugevmm_bin());
+    cmd.args(["run", "--payload", "hello", "--mem", "64M"])
+        .env("HUGEVMM_SECCOMP_LOG", "1")
+        .env("HUGEVMM_SECCOMP_PROBE", "vcpu");
+    let out = run_with_limit(cmd, LIMIT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("hugevmm: warning: seccomp filters in log mode (HUGEVMM_SECCOMP_LOG=1)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("seccomp probe: execve on a vcpu thread was not stopped"),
+        "{stderr}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let mut cmd = Command::new(hugevmm_bin());
+    cmd.args(["run", "--payload", "hello", "--mem", "64M"])
+        .env("HUGEVMM_SECCOMP_LOG", "yes");
+    let out = run_with_limit(cmd, LIMIT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HUGEVMM_SECCOMP_LOG=yes: give 1"),
+        "{stderr}"
+    );
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
 }

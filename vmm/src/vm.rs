@@ -250,11 +250,14 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     )?;
     let (stop, vcpu_threads) = spawn_vcpus(vcpus, kind, &machine, &ram, &console, &events_tx)?;
     drop(events_tx);
+    // Guest RAM's memslots are deleted there at the end: no thread that
+    // runs beside the guest may set memory regions.
+    let ram_teardown = crate::seccomp::RamTeardown::start()?;
     // Last: every other thread has started, and filters only narrow.
     crate::seccomp::install(crate::seccomp::ThreadKind::Main)?;
 
     let end = wait_for_the_end(&config, &events_rx, started, &engine, &stats);
-    finish(
+    let outcome = finish(
         &config,
         started,
         end,
@@ -266,8 +269,9 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         control,
         stop,
         vcpu_threads,
-    )
-    .map(crate::seccomp::account_for_trap)
+    );
+    ram_teardown.release(ram);
+    outcome.map(crate::seccomp::account_for_trap)
 }
 
 /// Checks the options against each other and the payload image against

@@ -109,12 +109,14 @@ pub struct Snapshot {
 }
 
 impl ControlContext {
-    /// `GET /vm`: state, uptime and the configuration as given.
+    /// `GET /vm`: state, uptime, the configuration as given and what the
+    /// seccomp filters do with a forbidden call (`trap`, `log`, `off`).
     pub fn vm_info(&self) -> Value {
         json!({
             "state": "running",
             "uptime_s": self.started.elapsed().as_secs_f64(),
             "config": self.config,
+            "seccomp": crate::seccomp::mode().name(),
         })
     }
 

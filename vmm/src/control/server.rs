@@ -562,8 +562,8 @@ fn start<L: Listen>(
     let thread = std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
-            // Its client threads inherit the filter.
-            crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Control);
+            // Its client threads inherit the filter and narrow it to theirs.
+            crate::seccomp::install_or_exit(seccomp_kinds(shared.service).0);
             accept_loop(&listener, &shared, &client_name)
         })
         .with_context(|| format!("cannot spawn the {name} listener's thread"))?;
@@ -572,6 +572,16 @@ fn start<L: Listen>(
         thread: Some(thread),
         _file: file,
     })
+}
+
+/// The seccomp filters of a listener's thread and of its clients'
+/// threads: a metrics client reaches neither the engine nor the disks.
+fn seccomp_kinds(service: Service) -> (crate::seccomp::ThreadKind, crate::seccomp::ThreadKind) {
+    use crate::seccomp::ThreadKind;
+    match service {
+        Service::Api => (ThreadKind::Control, ThreadKind::ApiClient),
+        Service::MetricsOnly => (ThreadKind::Metrics, ThreadKind::MetricsClient),
+    }
 }
 
 /// What the accepting thread and every client thread share.
@@ -806,6 +816,7 @@ fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str)
         let spawned = std::thread::Builder::new()
             .name(client_name.into())
             .spawn(move || {
+                crate::seccomp::install_or_exit(seccomp_kinds(thread_shared.service).1);
                 let _guard = guard;
                 client_thread(stream, &thread_shared);
             });

@@ -4,10 +4,12 @@
 //! made what it needs (KVM fds, rings, sockets, the threads it spawns):
 //! a filter is inherited by threads spawned later and can only narrow, so
 //! the main thread installs its own last, after every other thread
-//! started. A system call outside the kind's list raises SIGSYS; the
-//! handler ([`trap`]) prints the call and the thread kind, parks the
-//! thread and has the run loop end the VM as after a failure ([`watch`]:
-//! statistics and status file written, status [`TRAPPED_STATUS`]).
+//! started, and a listener's filter lets its clients' calls through
+//! (each client narrows it to its own kind first thing). A system call
+//! outside the kind's list raises SIGSYS; the handler ([`trap`]) prints
+//! the call and the thread kind, parks the thread and has the run loop
+//! end the VM as after a failure ([`watch`]: statistics and status file
+//! written, status [`TRAPPED_STATUS`]).
 //! `clone3` fails with ENOSYS (a second, tiny filter) so that
 //! glibc's `pthread_create` falls back to `clone`, whose flags a filter
 //! can read (`clone3` passes them in memory, out of a filter's reach);
@@ -16,25 +18,81 @@
 //! `--no-seccomp` ([`init`] with `false`) installs nothing.
 //! `HUGEVMM_SECCOMP_LOG=1` installs the filters with the `log` action
 //! instead of the trap: forbidden calls go through and the kernel logs
-//! them (`dmesg`, `type=1326 ... comm="vcpu0" ... syscall=N`), which is
-//! how the lists in `rules.rs` were found.
+//! them (`dmesg`, `type=1326 ... comm="vcpu0" ... syscall=N`). Either
+//! is said at the start of the run and in `GET /vm` ([`mode`]).
 
+mod ioctls;
+mod kind;
+mod probe;
 mod rules;
+mod teardown;
 mod trap;
 mod watch;
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
 
-pub use rules::ThreadKind;
+pub use kind::ThreadKind;
+pub use teardown::RamTeardown;
 pub use watch::forward_traps;
 
 /// Exit status of a process that a filter stopped: the shell's status for
 /// death by SIGSYS.
 pub const TRAPPED_STATUS: i32 = 128 + libc::SIGSYS;
+
+/// The environment variable that turns the trap into the kernel's log.
+const LOG_VARIABLE: &str = "HUGEVMM_SECCOMP_LOG";
+
+/// What the filters do with a forbidden call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// It never runs, and the run ends (the default).
+    Trap,
+    /// It runs, and the kernel logs it (`HUGEVMM_SECCOMP_LOG=1`).
+    Log,
+    /// No filter is installed (`--no-seccomp`).
+    Off,
+}
+
+impl Mode {
+    /// The mode's name in `GET /vm`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Trap => "trap",
+            Mode::Log => "log",
+            Mode::Off => "off",
+        }
+    }
+
+    /// What the start of a run says about a mode other than the trap.
+    fn warning(self) -> Option<&'static str> {
+        match self {
+            Mode::Trap => None,
+            Mode::Log => Some(
+                "seccomp filters in log mode (HUGEVMM_SECCOMP_LOG=1): a forbidden system call runs, and the kernel only logs it (dmesg, type=1326); for finding the calls a filter lacks, not for guests you do not trust",
+            ),
+            Mode::Off => Some(
+                "seccomp filters off (--no-seccomp): every thread may make any system call; for debugging, not for guests you do not trust (docs/SECURITY.md)",
+            ),
+        }
+    }
+}
+
+/// The mode `HUGEVMM_SECCOMP_LOG` asks for: unset, empty or 0 the trap,
+/// 1 the log; anything else is refused.
+fn mode_from(variable: Option<&std::ffi::OsStr>) -> Result<Mode> {
+    match variable.map(|v| v.to_str()) {
+        None | Some(Some("" | "0")) => Ok(Mode::Trap),
+        Some(Some("1")) => Ok(Mode::Log),
+        Some(value) => bail!(
+            "{LOG_VARIABLE}={}: give 1 to let forbidden system calls run and have the kernel log them, or 0 (or leave it unset) to stop them",
+            value.unwrap_or("(not UTF-8)")
+        ),
+    }
+}
 
 /// The compiled filters: one per kind, and the clone3 one every thread
 /// installs first.
@@ -46,66 +104,102 @@ struct Filters {
 
 /// `None` with `--no-seccomp`; set once by [`init`].
 static FILTERS: OnceLock<Option<Filters>> = OnceLock::new();
+/// The mode [`init`] chose.
+static MODE: OnceLock<Mode> = OnceLock::new();
 
 fn target_arch() -> TargetArch {
     TargetArch::x86_64
 }
 
+/// `kind`'s allow-list for process `pid`, compiled; `mismatch` is what a
+/// call outside it gets.
+fn compile(kind: ThreadKind, pid: u32, mismatch: SeccompAction) -> Result<BpfProgram> {
+    let filter = SeccompFilter::new(
+        rules::rules(kind, pid),
+        mismatch,
+        SeccompAction::Allow,
+        target_arch(),
+    )
+    .with_context(|| format!("cannot build the seccomp filter of the {kind} threads"))?;
+    filter
+        .try_into()
+        .with_context(|| format!("cannot compile the seccomp filter of the {kind} threads"))
+}
+
+/// The filter that fails `clone3` with ENOSYS, so that glibc falls back
+/// to `clone`.
+fn clone3_filter() -> Result<BpfProgram> {
+    SeccompFilter::new(
+        BTreeMap::from([(libc::SYS_clone3, Vec::<SeccompRule>::new())]),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::ENOSYS as u32),
+        target_arch(),
+    )
+    .context("cannot build the clone3 seccomp filter")?
+    .try_into()
+    .context("cannot compile the clone3 seccomp filter")
+}
+
+/// The filter that fails [`rules::REFUSED`] with EACCES.
+fn refused_filter() -> Result<BpfProgram> {
+    SeccompFilter::new(
+        rules::REFUSED.iter().map(|&nr| (nr, Vec::new())).collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        target_arch(),
+    )
+    .context("cannot build the EACCES seccomp filter")?
+    .try_into()
+    .context("cannot compile the EACCES seccomp filter")
+}
+
 /// Compiles the filters (or, with `enabled` false, records that there are
-/// none) and installs the SIGSYS handler. Call once, on the main thread,
-/// before any thread that installs a filter starts.
+/// none) and installs the SIGSYS handler; says so on stderr when the
+/// filters are off or only log. Call once, on the main thread, before any
+/// thread that installs a filter starts.
 pub fn init(enabled: bool) -> Result<()> {
-    let filters = if enabled {
-        let mismatch = if std::env::var_os("HUGEVMM_SECCOMP_LOG").is_some_and(|v| v == "1") {
-            SeccompAction::Log
-        } else {
-            SeccompAction::Trap
-        };
-        let mut kinds = BTreeMap::new();
-        for kind in ThreadKind::ALL {
-            let filter = SeccompFilter::new(
-                rules::rules(kind),
-                mismatch.clone(),
-                SeccompAction::Allow,
-                target_arch(),
-            )
-            .with_context(|| format!("cannot build the seccomp filter of the {kind} threads"))?;
-            let program: BpfProgram = filter.try_into().with_context(|| {
-                format!("cannot compile the seccomp filter of the {kind} threads")
-            })?;
-            kinds.insert(kind, program);
-        }
-        let clone3 = SeccompFilter::new(
-            BTreeMap::from([(libc::SYS_clone3, Vec::<SeccompRule>::new())]),
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::ENOSYS as u32),
-            target_arch(),
-        )
-        .context("cannot build the clone3 seccomp filter")?
-        .try_into()
-        .context("cannot compile the clone3 seccomp filter")?;
-        let refused = SeccompFilter::new(
-            rules::REFUSED.iter().map(|&nr| (nr, Vec::new())).collect(),
-            SeccompAction::Allow,
-            SeccompAction::Errno(libc::EACCES as u32),
-            target_arch(),
-        )
-        .context("cannot build the EACCES seccomp filter")?
-        .try_into()
-        .context("cannot compile the EACCES seccomp filter")?;
-        trap::install_handler().context("cannot install the SIGSYS handler")?;
-        fix_malloc_arenas();
-        Some(Filters {
-            kinds,
-            clone3,
-            refused,
-        })
+    let mode = if enabled {
+        mode_from(std::env::var_os(LOG_VARIABLE).as_deref())?
     } else {
-        None
+        Mode::Off
     };
     // A second call (tests running vm::run more than once) keeps the first.
+    if MODE.set(mode).is_ok() {
+        if let Some(warning) = mode.warning() {
+            eprintln!("hugevmm: warning: {warning}");
+        }
+    }
+    let filters = match mode {
+        Mode::Trap | Mode::Log => {
+            let mismatch = if mode == Mode::Log {
+                SeccompAction::Log
+            } else {
+                SeccompAction::Trap
+            };
+            let pid = std::process::id();
+            let mut kinds = BTreeMap::new();
+            for kind in ThreadKind::ALL {
+                kinds.insert(kind, compile(kind, pid, mismatch.clone())?);
+            }
+            let (clone3, refused) = (clone3_filter()?, refused_filter()?);
+            trap::install_handler().context("cannot install the SIGSYS handler")?;
+            fix_malloc_arenas();
+            Some(Filters {
+                kinds,
+                clone3,
+                refused,
+            })
+        }
+        Mode::Off => None,
+    };
     let _ = FILTERS.set(filters);
     Ok(())
+}
+
+/// What the filters do with a forbidden call in this run (off before
+/// [`init`]).
+pub fn mode() -> Mode {
+    MODE.get().copied().unwrap_or(Mode::Off)
 }
 
 /// glibc's malloc, on the first thread that wants a ninth arena, reads
@@ -138,7 +232,7 @@ pub fn install(kind: ThreadKind) -> Result<()> {
         .with_context(|| format!("cannot install the EACCES filter on a {kind} thread"))?;
     seccompiler::apply_filter(&filters.kinds[&kind])
         .with_context(|| format!("cannot install the seccomp filter of a {kind} thread"))?;
-    probe(kind);
+    probe::run(kind);
     Ok(())
 }
 
@@ -170,11 +264,11 @@ pub fn engine_thread_setup() -> Option<swap::engine::ThreadSetup> {
 /// as its failure, also when the trap came after the run loop had ended
 /// (while the run was ending), so that it did not end the loop itself.
 pub fn account_for_trap(mut outcome: crate::vm::RunOutcome) -> crate::vm::RunOutcome {
-    let Some((nr, kind)) = trap::trapped() else {
+    let Some(trapped) = trap::trapped() else {
         return outcome;
     };
     let mut message = String::new();
-    trap::describe(kind, nr, &mut message);
+    trap::describe(&trapped, &mut message);
     outcome.failure = match outcome.failure.take() {
         Some(earlier) if earlier != message => Some(format!("{message} (after: {earlier})")),
         _ => Some(message),
@@ -184,29 +278,32 @@ pub fn account_for_trap(mut outcome: crate::vm::RunOutcome) -> crate::vm::RunOut
     outcome
 }
 
-/// Test aid: `HUGEVMM_SECCOMP_PROBE=KIND` (a [`ThreadKind`] name, e.g.
-/// `vcpu`) makes every thread of that kind issue a call no filter allows
-/// (`execve`) right after installing its filter, so that a test sees the
-/// trap end the run with its message. A parked thread never gets past it.
-fn probe(kind: ThreadKind) {
-    let Some(wanted) = std::env::var_os("HUGEVMM_SECCOMP_PROBE") else {
-        return;
-    };
-    if wanted.to_str() != Some(kind.name()) {
-        return;
-    }
-    // SAFETY: execve with a null path changes nothing: without a filter it
-    // fails with EFAULT; with one it never runs.
-    let r = unsafe { libc::syscall(libc::SYS_execve, 0usize, 0usize, 0usize) };
-    eprintln!(
-        "hugevmm: seccomp probe: execve on a {kind} thread was not stopped (returned {r}, {})",
-        std::io::Error::last_os_error()
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_log_variable_chooses_the_mode_and_refuses_other_words() {
+        use std::ffi::OsStr;
+        assert_eq!(mode_from(None).unwrap(), Mode::Trap);
+        assert_eq!(mode_from(Some(OsStr::new(""))).unwrap(), Mode::Trap);
+        assert_eq!(mode_from(Some(OsStr::new("0"))).unwrap(), Mode::Trap);
+        assert_eq!(mode_from(Some(OsStr::new("1"))).unwrap(), Mode::Log);
+        let refused = mode_from(Some(OsStr::new("yes"))).unwrap_err().to_string();
+        assert!(
+            refused.starts_with("HUGEVMM_SECCOMP_LOG=yes: give 1"),
+            "{refused}"
+        );
+        // Only the trap goes unsaid.
+        assert_eq!(Mode::Trap.warning(), None);
+        assert!(Mode::Log
+            .warning()
+            .unwrap()
+            .contains("HUGEVMM_SECCOMP_LOG=1"));
+        assert!(Mode::Off.warning().unwrap().contains("--no-seccomp"));
+        let names = [Mode::Trap, Mode::Log, Mode::Off].map(Mode::name);
+        assert_eq!(names, ["trap", "log", "off"]);
+    }
 
     /// On a filtered thread, open and openat fail with EACCES and clone3
     /// with ENOSYS, while allowed calls work; other threads are untouched.
@@ -237,3 +334,6 @@ mod tests {
         assert!(std::fs::File::open("/proc/self/status").is_ok());
     }
 }
+
+#[cfg(test)]
+mod filter_tests;

@@ -15,9 +15,10 @@
 
 use std::cell::Cell;
 use std::io;
-use std::sync::atomic::{AtomicI64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
 
-use super::rules::{syscall_name, ThreadKind};
+use super::ioctls;
+use super::rules::{sys, syscall_name, ThreadKind};
 use super::TRAPPED_STATUS;
 
 thread_local! {
@@ -33,6 +34,17 @@ static TRAPPED_CALL: AtomicI64 = AtomicI64::new(-1);
 /// The kind of thread that made it: 0 unknown, else 1 + its index in
 /// [`ThreadKind::ALL`].
 static TRAPPED_KIND: AtomicU8 = AtomicU8::new(0);
+/// Its six arguments, as the filter saw them.
+static TRAPPED_ARGS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+/// A trapped call: its number, the kind of thread that made it and its
+/// arguments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Trapped {
+    pub nr: i64,
+    pub kind: Option<ThreadKind>,
+    pub args: [u64; 6],
+}
 
 /// `si_code` of a SIGSYS raised by a seccomp filter (`SYS_SECCOMP`).
 const SYS_SECCOMP: i32 = 1;
@@ -47,17 +59,20 @@ pub(super) fn set_watcher() {
     WATCHER.with(|w| w.set(true));
 }
 
-/// The first call a filter stopped in this process, and the kind of thread
-/// that made it (None: a thread that inherited its filter, such as an API
-/// client thread).
-pub(super) fn trapped() -> Option<(i64, Option<ThreadKind>)> {
+/// The first call a filter stopped in this process (its kind None: a
+/// thread that installed no filter of its own).
+pub(super) fn trapped() -> Option<Trapped> {
     let nr = TRAPPED_CALL.load(Ordering::Acquire);
     (nr >= 0).then(|| {
         let kind = match TRAPPED_KIND.load(Ordering::Acquire) {
             0 => None,
             k => ThreadKind::ALL.get(usize::from(k) - 1).copied(),
         };
-        (nr, kind)
+        Trapped {
+            nr,
+            kind,
+            args: std::array::from_fn(|i| TRAPPED_ARGS[i].load(Ordering::Acquire)),
+        }
     })
 }
 
@@ -95,10 +110,13 @@ impl std::fmt::Write for StackLine {
 }
 
 /// What was stopped, e.g. `seccomp: forbidden system call fchmod (91) on
-/// a thread of kind evictor`: the run's failure message.
-pub(super) fn describe(kind: Option<ThreadKind>, nr: i64, out: &mut impl std::fmt::Write) {
+/// a thread of kind evictor`, and for a call the filters check by
+/// argument the argument that failed, e.g. `...ioctl (16) on a thread of
+/// kind vcpu: request TIOCSTI (0x5412)`: the run's failure message.
+pub(super) fn describe(trapped: &Trapped, out: &mut impl std::fmt::Write) {
+    let Trapped { nr, kind, args } = *trapped;
     let kind = kind.map_or(
-        "unknown (a thread that inherited its filter)",
+        "unknown (a thread with no filter of its own)",
         ThreadKind::name,
     );
     let _ = match syscall_name(nr) {
@@ -111,12 +129,43 @@ pub(super) fn describe(kind: Option<ThreadKind>, nr: i64, out: &mut impl std::fm
             "seccomp: forbidden system call number {nr} on a thread of kind {kind}"
         ),
     };
+    describe_arguments(nr, &args, out);
+}
+
+/// The arguments the filters check of call `nr`, as `: ...`; nothing for
+/// the other calls.
+fn describe_arguments(nr: i64, args: &[u64; 6], out: &mut impl std::fmt::Write) {
+    let _ = match nr {
+        sys::ioctl => {
+            let request = args[1] as u32;
+            match ioctls::name(request) {
+                Some(name) => write!(out, ": request {name} ({request:#x})"),
+                None => write!(out, ": request {request:#x}"),
+            }
+        }
+        sys::mmap | sys::mprotect if args[2] & libc::PROT_EXEC as u64 != 0 => {
+            write!(out, ": protection {:#x} (PROT_EXEC)", args[2])
+        }
+        sys::mmap | sys::mprotect => write!(out, ": protection {:#x}", args[2]),
+        sys::tgkill => write!(out, ": to process {}", args[0] as i32),
+        sys::socket => write!(
+            out,
+            ": family {}, type {:#x}",
+            args[0] as i32, args[1] as u32
+        ),
+        sys::clone => write!(out, ": flags {:#x}", args[0]),
+        sys::prctl => write!(out, ": option {}", args[0] as i32),
+        sys::seccomp => write!(out, ": operation {}, flags {:#x}", args[0], args[1]),
+        sys::sendto => write!(out, ": to an address"),
+        sys::getsockopt => write!(out, ": level {}, option {}", args[1] as i32, args[2] as i32),
+        _ => Ok(()),
+    };
 }
 
 /// The line the handler prints.
-pub(super) fn message(kind: Option<ThreadKind>, nr: i64, out: &mut impl std::fmt::Write) {
+pub(super) fn message(trapped: &Trapped, out: &mut impl std::fmt::Write) {
     let _ = out.write_str("hugevmm: ");
-    describe(kind, nr, out);
+    describe(trapped, out);
     let _ = writeln!(
         out,
         "; ending the VM (--no-seccomp runs without the filters, docs/SECURITY.md)"
@@ -150,7 +199,29 @@ fn exit_now() -> ! {
     unsafe { libc::_exit(TRAPPED_STATUS) }
 }
 
-extern "C" fn on_sigsys(_signo: i32, info: *mut libc::siginfo_t, _context: *mut libc::c_void) {
+/// The arguments of the call that raised SIGSYS: a filter's trap skips
+/// the call and leaves the registers as they were at its entry (rdi,
+/// rsi, rdx, r10, r8, r9 on x86_64).
+///
+/// # Safety
+///
+/// `context` must be the `ucontext_t` the kernel passed to a SA_SIGINFO
+/// handler.
+unsafe fn call_arguments(context: *const libc::c_void) -> [u64; 6] {
+    // SAFETY: the caller passes the handler's context, a valid ucontext_t.
+    let registers = unsafe { &(*context.cast::<libc::ucontext_t>()).uc_mcontext.gregs };
+    [
+        libc::REG_RDI,
+        libc::REG_RSI,
+        libc::REG_RDX,
+        libc::REG_R10,
+        libc::REG_R8,
+        libc::REG_R9,
+    ]
+    .map(|r| registers[r as usize] as u64)
+}
+
+extern "C" fn on_sigsys(_signo: i32, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler;
     // for SIGSYS it is laid out as SigsysInfo, which is no larger than
     // siginfo_t (128 bytes).
@@ -167,13 +238,18 @@ extern "C" fn on_sigsys(_signo: i32, info: *mut libc::siginfo_t, _context: *mut 
         .compare_exchange(-1, nr, Ordering::AcqRel, Ordering::Acquire)
         .is_ok();
     if first {
+        // SAFETY: `context` is the handler's third argument.
+        let args = unsafe { call_arguments(context) };
+        for (slot, value) in TRAPPED_ARGS.iter().zip(args) {
+            slot.store(value, Ordering::Release);
+        }
         let index = kind.and_then(|k| ThreadKind::ALL.iter().position(|&a| a == k));
         TRAPPED_KIND.store(index.map_or(0, |i| i as u8 + 1), Ordering::Release);
         let mut line = StackLine {
             bytes: [0; 256],
             len: 0,
         };
-        message(kind, nr, &mut line);
+        message(&Trapped { nr, kind, args }, &mut line);
         write_stderr(&line.bytes[..line.len]);
     }
     // SAFETY: gettid and getpid have no preconditions; every filter
@@ -200,10 +276,17 @@ extern "C" fn on_sigsys(_signo: i32, info: *mut libc::siginfo_t, _context: *mut 
 mod tests {
     use super::*;
 
+    fn trapped(kind: Option<ThreadKind>, nr: i64, args: [u64; 6]) -> Trapped {
+        Trapped { nr, kind, args }
+    }
+
     #[test]
     fn the_message_names_the_call_and_the_kind() {
         let mut s = String::new();
-        message(Some(ThreadKind::Vcpu), libc::SYS_execve, &mut s);
+        message(
+            &trapped(Some(ThreadKind::Vcpu), libc::SYS_execve, [0; 6]),
+            &mut s,
+        );
         assert!(
             s.starts_with(
                 "hugevmm: seccomp: forbidden system call execve (59) on a thread of kind vcpu;"
@@ -212,20 +295,63 @@ mod tests {
         );
         assert!(s.ends_with("docs/SECURITY.md)\n"), "{s}");
         let mut s = String::new();
-        message(Some(ThreadKind::Evictor), libc::SYS_fchmod, &mut s);
+        message(
+            &trapped(Some(ThreadKind::Evictor), libc::SYS_fchmod, [0; 6]),
+            &mut s,
+        );
         assert!(
-            s.contains("forbidden system call fchmod (91) on a thread of kind evictor"),
+            s.contains("forbidden system call fchmod (91) on a thread of kind evictor;"),
             "{s}"
         );
         let mut s = String::new();
-        describe(Some(ThreadKind::Control), 9999, &mut s);
+        describe(&trapped(Some(ThreadKind::Control), 9999, [0; 6]), &mut s);
         assert_eq!(
             s,
             "seccomp: forbidden system call number 9999 on a thread of kind control"
         );
         let mut s = String::new();
-        describe(None, libc::SYS_fork, &mut s);
+        describe(&trapped(None, libc::SYS_fork, [0; 6]), &mut s);
         assert!(s.contains("fork (57) on a thread of kind unknown"), "{s}");
+    }
+
+    /// For the calls allowed with some arguments only, the message says
+    /// which argument failed.
+    #[test]
+    fn the_message_names_the_argument_that_failed() {
+        let said = |kind, nr, args| {
+            let mut s = String::new();
+            describe(&trapped(Some(kind), nr, args), &mut s);
+            s
+        };
+        assert_eq!(
+            said(ThreadKind::Vcpu, libc::SYS_ioctl, [0, 0x5412, 0, 0, 0, 0]),
+            "seccomp: forbidden system call ioctl (16) on a thread of kind vcpu: request TIOCSTI (0x5412)"
+        );
+        assert!(said(
+            ThreadKind::Main,
+            libc::SYS_ioctl,
+            [3, 0x4020_ae46, 0, 0, 0, 0]
+        )
+        .ends_with(": request KVM_SET_USER_MEMORY_REGION (0x4020ae46)"));
+        assert!(
+            said(ThreadKind::Main, libc::SYS_ioctl, [3, 0x1234, 0, 0, 0, 0])
+                .ends_with(": request 0x1234")
+        );
+        assert!(said(
+            ThreadKind::Evictor,
+            libc::SYS_mmap,
+            [0, 4096, 5, 0x22, 0, 0]
+        )
+        .ends_with("mmap (9) on a thread of kind evictor: protection 0x5 (PROT_EXEC)"));
+        assert!(
+            said(ThreadKind::Nbd, libc::SYS_tgkill, [1, 1, 0, 0, 0, 0]).ends_with(": to process 1")
+        );
+        assert!(
+            said(ThreadKind::Nbd, libc::SYS_socket, [2, 0x80002, 0, 0, 0, 0])
+                .ends_with(": family 2, type 0x80002")
+        );
+        assert!(said(ThreadKind::Nbd, libc::SYS_fchmod, [1, 2, 3, 0, 0, 0])
+            .ends_with("fchmod (91) on a thread of kind nbd"));
     }
 
     #[test]

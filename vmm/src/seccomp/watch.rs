@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::rules::ThreadKind;
+use super::kind::ThreadKind;
 use super::{trap, TRAPPED_STATUS};
 use crate::vcpu::VcpuEvent;
 
@@ -75,11 +75,11 @@ fn watch(doorbell: &EventFd) {
             Err(_) => return,
         }
     }
-    let Some((nr, kind)) = trap::trapped() else {
+    let Some(trapped) = trap::trapped() else {
         return;
     };
     let mut message = String::new();
-    trap::describe(kind, nr, &mut message);
+    trap::describe(&trapped, &mut message);
     let events = EVENTS.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if let Some(events) = events {
         let _ = events.send(VcpuEvent::Forbidden { message });
