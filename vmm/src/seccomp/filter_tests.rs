@@ -301,3 +301,31 @@ fn a_client_thread_under_both_filters_works_and_cannot_spawn() {
         assert!(!nested, "{client}: started a thread");
     }
 }
+
+/// Device and teardown threads may only check that a descriptor is open
+/// (std does before it closes one, in debug builds), nothing else of
+/// `fcntl`.
+#[test]
+fn fcntl_is_only_a_descriptor_check_on_device_and_teardown_threads() {
+    for kind in [ThreadKind::Device, ThreadKind::Teardown] {
+        let (getfd, setfl, dupfd) = under_filter(kind, || {
+            (
+                call(
+                    libc::SYS_fcntl,
+                    [u64::MAX, libc::F_GETFD as u64, 0, 0, 0, 0],
+                ),
+                call(
+                    libc::SYS_fcntl,
+                    [u64::MAX, libc::F_SETFL as u64, 0, 0, 0, 0],
+                ),
+                call(
+                    libc::SYS_fcntl,
+                    [u64::MAX, libc::F_DUPFD as u64, 0, 0, 0, 0],
+                ),
+            )
+        });
+        assert_eq!(getfd, Outcome::Failed(libc::EBADF), "{kind}: F_GETFD");
+        assert!(setfl.refused(), "{kind}: F_SETFL gave {setfl:?}");
+        assert!(dupfd.refused(), "{kind}: F_DUPFD gave {dupfd:?}");
+    }
+}
