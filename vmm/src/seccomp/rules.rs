@@ -18,8 +18,9 @@
 //!   families, `clone` (listeners) only threads, `prctl` (listeners)
 //!   only to name a thread or set no-new-privileges, `seccomp`
 //!   (listeners) only to add a filter to the calling thread, `getsockopt`
-//!   (the API listener) only for `SO_PEERCRED`, `fcntl` (device and
-//!   teardown threads) only for `F_GETFD`.
+//!   (the API listener) only for `SO_PEERCRED`;
+//! - `fcntl`, on the kinds that have no other use of it, only for
+//!   `F_GETFD` (std's check of a descriptor it closes, in debug builds).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -82,9 +83,9 @@ pub fn syscall_name(nr: i64) -> Option<&'static str> {
 /// stack), signals (the vCPU kick and SIGSYS return through
 /// rt_sigreturn) and HashMap's keys. Also, checked by argument (see
 /// [`rules`]): `mmap` and `mprotect` without `PROT_EXEC`, `tgkill` to this
-/// process (a panic's abort) and `sendto` without an address (the
+/// process (a panic's abort), `sendto` without an address (the
 /// stop-signal handler, on whichever thread the signal lands, writes to
-/// signal-hook's socket).
+/// signal-hook's socket) and `fcntl(F_GETFD)`.
 const COMMON: &[i64] = &[
     sys::brk,
     sys::clock_gettime,
@@ -166,10 +167,6 @@ pub struct Allowed {
     pub add_filter: bool,
     /// `getsockopt(fd, SOL_SOCKET, SO_PEERCRED)`: a client's uid.
     pub peer_credentials: bool,
-    /// `fcntl(fd, F_GETFD)`: std's check, in debug builds, that a
-    /// descriptor it closes is open (on kinds that have no other use of
-    /// `fcntl`).
-    pub fd_check: bool,
 }
 
 impl Allowed {
@@ -191,7 +188,6 @@ impl Allowed {
         self.prctl_options.extend(other.prctl_options);
         self.add_filter |= other.add_filter;
         self.peer_credentials |= other.peer_credentials;
-        self.fd_check |= other.fd_check;
         self
     }
 
@@ -263,22 +259,19 @@ pub fn allowed(kind: ThreadKind) -> Allowed {
         // signal ends the process from the signal thread (atexit); the
         // console input may drop the serial port last, closing its
         // interrupt's eventfd.
-        ThreadKind::Device => Allowed {
-            fd_check: true,
-            ..Allowed::of(
+        ThreadKind::Device => Allowed::of(
+            &[
+                COMMON,
                 &[
-                    COMMON,
-                    &[
-                        sys::read,
-                        sys::recvfrom,
-                        sys::poll,
-                        sys::ppoll,
-                        sys::rt_sigaction,
-                    ],
+                    sys::read,
+                    sys::recvfrom,
+                    sys::poll,
+                    sys::ppoll,
+                    sys::rt_sigaction,
                 ],
-                &[ioctls::TERMINAL],
-            )
-        },
+            ],
+            &[ioctls::TERMINAL],
+        ),
         ThreadKind::Control => Allowed {
             peer_credentials: true,
             ..Allowed::listener(allowed(ThreadKind::ApiClient))
@@ -335,10 +328,7 @@ pub fn allowed(kind: ThreadKind) -> Allowed {
         // Guest RAM dropped once the run is over: its memslots deleted,
         // the VM fd they were registered through closed, its mapping
         // unmapped.
-        ThreadKind::Teardown => Allowed {
-            fd_check: true,
-            ..Allowed::of(&[COMMON], &[ioctls::MEMSLOTS])
-        },
+        ThreadKind::Teardown => Allowed::of(&[COMMON], &[ioctls::MEMSLOTS]),
     }
 }
 
@@ -388,6 +378,10 @@ pub fn rules(kind: ThreadKind, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
     conditional(sys::mmap, no_exec());
     conditional(sys::mprotect, no_exec());
     conditional(sys::tgkill, vec![rule(vec![eq(0, u64::from(pid))])]);
+    // fcntl(fd, F_GETFD): std checks, in debug builds, that a descriptor
+    // it closes is open; whatever thread drops a socket or an eventfd last
+    // does.
+    conditional(sys::fcntl, vec![rule(vec![eq(1, libc::F_GETFD as u64)])]);
     // sendto(fd, buf, len, flags, NULL, 0): the address is a pointer, all
     // 64 bits of it.
     let no_address = SeccompCondition::new(4, SeccompCmpArgLen::Qword, SeccompCmpOp::Eq, 0)
@@ -433,9 +427,6 @@ pub fn rules(kind: ThreadKind, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
                 eq(1, 0),
             ])],
         );
-    }
-    if allowed.fd_check {
-        conditional(sys::fcntl, vec![rule(vec![eq(1, libc::F_GETFD as u64)])]);
     }
     if allowed.peer_credentials {
         conditional(

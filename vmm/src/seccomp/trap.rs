@@ -157,6 +157,7 @@ fn describe_arguments(nr: i64, args: &[u64; 6], out: &mut impl std::fmt::Write) 
         sys::prctl => write!(out, ": option {}", args[0] as i32),
         sys::seccomp => write!(out, ": operation {}, flags {:#x}", args[0], args[1]),
         sys::sendto => write!(out, ": to an address"),
+        sys::fcntl => write!(out, ": command {}", args[1] as i32),
         sys::getsockopt => write!(out, ": level {}, option {}", args[1] as i32, args[2] as i32),
         _ => Ok(()),
     };
