@@ -305,9 +305,13 @@ impl PeerPolicy {
         } else {
             format!(", uid {} (--api-allow-uid)", others.join(", "))
         };
+        let who = if self.owner == 0 {
+            "root (the uid that started the VM)".to_string()
+        } else {
+            format!("the uid that started the VM ({}), root", self.owner)
+        };
         format!(
-            "this API serves the uid that started the VM ({}), root{also} only, and this client runs as uid {uid}: run the client as one of them, or start the VM with --api-allow-uid {uid}",
-            self.owner
+            "this API serves {who}{also} only, and this client runs as uid {uid}: run the client as one of them, or start the VM with --api-allow-uid {uid}"
         )
     }
 }
@@ -761,6 +765,7 @@ fn admit(shared: &Shared, peer: &Peer) -> Result<Option<(PeerCounts, PeerKey)>, 
 
 fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str) {
     let served = Arc::new(AtomicUsize::new(0));
+    let refusing = Arc::new(AtomicUsize::new(0));
     let mut clients: Vec<JoinHandle<()>> = Vec::new();
     loop {
         match wait_for(listener.as_raw_fd(), libc::POLLIN, &shared.stop, None) {
@@ -788,37 +793,49 @@ fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str)
         };
         // Ended threads have nothing left to join.
         clients.retain(|client| !client.is_finished());
-        // Who the peer is first: a refused one learns nothing else.
-        let peer_slot = match admit(shared, &peer) {
-            Ok(slot) => slot,
+        // Who the peer is first: a refused one learns nothing else, and
+        // holds none of the slots of those served.
+        let (job, guard) = match admit(shared, &peer) {
+            Ok(peer_slot) => {
+                let max_clients = shared.limits.max_clients;
+                let guard = Served {
+                    all: served.clone(),
+                    peer: peer_slot,
+                };
+                if served.fetch_add(1, Ordering::AcqRel) >= max_clients {
+                    drop(guard);
+                    say_and_close(
+                        &stream,
+                        &Response::error(
+                            503,
+                            format!("too many API clients ({max_clients}) are connected; try again when one has disconnected"),
+                        ),
+                    );
+                    continue;
+                }
+                (Job::Serve, guard)
+            }
             Err(refusal) => {
-                say_and_close(&stream, &refusal);
-                continue;
+                let guard = Served {
+                    all: refusing.clone(),
+                    peer: None,
+                };
+                if refusing.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
+                    // Past the few answered at once: closed unanswered.
+                    drop(guard);
+                    say_and_close(&stream, &refusal);
+                    continue;
+                }
+                (Job::Refuse(refusal), guard)
             }
         };
-        let max_clients = shared.limits.max_clients;
-        let guard = Served {
-            all: served.clone(),
-            peer: peer_slot,
-        };
-        if served.fetch_add(1, Ordering::AcqRel) >= max_clients {
-            drop(guard);
-            say_and_close(
-                &stream,
-                &Response::error(
-                    503,
-                    format!("too many API clients ({max_clients}) are connected; try again when one has disconnected"),
-                ),
-            );
-            continue;
-        }
         let thread_shared = shared.clone();
         let spawned = std::thread::Builder::new()
             .name(client_name.into())
             .spawn(move || {
                 crate::seccomp::install_or_exit(seccomp_kinds(thread_shared.service).1);
                 let _guard = guard;
-                client_thread(stream, &thread_shared);
+                client_thread(stream, &thread_shared, job);
             });
         match spawned {
             Ok(client) => clients.push(client),
@@ -834,8 +851,26 @@ fn accept_loop<L: Listen>(listener: &L, shared: &Arc<Shared>, client_name: &str)
     }
 }
 
-fn client_thread<S: Connection>(stream: S, shared: &Shared) {
-    match serve_client(&stream, shared) {
+/// What a client thread does with its client.
+enum Job {
+    /// Serves its requests.
+    Serve,
+    /// Answers this refusal and closes, as after any error: the client
+    /// sees the answer (a close at once races a client's check of its
+    /// connection: curl then reports that it could not connect).
+    Refuse(Response),
+}
+
+/// Most refused clients answered at once; more are closed unanswered, so
+/// that whoever is refused cannot hold threads.
+const MAX_REFUSING: usize = 4;
+
+fn client_thread<S: Connection>(stream: S, shared: &Shared, job: Job) {
+    let served = match job {
+        Job::Serve => serve_client(&stream, shared),
+        Job::Refuse(response) => refuse(&stream, shared, &response),
+    };
+    match served {
         Ok(ClientEnd::Disconnected | ClientEnd::Stop) => {}
         // A client that goes away or stops reading is its own problem.
         Err(e)
@@ -845,6 +880,21 @@ fn client_thread<S: Connection>(stream: S, shared: &Shared) {
             ) => {}
         Err(e) => eprintln!("hugevmm: API: client dropped: {e}"),
     }
+}
+
+/// Answers a refused client and closes: the answer, then what the client
+/// still sends is read and dropped for a bounded time ([`linger`]).
+fn refuse<S: Connection>(
+    stream: &S,
+    shared: &Shared,
+    response: &Response,
+) -> io::Result<ClientEnd> {
+    stream.set_nonblocking(true)?;
+    if let Some(end) = send(stream, &response.to_bytes(true), shared)? {
+        return Ok(end);
+    }
+    linger(stream, shared);
+    Ok(ClientEnd::Disconnected)
 }
 
 /// Sends one response to a client about to be closed, without waiting:
