@@ -637,7 +637,7 @@ impl Shared {
             if Instant::now() >= deadline {
                 break;
             }
-            match handshake::connect(&self.uri, &self.tcp_addrs) {
+            match handshake::connect_by(&self.uri, &self.tcp_addrs, deadline) {
                 Ok((stream, info)) if info.size_bytes == self.export.size_bytes => {
                     return Some(stream)
                 }

@@ -61,6 +61,12 @@ pub enum Misbehaviour {
     /// Answers every request `NBD_ESHUTDOWN` (and closes when the client
     /// disconnects): a server forever shutting down.
     AnswerShutdown,
+    /// Answers `NBD_OPT_GO` with information replies that never end.
+    EndlessOptionReplies,
+    /// Answers `NBD_OPT_GO` with information replies that never end, one
+    /// byte every 100 ms: each read has its byte long before any
+    /// per-read timeout.
+    TrickleOptionReplies,
 }
 
 /// A running fake server; stops when dropped.
@@ -234,6 +240,33 @@ fn handshake(shared: &Shared, s: &mut UnixStream) -> io::Result<bool> {
         let mut data = vec![0; len as usize];
         s.read_exact(&mut data)?;
         match option {
+            OPT_GO
+                if matches!(
+                    shared.misbehaviour,
+                    Misbehaviour::EndlessOptionReplies | Misbehaviour::TrickleOptionReplies
+                ) =>
+            {
+                shared.misbehaved.fetch_add(1, Ordering::Relaxed);
+                // NBD_INFO_DESCRIPTION, over and over, until the client
+                // hangs up (the write fails).
+                let mut reply = Vec::new();
+                reply.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
+                reply.extend_from_slice(&OPT_GO.to_be_bytes());
+                reply.extend_from_slice(&REP_INFO.to_be_bytes());
+                reply.extend_from_slice(&6u32.to_be_bytes());
+                reply.extend_from_slice(&2u16.to_be_bytes());
+                reply.extend_from_slice(b"fake");
+                loop {
+                    if shared.misbehaviour == Misbehaviour::EndlessOptionReplies {
+                        s.write_all(&reply)?;
+                        continue;
+                    }
+                    for byte in &reply {
+                        s.write_all(std::slice::from_ref(byte))?;
+                        std::thread::sleep(std::time::Duration::from_millis(100));
+                    }
+                }
+            }
             OPT_GO => {
                 let size = lock(&shared.data).len() as u64;
                 let flags = TFLAG_HAS_FLAGS

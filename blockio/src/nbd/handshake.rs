@@ -11,7 +11,7 @@
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::uri::{NbdAddress, NbdUri};
 
@@ -48,10 +48,15 @@ pub(crate) const TFLAG_SEND_TRIM: u16 = 1 << 5;
 /// Transmission flag: `NBD_CMD_WRITE_ZEROES` is supported.
 pub(crate) const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
 
-/// How long one connection attempt may take (TCP connect, then the
-/// handshake's reads): a server that accepts but never answers must not
-/// hold a reconnect past its bound.
+/// How long one connection attempt may take in all (TCP connect, then
+/// the whole handshake): a server that accepts but never answers, or
+/// trickles its answers, must not hold a reconnect past its bound.
 pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The most replies to `NBD_OPT_GO` taken before its acknowledgement: we
+/// ask for two kinds of information, a server may add its name and
+/// description; one that keeps sending is not negotiating.
+const MAX_OPTION_REPLIES: usize = 16;
 
 /// What the server said about the export in its `NBD_OPT_GO` replies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,11 +179,28 @@ impl AttemptError {
 }
 
 /// Connects to the server of `uri` (at `tcp_addrs`, resolved at open) and
-/// negotiates its export.
+/// negotiates its export, within [`ATTEMPT_TIMEOUT`].
 pub(crate) fn connect(
     uri: &NbdUri,
     tcp_addrs: &[SocketAddr],
 ) -> Result<(Stream, ExportInfo), AttemptError> {
+    connect_by(uri, tcp_addrs, Instant::now() + ATTEMPT_TIMEOUT)
+}
+
+/// [`connect`], given up at `deadline` (or [`ATTEMPT_TIMEOUT`] from now,
+/// if sooner) whatever step it is at.
+pub(crate) fn connect_by(
+    uri: &NbdUri,
+    tcp_addrs: &[SocketAddr],
+    deadline: Instant,
+) -> Result<(Stream, ExportInfo), AttemptError> {
+    let started = Instant::now();
+    let deadline = deadline.min(started + ATTEMPT_TIMEOUT);
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
     let mut stream = match &uri.address {
         NbdAddress::Unix { socket } => {
             Stream::Unix(UnixStream::connect(socket).map_err(|e| AttemptError::io("connect", e))?)
@@ -187,7 +209,7 @@ pub(crate) fn connect(
             let mut last = io::Error::new(io::ErrorKind::NotFound, "the host name has no address");
             let mut found = None;
             for addr in tcp_addrs {
-                match TcpStream::connect_timeout(addr, ATTEMPT_TIMEOUT) {
+                match TcpStream::connect_timeout(addr, left()) {
                     Ok(s) => {
                         found = Some(s);
                         break;
@@ -203,15 +225,66 @@ pub(crate) fn connect(
             Stream::Tcp(s)
         }
     };
-    stream
-        .set_read_timeout(Some(ATTEMPT_TIMEOUT))
-        .map_err(|e| AttemptError::io("setsockopt(SO_RCVTIMEO)", e))?;
-    let info = negotiate(&mut stream, &uri.export)?;
+    let info = negotiate(
+        &mut Timed {
+            stream: &mut stream,
+            deadline,
+            started,
+        },
+        &uri.export,
+    )?;
     // Transmission replies may take as long as the server's storage does.
     stream
         .set_read_timeout(None)
         .map_err(|e| AttemptError::io("setsockopt(SO_RCVTIMEO)", e))?;
     Ok((stream, info))
+}
+
+/// The socket during the handshake: each read waits only for what is left
+/// of the attempt's time, so that no sequence of slow answers outlasts it.
+struct Timed<'a> {
+    stream: &'a mut Stream,
+    deadline: Instant,
+    started: Instant,
+}
+
+impl Read for Timed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        let late = || {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the server did not finish the handshake within {:.1} s",
+                    (self.deadline - self.started).as_secs_f64()
+                ),
+            )
+        };
+        if left.is_zero() {
+            return Err(late());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        match self.stream.read(buf) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Err(late())
+            }
+            other => other,
+        }
+    }
+}
+
+impl Write for Timed<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 fn read_u16(s: &mut impl Read) -> io::Result<u16> {
@@ -231,7 +304,7 @@ fn read_u64(s: &mut impl Read) -> io::Result<u64> {
 }
 
 /// The fixed-newstyle negotiation up to transmission.
-fn negotiate(s: &mut Stream, export: &str) -> Result<ExportInfo, AttemptError> {
+fn negotiate(s: &mut Timed<'_>, export: &str) -> Result<ExportInfo, AttemptError> {
     let io = |what: &'static str| move |e: io::Error| AttemptError::io(what, e);
     let magic = read_u64(s).map_err(io("reading the server's greeting"))?;
     if magic != NBDMAGIC {
@@ -274,7 +347,14 @@ fn negotiate(s: &mut Stream, export: &str) -> Result<ExportInfo, AttemptError> {
 
     let mut size_flags = None;
     let mut block = None;
+    let mut replies = 0;
     loop {
+        replies += 1;
+        if replies > MAX_OPTION_REPLIES {
+            return Err(AttemptError::protocol(format!(
+                "the server sent more than {MAX_OPTION_REPLIES} replies to NBD_OPT_GO without acknowledging it"
+            )));
+        }
         let magic = read_u64(s).map_err(io("reading the NBD_OPT_GO reply"))?;
         if magic != OPT_REPLY_MAGIC {
             return Err(AttemptError::protocol(format!(
@@ -359,7 +439,7 @@ fn negotiate(s: &mut Stream, export: &str) -> Result<ExportInfo, AttemptError> {
     })
 }
 
-fn send_option(s: &mut Stream, option: u32, data: &[u8]) -> io::Result<()> {
+fn send_option(s: &mut impl Write, option: u32, data: &[u8]) -> io::Result<()> {
     let mut msg = Vec::with_capacity(16 + data.len());
     msg.extend_from_slice(&IHAVEOPT.to_be_bytes());
     msg.extend_from_slice(&option.to_be_bytes());

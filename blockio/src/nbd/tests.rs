@@ -608,3 +608,33 @@ fn a_server_that_never_serves_is_given_up_within_the_bound() {
         );
     }
 }
+
+/// A handshake that never ends, by endless option replies or by replies
+/// trickled a byte at a time (each read soon has its byte, so only a
+/// deadline for the whole handshake ends it): the open fails, saying why,
+/// instead of waiting forever.
+#[test]
+fn an_endless_or_trickled_handshake_fails_the_open() {
+    for (misbehaviour, expect) in [
+        (Misbehaviour::EndlessOptionReplies, "more than 16 replies"),
+        (
+            Misbehaviour::TrickleOptionReplies,
+            "did not finish the handshake within 5.0 s",
+        ),
+    ] {
+        let server = FakeNbdServer::start(16 << 20, misbehaviour);
+        let uri: NbdUri = server.uri().parse().unwrap();
+        let (done, result) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = done.send(BlockFile::open_nbd(&uri, &NbdOptions::default()).map(|_| ()));
+        });
+        let err = result
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("{misbehaviour:?}: the open is still waiting after 120 s"))
+            .expect_err("no handshake completed");
+        let text = err.to_string();
+        assert!(text.contains(expect), "{misbehaviour:?}: {text}");
+        assert!(text.contains(server.uri()), "{misbehaviour:?}: {text}");
+        assert_eq!(server.misbehaved(), 1, "{misbehaviour:?}");
+    }
+}
