@@ -25,7 +25,10 @@
 //! close, as for a drop. The outage begins at the first drop or
 //! `NBD_ESHUTDOWN` since the server last answered a request, so a server
 //! that takes each new connection and then drops or refuses it is bounded
-//! too. Meanwhile waiters
+//! too. A connection that stays up but brings no reply for the whole bound
+//! while requests wait (a frozen server, a host gone without a reset) is
+//! taken for a drop whose outage began when the replies stopped; each
+//! handshake has a deadline of its own. Meanwhile waiters
 //! block: a read is never answered with anything but the server's data.
 //! On success it installs the new socket under a new *generation* and
 //! wakes everyone; each waiter sends again those of its requests that have
@@ -79,6 +82,11 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// The longest wait between reconnection attempts: a restarted server is
 /// found within a second of listening again.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long the reader waits for the next reply before it looks at the
+/// clock: whether a request has waited past the bound (a frozen server),
+/// or a shutting-down server past its drain.
+const READ_TICK: Duration = Duration::from_secs(1);
 
 /// A hook every client's reader thread runs first (the VMM installs its
 /// seccomp filter there); see [`set_reader_thread_setup`].
@@ -141,6 +149,9 @@ struct Request {
     /// The generation whose server answered it `NBD_ESHUTDOWN` (0: none):
     /// no answer, it goes out again on the next connection.
     refused_generation: u64,
+    /// When it was last sent: a request without a reply for the whole
+    /// bound means the server is gone, even if its connection is not.
+    sent_at: Instant,
     outcome: Option<Outcome>,
     /// The batch it belongs to, woken when the batch's last reply comes.
     waiter: Arc<Waiter>,
@@ -197,6 +208,19 @@ impl State {
                     && r.refused_generation != generation
             })
             .count()
+    }
+
+    /// When the longest-waiting request in flight on `generation` was sent.
+    fn oldest_in_flight_on(&self, generation: u64) -> Option<Instant> {
+        self.requests
+            .values()
+            .filter(|r| {
+                r.outcome.is_none()
+                    && r.sent_generation == generation
+                    && r.refused_generation != generation
+            })
+            .map(|r| r.sent_at)
+            .min()
     }
 
     /// Whether any request waits for an outcome.
@@ -360,6 +384,7 @@ impl NbdClient {
                             buf: BufPtr(r.buf),
                             sent_generation: 0,
                             refused_generation: 0,
+                            sent_at: Instant::now(),
                             outcome: None,
                             waiter: Arc::clone(&waiter),
                         },
@@ -434,6 +459,7 @@ impl Shared {
                     continue;
                 }
                 r.sent_generation = generation;
+                r.sent_at = Instant::now();
                 (r.command, r.flags, r.offset, r.len_bytes, r.buf)
             };
             let (command, flags, offset, len_bytes, buf) = request;
@@ -558,10 +584,46 @@ impl Shared {
     ) -> io::Error {
         let mut shutting_down = false;
         let mut disconnected = false;
+        // Until when a shutting-down server may take to close.
+        let mut drain_deadline = None;
+        // When the server last replied: a server whose replies keep coming
+        // is slow at worst, however long its queue makes a request wait.
+        let mut last_reply = Instant::now();
         loop {
-            match self.read_reply(stream, generation) {
+            let reply = self.read_reply(stream, generation);
+            if matches!(reply, Ok(Reply::Answered | Reply::ShuttingDown)) {
+                last_reply = Instant::now();
+            }
+            match reply {
                 Ok(Reply::Answered) if !shutting_down => *outage_since = None,
                 Ok(Reply::Answered) => {}
+                Ok(Reply::Nothing) => {
+                    if let Some(deadline) = drain_deadline {
+                        if Instant::now() >= deadline {
+                            return io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "the server answered NBD_ESHUTDOWN but kept the connection open",
+                            );
+                        }
+                    } else if let Some(oldest) = lock(&self.state).oldest_in_flight_on(generation) {
+                        // Silent since the later of its last reply and the
+                        // oldest request waiting for one.
+                        let silent_since = oldest.max(last_reply);
+                        let silent = silent_since.elapsed();
+                        if silent >= self.reconnect_timeout {
+                            // The outage began when the server fell silent:
+                            // the bound is spent already.
+                            outage_since.get_or_insert(silent_since);
+                            return io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                format!(
+                                    "no reply for {:.1} s with requests waiting: the server is frozen, or its host is gone",
+                                    silent.as_secs_f64()
+                                ),
+                            );
+                        }
+                    }
+                }
                 Ok(Reply::ShuttingDown) if !shutting_down => {
                     shutting_down = true;
                     let started = *outage_since.get_or_insert_with(Instant::now);
@@ -575,12 +637,7 @@ impl Shared {
                         "NBD server {}: the server is shutting down (it answered NBD_ESHUTDOWN); requests without a reply wait for it to come back and are sent again",
                         self.uri
                     );
-                    let left = (started + self.reconnect_timeout)
-                        .saturating_duration_since(Instant::now())
-                        .max(Duration::from_millis(1));
-                    if let Err(e) = stream.set_read_timeout(Some(left)) {
-                        return e;
-                    }
+                    drain_deadline = Some(started + self.reconnect_timeout);
                 }
                 Ok(Reply::ShuttingDown) => {}
                 Err(e) if shutting_down => {
@@ -588,10 +645,6 @@ impl Shared {
                         io::ErrorKind::UnexpectedEof => io::Error::new(
                             io::ErrorKind::ConnectionAborted,
                             "the server shut down: it answered NBD_ESHUTDOWN, then closed",
-                        ),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            "the server answered NBD_ESHUTDOWN but kept the connection open",
                         ),
                         _ => e,
                     };
@@ -666,7 +719,7 @@ impl Shared {
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         let message = format!(
-            "the NBD server {} is unreachable: the connection dropped ({cause}) and reconnecting failed for {:.1} s (last attempt: {last}); check the server, or give it more time with ,timeout=SECONDS",
+            "the NBD server {} is unreachable: the connection was lost ({cause}) and reconnecting failed for {:.1} s (last attempt: {last}); check the server, or give it more time with ,timeout=SECONDS",
             self.uri,
             started.elapsed().as_secs_f64()
         );
@@ -691,10 +744,46 @@ impl Shared {
     }
 
     /// Reads one simple reply and records it. An `NBD_ESHUTDOWN` error is
-    /// no outcome: the request is marked for sending again.
+    /// no outcome: the request is marked for sending again. Nothing within
+    /// [`READ_TICK`] is [`Reply::Nothing`]; once a reply has begun, the
+    /// rest of it may take up to the bound between bytes, and a server
+    /// that stalls longer in the middle of a reply has gone.
     fn read_reply(&self, stream: &mut Stream, generation: u64) -> io::Result<Reply> {
         let mut header = [0u8; 16];
-        stream.read_exact(&mut header)?;
+        stream.set_read_timeout(Some(READ_TICK))?;
+        let first = match stream.read(&mut header) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) =>
+            {
+                return Ok(Reply::Nothing)
+            }
+            Err(e) => return Err(e),
+        };
+        stream.set_read_timeout(Some(self.reconnect_timeout))?;
+        let stalled = |e: io::Error| {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the server stalled for {:.1} s in the middle of a reply",
+                        self.reconnect_timeout.as_secs_f64()
+                    ),
+                )
+            } else {
+                e
+            }
+        };
+        stream.read_exact(&mut header[first..]).map_err(stalled)?;
         let magic = u32::from_be_bytes(header[0..4].try_into().expect("4 bytes"));
         let errno = u32::from_be_bytes(header[4..8].try_into().expect("4 bytes"));
         let cookie = u64::from_be_bytes(header[8..16].try_into().expect("8 bytes"));
@@ -731,7 +820,7 @@ impl Shared {
             // and unaliased until its outcome is taken; the outcome is set
             // only below, after this read, by this thread.
             let dest = unsafe { std::slice::from_raw_parts_mut(buf.0, len_bytes as usize) };
-            stream.read_exact(dest)?;
+            stream.read_exact(dest).map_err(stalled)?;
         }
         let outcome = if errno == 0 {
             Outcome::Done { generation }
@@ -761,6 +850,8 @@ enum Reply {
     /// `NBD_ESHUTDOWN`: the server is going away; the request is to be
     /// sent again on the next connection.
     ShuttingDown,
+    /// No reply began within [`READ_TICK`].
+    Nothing,
 }
 
 /// `NBD_CMD_DISC`: the client's end of a connection (no reply comes).

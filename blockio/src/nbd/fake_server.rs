@@ -61,6 +61,10 @@ pub enum Misbehaviour {
     /// Answers every request `NBD_ESHUTDOWN` (and closes when the client
     /// disconnects): a server forever shutting down.
     AnswerShutdown,
+    /// Completes the handshake, then reads requests and never answers,
+    /// the connection kept open: a frozen server, or a host gone without
+    /// a reset.
+    Freeze,
     /// Answers `NBD_OPT_GO` with information replies that never end.
     EndlessOptionReplies,
     /// Answers `NBD_OPT_GO` with information replies that never end, one
@@ -316,6 +320,14 @@ fn serve(shared: &Shared, mut s: UnixStream) -> io::Result<()> {
             return Ok(());
         }
         match shared.misbehaviour {
+            Misbehaviour::Freeze => {
+                if replies == 0 {
+                    shared.misbehaved.fetch_add(1, Ordering::Relaxed);
+                    // Counts the connection once; nothing is ever answered.
+                    replies = 1;
+                }
+                continue;
+            }
             Misbehaviour::CloseBeforeReply => {
                 shared.misbehaved.fetch_add(1, Ordering::Relaxed);
                 let _ = s.shutdown(std::net::Shutdown::Both);

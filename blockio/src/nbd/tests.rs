@@ -638,3 +638,43 @@ fn an_endless_or_trickled_handshake_fails_the_open() {
         assert_eq!(server.misbehaved(), 1, "{misbehaviour:?}");
     }
 }
+
+/// A server that takes the requests and falls silent, its connection up
+/// (frozen, or its host gone without a reset): after the bound without a
+/// reply the request fails naming the server, instead of waiting forever.
+#[test]
+fn a_frozen_server_is_given_up_within_the_bound() {
+    let server = FakeNbdServer::start(16 << 20, Misbehaviour::Freeze);
+    let uri: NbdUri = server.uri().parse().unwrap();
+    let f = Arc::new(
+        BlockFile::open_nbd(
+            &uri,
+            &NbdOptions {
+                reconnect_timeout: Duration::from_secs(2),
+                read_only: false,
+            },
+        )
+        .expect("open the fake server"),
+    );
+    let (done, result) = std::sync::mpsc::channel();
+    {
+        let f = Arc::clone(&f);
+        std::thread::spawn(move || {
+            let mut buf = AlignedBuf::new(UNIT, 1);
+            let _ = done.send(f.read_at(0, &mut buf));
+        });
+    }
+    let err = result
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the read is still waiting after 120 s")
+        .expect_err("nothing was answered");
+    let text = err.to_string();
+    assert!(
+        matches!(&err, BlockIoError::Io { source, .. } if source.kind() == io::ErrorKind::NotConnected),
+        "{err:?}"
+    );
+    assert!(text.contains("no reply for"), "{text}");
+    assert!(text.contains("frozen"), "{text}");
+    assert!(text.contains(server.uri()), "{text}");
+    assert!(server.misbehaved() >= 1);
+}
