@@ -271,6 +271,18 @@ impl NbdServer {
         }
     }
 
+    /// Freezes the server (SIGSTOP): its socket and connections stay up,
+    /// and nothing is read or answered any more, as on a host that hung.
+    /// Dropping the server still ends it.
+    pub fn freeze(&self) {
+        if let Some(child) = &self.child {
+            let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
+            // SAFETY: kill(2) on our own child, not reaped (we hold its
+            // Child), so the pid names no other process.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+    }
+
     /// Starts the server again with the same arguments (after [`Self::kill`],
     /// or killing it first) and waits until it accepts connections.
     pub fn restart(&mut self) {

@@ -4,9 +4,9 @@
 //! on cue: overcommitted guests keep every word; a server restarted
 //! mid-run, whether killed (SIGKILL) or stopped (SIGTERM), or one that
 //! closes its connections after a reply or in the middle of one, is
-//! reconnected and nothing is lost; a server gone for good or failing I/O
-//! ends the VM with the chunk's address and the server's name, never with
-//! zeros; and an export too small for the run is refused at start.
+//! reconnected and nothing is lost; a server gone for good, frozen or
+//! failing I/O ends the VM with the chunk's address and the server's name,
+//! never with zeros; and an export too small for the run is refused at start.
 
 use blockio::test_support::{FakeNbdServer, Misbehaviour, NbdServer};
 use integration_tests::*;
@@ -318,6 +318,34 @@ fn a_server_gone_for_good_ends_the_vm_naming_it_and_the_chunk() {
     let run = vm.finish(LIMIT);
     assert_names_server_and_chunk(&run, server.uri());
     assert!(run.stderr.contains("unreachable"), "{}", run.stderr);
+    assert!(run.stderr.contains("timeout=SECONDS"), "{}", run.stderr);
+}
+
+/// nbdkit frozen mid-run (SIGSTOP): its connection stays up and nothing
+/// comes back. After the bound without a reply the VM ends (status 125)
+/// naming the server and the chunk, instead of waiting forever.
+#[test]
+fn a_frozen_server_ends_the_vm_naming_it_and_the_chunk() {
+    if skip_without_kvm("nbd frozen server") {
+        return;
+    }
+    let Some(server) = NbdServer::nbdkit("nbd frozen server", &["memory", "size=1G"]) else {
+        return;
+    };
+    let store = format!("{},timeout=3", server.uri());
+    let (vm, _socket) = start_swapping(&store);
+    server.freeze();
+    let run = vm.finish(LIMIT);
+    assert_names_server_and_chunk(&run, server.uri());
+    // Frozen between replies or in the middle of one: either is named.
+    assert!(
+        run.stderr.contains("it is frozen, or its host is gone")
+            || run
+                .stderr
+                .contains("the server is frozen, or its host is gone"),
+        "{}",
+        run.stderr
+    );
     assert!(run.stderr.contains("timeout=SECONDS"), "{}", run.stderr);
 }
 

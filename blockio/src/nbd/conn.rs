@@ -649,7 +649,17 @@ impl Shared {
                         _ => e,
                     };
                 }
-                Err(e) => return e,
+                Err(e) => {
+                    if e.kind() == io::ErrorKind::TimedOut {
+                        // Stalled mid-reply for the whole bound, or TCP gave
+                        // up on the peer: the outage began that long ago.
+                        let since = Instant::now()
+                            .checked_sub(self.reconnect_timeout)
+                            .unwrap_or_else(Instant::now);
+                        outage_since.get_or_insert(since);
+                    }
+                    return e;
+                }
             }
             if shutting_down && !disconnected && lock(&self.state).in_flight_on(generation) == 0 {
                 self.disconnect_softly(generation);
@@ -775,7 +785,7 @@ impl Shared {
                 io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "the server stalled for {:.1} s in the middle of a reply",
+                        "the server stalled for {:.1} s in the middle of a reply: it is frozen, or its host is gone",
                         self.reconnect_timeout.as_secs_f64()
                     ),
                 )
