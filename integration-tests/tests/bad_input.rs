@@ -458,13 +458,24 @@ fn disk_writes_in_flight_survive(test: &str, end: impl FnOnce(&Background, &Path
         "{test}: the stream buffer was never swapped out"
     );
     pause_filter(&control, b'p');
+    // A write logged but unanswered at the moment of the pause may still
+    // be inside the server and be answered a moment later: take one only
+    // once the log has shown no new answer for a second, when the server
+    // really holds it.
     let mut held = None;
+    let mut answered_before = usize::MAX;
+    let mut quiet_since = std::time::Instant::now();
     for _ in 0..2400 {
-        held = logged_writes(&log)
-            .into_iter()
-            .find(|w| w.returned.is_none());
-        if held.is_some() {
-            break;
+        let writes = logged_writes(&log);
+        let answered = writes.iter().filter(|w| w.returned.is_some()).count();
+        if answered != answered_before {
+            answered_before = answered;
+            quiet_since = std::time::Instant::now();
+        } else if quiet_since.elapsed() >= Duration::from_secs(1) {
+            held = writes.into_iter().find(|w| w.returned.is_none());
+            if held.is_some() {
+                break;
+            }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
