@@ -1,5 +1,5 @@
-//! The API's HTTP request framing (`vmm/src/control/http.rs`, compiled
-//! here from vmm's own file) fed as a client's bytes arrive: in pieces
+//! The API's HTTP request framing (`vmm::control::http`,
+//! `vmm/src/control/http.rs`) fed as a client's bytes arrive: in pieces
 //! of the sizes the input chooses, cut into requests the way the control
 //! server's connection loop cuts them.
 //!
@@ -16,7 +16,7 @@
 //!   with, and its message (sent to the client) is bounded.
 
 use crate::input::Input;
-use crate::vmm_src::http::{self, Parsed, MAX_BODY_BYTES, MAX_HEAD_BYTES};
+use vmm::control::http::{self, Parsed, MAX_BODY_BYTES, MAX_HEAD_BYTES};
 
 /// Longest error message the framing code may send back: its fixed text
 /// plus an echo that [`http::shorten`] cuts to 60 characters.

@@ -8,8 +8,8 @@
 //! and the mapping of every decoder failure to an error.
 
 use crate::input::Input;
-use crate::vmm_src::linux::decompress::{decompress_within, PayloadFormat};
-use crate::vmm_src::linux::lz4_legacy;
+use vmm::linux::decompress::{decompress_within, PayloadFormat};
+use vmm::linux::lz4_legacy;
 
 /// Decompression bounds (guest RAM in the VMM): small enough that a claimed
 /// size never costs much to allocate.

@@ -11,12 +11,12 @@
 use guestmem::Layout;
 
 use crate::input::Input;
-use crate::vmm_src::image_kind::recognize;
-use crate::vmm_src::linux::decompress::{decompress_within, PayloadFormat};
-use crate::vmm_src::linux::e820::e820_map;
-use crate::vmm_src::linux::low_mem::CMDLINE_GPA;
-use crate::vmm_src::linux::setup_header::SetupHeader;
-use crate::vmm_src::linux::{bzimage, elf_kernel, placement, zero_page};
+use vmm::image_kind::recognize;
+use vmm::linux::decompress::{decompress_within, PayloadFormat};
+use vmm::linux::e820::e820_map;
+use vmm::linux::low_mem::CMDLINE_GPA;
+use vmm::linux::setup_header::SetupHeader;
+use vmm::linux::{bzimage, elf_kernel, placement, zero_page};
 
 /// Guest RAM sizes: small ones keep the decompression bound (guest RAM)
 /// low, so that a claimed size costs little to allocate.

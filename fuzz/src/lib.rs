@@ -25,13 +25,6 @@ pub mod virtio;
 pub mod virtio_balloon;
 pub mod virtio_blk;
 pub mod virtio_mmio;
-mod vmm_src;
-
-// The vmm files' own test modules name their siblings `crate::linux::...`
-// as in vmm; clippy's `--all-targets` checks them here too (they run in
-// vmm, this lib has no unit-test build).
-#[cfg(test)]
-use vmm_src::linux;
 
 /// A fuzz target.
 #[derive(Debug, Clone, Copy)]

@@ -6,8 +6,8 @@
 use guestmem::Layout;
 
 use crate::input::Input;
-use crate::vmm_src::image_kind::recognize;
-use crate::vmm_src::payload::elf;
+use vmm::image_kind::recognize;
+use vmm::payload::elf;
 
 /// Guest RAM sizes the image is checked against: one region, one ending
 /// at the 3 GiB hole, and two regions around it.

@@ -11,7 +11,7 @@ use swap::store::{Codec, Faults};
 use crate::engine::{self, Op, Setup};
 use crate::mem_store::unit_content;
 use crate::virtio::Script;
-use crate::vmm_src::linux::setup_header::{field, HDRS_MAGIC};
+use vmm::linux::setup_header::{field, HDRS_MAGIC};
 
 /// Seeds of `target`, as (name, bytes).
 pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {

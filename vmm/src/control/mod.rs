@@ -12,14 +12,14 @@
 //! - [`client`]: `hugevmm ctl`.
 //! - [`watch`]: `hugevmm ctl --watch` lines of rates.
 
-pub mod api;
-pub mod client;
-pub mod command;
-pub mod context;
+pub(crate) mod api;
+pub(crate) mod client;
+pub(crate) mod command;
+pub(crate) mod context;
 pub mod http;
-pub mod metrics;
-pub mod server;
-pub mod watch;
+pub(crate) mod metrics;
+pub(crate) mod server;
+pub(crate) mod watch;
 
-pub use context::ControlContext;
-pub use server::{ControlSocket, MetricsListener};
+pub(crate) use context::ControlContext;
+pub(crate) use server::{ControlSocket, MetricsListener};

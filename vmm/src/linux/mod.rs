@@ -14,31 +14,31 @@
 //! tables ([`acpi`]), and for kernels without ACPI the MP table
 //! (`mptable.rs`) and the command line's `virtio_mmio.device=` words.
 
-pub mod acpi;
+pub(crate) mod acpi;
 mod boot_tables;
-mod bzimage;
-pub mod console_input;
+pub mod bzimage;
+pub(crate) mod console_input;
 mod cpu;
 mod cpuid;
-mod decompress;
-mod e820;
-mod elf_kernel;
+pub mod decompress;
+pub mod e820;
+pub mod elf_kernel;
 mod lapic;
 mod le;
 mod load;
-mod low_mem;
-mod lz4_legacy;
+pub mod low_mem;
+pub mod lz4_legacy;
 mod mptable;
 mod msrs;
-mod placement;
-mod setup_header;
+pub mod placement;
+pub mod setup_header;
 // A minimal boot loop of its own, for the tests' stock-kernel boots.
 #[cfg(test)]
-pub mod smoke;
+pub(crate) mod smoke;
 #[cfg(test)]
 mod smoke_uart;
 mod vm_setup;
-mod zero_page;
+pub mod zero_page;
 
 use std::ops::Range;
 use std::path::PathBuf;

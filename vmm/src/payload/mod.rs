@@ -1,7 +1,7 @@
 //! Payload protocol v1: image checks, the VMM region and the boot info.
 
-pub mod bootinfo;
+pub(crate) mod bootinfo;
 pub mod elf;
-pub mod layout;
-pub mod port_trap;
-pub mod tables;
+pub(crate) mod layout;
+pub(crate) mod port_trap;
+pub(crate) mod tables;
