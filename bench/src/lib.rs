@@ -23,12 +23,14 @@
 //!   publish, into one results file; `report --render FILE` rewrites the
 //!   docs' generated tables from such a file ([`render`]).
 //!
-//! The VM runs are `hugevmm run` subprocesses of this same binary: a run's
-//! figures come from its `--stats-json`, exactly what a user would get, and
-//! a crashing run cannot take the bench down with it. This crate is the
-//! library behind the `hugevmm bench` subcommand: `vmm` parses
-//! [`BenchArgs`] and calls [`run`], which finds the `hugevmm` binary to
-//! run as `std::env::current_exe()` (the binary that called it).
+//! The VM runs are `hugevmm run` subprocesses: a run's figures come from
+//! its `--stats-json`, exactly what a user would get, and a crashing run
+//! cannot take the bench down with it. The crate is its own binary,
+//! `hugevmm-bench` (`src/main.rs`), so that the VMM does not link the
+//! plotting code; `hugevmm bench ARGS` replaces itself with the
+//! `hugevmm-bench` beside it and names itself in [`HUGEVMM_BIN`], the
+//! binary every VM run of the bench uses (without it: the `hugevmm`
+//! beside `hugevmm-bench`).
 
 #![deny(missing_docs)]
 
@@ -53,12 +55,16 @@ mod runner;
 mod swap_w_seq;
 
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use limits::Limits;
 use progress::Progress;
 use report::Report;
+
+/// The environment variable naming the `hugevmm` binary the VM runs use;
+/// `hugevmm bench` sets it to itself.
+pub const HUGEVMM_BIN: &str = "HUGEVMM_BIN";
 
 /// Which suite to run.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +102,11 @@ impl Suite {
             Suite::All => "all",
             Suite::Report => "report",
         }
+    }
+
+    /// Whether the suite runs VMs, with the `hugevmm` binary.
+    fn runs_vms(self) -> bool {
+        self != Suite::Limits
     }
 }
 
@@ -161,7 +172,8 @@ pub struct Ctx {
     pub out_dir: PathBuf,
     /// `--store-dir`.
     pub store_dir: PathBuf,
-    /// This binary, run as `hugevmm run` for every VM run.
+    /// The `hugevmm` binary, run as `hugevmm run` for every VM run
+    /// ([`hugevmm_binary`]).
     pub hugevmm: PathBuf,
     /// Per-step lines on stderr.
     pub progress: Progress,
@@ -301,17 +313,36 @@ fn render_docs(args: &BenchArgs, results: &std::path::Path) -> Result<i32> {
     Ok(0)
 }
 
+/// The `hugevmm` binary the VM runs use: the one [`HUGEVMM_BIN`] names,
+/// else the `hugevmm` beside this binary (`target/release/hugevmm-bench`
+/// runs `target/release/hugevmm`).
+pub fn hugevmm_binary() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(HUGEVMM_BIN) {
+        return Ok(PathBuf::from(path));
+    }
+    let me = std::env::current_exe().context("cannot find this binary (current_exe)")?;
+    Ok(me.with_file_name("hugevmm"))
+}
+
 /// Runs a suite; returns the process exit status.
 pub fn run(args: BenchArgs) -> Result<i32> {
     if let Some(results) = &args.render {
         return render_docs(&args, results);
     }
+    let hugevmm = hugevmm_binary()?;
+    if args.suite.runs_vms() && !hugevmm.is_file() {
+        let release = hugevmm.parent().and_then(Path::file_name) == Some("release".as_ref());
+        bail!(
+            "the {} suite runs VMs with {}, which does not exist: build it (`cargo build{} -p vmm`), start the bench as `hugevmm bench`, or name the binary in {HUGEVMM_BIN}",
+            args.suite.name(),
+            hugevmm.display(),
+            if release { " --release" } else { "" }
+        );
+    }
     let started = Instant::now();
     prepare_dirs(&args)?;
     interrupt::install();
     let mode = if args.quick { Mode::Quick } else { Mode::Full };
-    let hugevmm =
-        std::env::current_exe().context("cannot find the hugevmm binary (current_exe)")?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let is_root = unsafe { libc::geteuid() } == 0;
     let mut ctx = Ctx {

@@ -17,6 +17,7 @@ use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use guestmem::Layout;
+use std::ffi::OsString;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -44,9 +45,23 @@ enum Command {
     Ctl(crate::control::client::CtlArgs),
     /// List the built-in payloads.
     Payloads,
-    /// Run a benchmark suite (see README, "Results").
-    Bench(bench::BenchArgs),
+    /// Run a benchmark suite (see README, "Results"): starts the
+    /// benchmark binary, hugevmm-bench, from beside this one with the same
+    /// arguments (`hugevmm bench --help` lists the suites).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// The suite and its options.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
 }
+
+/// The benchmark binary `hugevmm bench` starts, from this binary's
+/// directory.
+const BENCH_BINARY: &str = "hugevmm-bench";
+/// What tells the benchmark binary which `hugevmm` its VM runs use
+/// (`bench::HUGEVMM_BIN`).
+const BENCH_HUGEVMM_VARIABLE: &str = "HUGEVMM_BIN";
 
 /// Serial console with early output, and a reboot (ending the VM) on panic.
 const DEFAULT_CMDLINE: &str = "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1";
@@ -527,6 +542,52 @@ fn run_command(flags: RunFlags, refused: Option<anyhow::Error>) -> i32 {
     end.status
 }
 
+/// `hugevmm bench ARGS`: replaces this process with `hugevmm-bench ARGS`
+/// from this binary's directory, naming this binary as the one its VM runs
+/// use. Its `argv[0]` is this one's followed by ` bench`, so that its
+/// usage line and the command it records read `hugevmm bench ...`.
+/// Returns only if that cannot be done.
+fn exec_bench(args: Vec<OsString>) -> Result<i32> {
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().context("cannot find this binary (current_exe)")?;
+    let bench = me.with_file_name(BENCH_BINARY);
+    if !bench.is_file() {
+        bail!(
+            "hugevmm bench runs the benchmark binary {}, which is not there: {}",
+            bench.display(),
+            how_to_get_bench(&me)
+        );
+    }
+    let mut argv0 = std::env::args_os()
+        .next()
+        .unwrap_or_else(|| me.clone().into());
+    argv0.push(" bench");
+    let error = std::process::Command::new(&bench)
+        .arg0(argv0)
+        .args(args)
+        .env(BENCH_HUGEVMM_VARIABLE, &me)
+        .exec();
+    Err(anyhow::Error::new(error).context(format!("cannot start {}", bench.display())))
+}
+
+/// How to put the benchmark binary beside `exe`: a build in the same
+/// profile directory, an install into the same `bin`, or a copy.
+fn how_to_get_bench(exe: &Path) -> String {
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    match dir.file_name().and_then(|d| d.to_str()) {
+        Some("release") => "build it in the checkout: `cargo build --release -p hugevmm-bench`".into(),
+        Some("debug") => "build it in the checkout: `cargo build -p hugevmm-bench`".into(),
+        Some("bin") => format!(
+            "install it there from the checkout: `cargo install --path bench --root {}`",
+            dir.parent().unwrap_or(Path::new("/")).display()
+        ),
+        _ => format!(
+            "build it in the checkout (`cargo build --release -p hugevmm-bench`) and copy target/release/{BENCH_BINARY} to {}",
+            dir.display()
+        ),
+    }
+}
+
 /// Runs the CLI and returns the process exit status. `logging` is how
 /// the logger took `HUGEVMM_LOG`: a value it refused ends every command.
 pub fn main(logging: Result<(), String>) -> i32 {
@@ -535,7 +596,7 @@ pub fn main(logging: Result<(), String>) -> i32 {
     let result = match (cli.command, refused) {
         (Command::Run(args), refused) => Ok(run_command(*args, refused)),
         (_, Some(e)) => Err(e),
-        (Command::Bench(args), None) => bench::run(args),
+        (Command::Bench { args }, None) => exec_bench(args),
         (Command::Ctl(args), None) => crate::control::client::run(args),
         (Command::Payloads, None) => {
             for p in payloads::all() {

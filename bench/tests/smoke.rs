@@ -1,32 +1,34 @@
-//! Smoke test of `hugevmm bench`: the smallest suite in quick mode runs
-//! and writes its files. It asserts no times: a benchmark's figures depend
-//! on the machine, and CI must not fail on a slow disk.
+//! Smoke test of the benchmark binary (what `hugevmm bench` starts): the
+//! smallest suite in quick mode runs and writes its files. It asserts no
+//! times: a benchmark's figures depend on the machine, and CI must not
+//! fail on a slow disk. The suite runs no VM, so no `hugevmm` is needed.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-fn out_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hugevmm-bench-smoke-{}", std::process::id()));
+fn out_dir(tag: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("hugevmm-bench-smoke-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
 #[test]
 fn bench_limits_quick_writes_json_csv_and_svg() {
-    let out = out_dir();
+    let out = out_dir("limits");
     // The store directory must accept O_DIRECT; /var/tmp does on the CI
     // machines, unlike a tmpfs /tmp.
-    let result = Command::new(env!("CARGO_BIN_EXE_hugevmm"))
-        .args(["bench", "limits", "--quick", "--out"])
+    let result = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))
+        .args(["limits", "--quick", "--out"])
         .arg(&out)
         .args(["--store-dir", "/var/tmp"])
         .output()
-        .expect("run hugevmm bench");
+        .expect("run hugevmm-bench");
     let stderr = String::from_utf8_lossy(&result.stderr);
     let stdout = String::from_utf8_lossy(&result.stdout);
     assert!(
         result.status.success(),
-        "hugevmm bench limits --quick failed: {}\n{stderr}\n{stdout}",
+        "hugevmm-bench limits --quick failed: {}\n{stderr}\n{stdout}",
         result.status
     );
     assert!(
@@ -69,4 +71,22 @@ fn bench_limits_quick_writes_json_csv_and_svg() {
     );
     assert!(out.join("results.md").exists());
     let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn a_suite_that_runs_vms_names_the_missing_hugevmm_binary() {
+    let out = out_dir("no-hugevmm");
+    let result = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))
+        .args(["swap-w-seq", "--quick", "--out"])
+        .arg(&out)
+        .env("HUGEVMM_BIN", "/nonexistent/hugevmm")
+        .output()
+        .expect("run hugevmm-bench");
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("/nonexistent/hugevmm, which does not exist") && stderr.contains("-p vmm"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing is written before the check");
 }
