@@ -793,7 +793,7 @@ pub fn run_sequence(setup: &Setup, ops: &[Op]) -> Outcome {
         model: vec![0; setup.pages() as usize],
     };
     let completed = run.run();
-    let states: u64 = run.rig.engine().unit_states().iter().sum();
+    let states: u64 = run.rig.engine().unit_states().total();
     assert_eq!(
         states,
         setup.units(),

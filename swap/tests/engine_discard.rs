@@ -215,7 +215,7 @@ fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &Ve
     engine.discard_range(6 * CHUNK, 2 * CHUNK).unwrap();
     let states = engine.unit_states();
     assert_eq!(
-        (states[4], states[5]),
+        (states.loading, states.evicting),
         (0, 0),
         "nothing in flight: {states:?}"
     );
@@ -228,7 +228,7 @@ fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &Ve
     .join()
     .unwrap();
     engine.evict_all().unwrap();
-    let stored = engine.unit_states()[3];
+    let stored = engine.unit_states().stored;
     assert_eq!(
         store.used_slots(),
         stored,

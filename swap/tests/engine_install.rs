@@ -46,7 +46,10 @@ fn round_trips(config: EngineConfig) -> (Guest, swap::engine::SwapStats) {
 #[test]
 fn restores_take_the_small_page_fallback_when_no_buffer_is_huge() {
     let (g, stats) = round_trips(EngineConfig {
-        small_restore_buffers: true,
+        hooks: std::sync::Arc::new(swap::engine::BufferKnobs {
+            small_restore_buffers: true,
+            ..Default::default()
+        }),
         ..config(SwapUnit::Huge2M)
     });
     println!(
@@ -87,7 +90,10 @@ fn huge_restore_buffers_are_installed_huge() {
 #[test]
 fn installs_wait_out_pinned_restore_buffers() {
     let (_g, stats) = round_trips(EngineConfig {
-        pin_restore_buffers_us: Some(2000),
+        hooks: std::sync::Arc::new(swap::engine::BufferKnobs {
+            pin_restore_buffers_us: Some(2000),
+            ..Default::default()
+        }),
         ..config(SwapUnit::Huge2M)
     });
     println!(

@@ -84,7 +84,7 @@ fn a_split_chunk_swaps_page_by_page_and_collapses_back_huge_on_every_store() {
         let e = g.engine();
         write_all(&g, 0..chunks * PAGES, 1);
         assert_eq!(e.split_range(0, chunks * CHUNK).unwrap(), chunks);
-        assert_eq!(e.unit_states()[6], chunks, "{name}: all split");
+        assert_eq!(e.unit_states().split, chunks, "{name}: all split");
         let report = e.evict_all().unwrap();
         assert_eq!(report.written_pages, chunks * PAGES, "{name}: {report:?}");
         assert_eq!(e.stats().resident_bytes, 0, "{name}");
@@ -127,7 +127,7 @@ fn a_stored_chunk_splits_on_its_first_fault_and_reads_one_page() {
         let e = g.engine();
         write_all(&g, 0..8 * PAGES, 2);
         e.evict_all().unwrap();
-        assert_eq!(e.unit_states()[3], 8, "{name}: stored whole");
+        assert_eq!(e.unit_states().stored, 8, "{name}: stored whole");
         assert_eq!(e.split_range(2 * CHUNK, CHUNK).unwrap(), 1);
         assert_eq!(
             e.page_state(2 * CHUNK).unwrap().tag(),
@@ -170,7 +170,7 @@ fn an_absent_chunk_splits_into_absent_pages_and_zero_pages_are_dropped() {
     assert_eq!(store.used_slots(), 1);
     let discarded = e.discard_range(0, CHUNK).unwrap();
     assert_eq!(discarded.split_units, 1);
-    assert_eq!(e.unit_states()[0], 4, "all absent");
+    assert_eq!(e.unit_states().absent, 4, "all absent");
     assert_eq!(store.used_slots(), 0, "the slot was freed");
     std::thread::spawn(move || assert_eq!(get(base + 10 * PAGE_BYTES), 0))
         .join()

@@ -72,5 +72,5 @@ pub use pages::{
     IllegalPageTransition, PageRef, PageState, PageTable, PageTag, PageTransition, PAGES_PER_CHUNK,
 };
 pub use state::{Tag, UnitState};
-pub use table::{ChunkTable, Restored, Settled, UnitRef};
+pub use table::{ChunkTable, Restored, Settled, TagCounts, UnitRef};
 pub use transition::{IllegalTransition, Transition};

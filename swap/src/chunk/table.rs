@@ -1,6 +1,7 @@
 //! The table of unit states, its wait shards, and the named transitions
 //! the engine takes (each checked against [`super::Transition`]'s table).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::pages::{PageState, PageTable};
@@ -83,6 +84,39 @@ struct WaitShard {
 
 const WAIT_SHARDS: usize = 64;
 
+/// How many units are in each state (not an atomic snapshot: units move
+/// while they are counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TagCounts {
+    /// `Absent` units.
+    pub absent: u64,
+    /// `Resident` units.
+    pub resident: u64,
+    /// `Staged` units.
+    pub staged: u64,
+    /// `Stored` units.
+    pub stored: u64,
+    /// `Loading` units.
+    pub loading: u64,
+    /// `Evicting` units.
+    pub evicting: u64,
+    /// `Split` chunks.
+    pub split: u64,
+}
+
+impl TagCounts {
+    /// Units counted.
+    pub fn total(&self) -> u64 {
+        self.absent
+            + self.resident
+            + self.staged
+            + self.stored
+            + self.loading
+            + self.evicting
+            + self.split
+    }
+}
+
 /// The table of unit states.
 pub struct ChunkTable {
     words: Box<[AtomicU64]>,
@@ -90,7 +124,7 @@ pub struct ChunkTable {
     shards: Box<[WaitShard]>,
     unit_bytes: u64,
     /// The pages of split chunks (2 MiB units only: a 4 KiB unit is a page).
-    pages: Option<PageTable>,
+    pages: Option<Arc<PageTable>>,
 }
 
 impl ChunkTable {
@@ -108,8 +142,8 @@ impl ChunkTable {
                 cond: Condvar::new(),
             })
             .collect();
-        let pages =
-            (unit_bytes == (super::PAGES_PER_CHUNK as u64) << 12).then(|| PageTable::new(units));
+        let pages = (unit_bytes == (super::PAGES_PER_CHUNK as u64) << 12)
+            .then(|| Arc::new(PageTable::new(units)));
         ChunkTable {
             words,
             hashes,
@@ -121,13 +155,20 @@ impl ChunkTable {
 
     /// The pages of split chunks (`None` for 4 KiB units).
     pub fn pages(&self) -> Option<&PageTable> {
-        self.pages.as_ref()
+        self.pages.as_deref()
+    }
+
+    /// A handle on the pages of split chunks, for the components that
+    /// split, collapse and evict pages (`None` for 4 KiB units, whose
+    /// units never split).
+    pub fn page_table(&self) -> Option<Arc<PageTable>> {
+        self.pages.clone()
     }
 
     /// The page table of a table whose chunks are split (only 2 MiB units
     /// split, so a split chunk proves it exists).
     fn split_pages(&self) -> &PageTable {
-        self.pages.as_ref().expect("only 2 MiB chunks split")
+        self.pages.as_deref().expect("only 2 MiB chunks split")
     }
 
     /// Number of units.
@@ -527,10 +568,19 @@ impl ChunkTable {
     }
 
     /// Counts units per tag (for stats and tests); not a snapshot.
-    pub fn count_tags(&self) -> [u64; 7] {
-        let mut counts = [0u64; 7];
+    pub fn count_tags(&self) -> TagCounts {
+        let mut counts = TagCounts::default();
         for unit in 0..self.units() {
-            counts[self.load(unit).tag() as usize] += 1;
+            let count = match self.load(unit).tag() {
+                Tag::Absent => &mut counts.absent,
+                Tag::Resident => &mut counts.resident,
+                Tag::Staged => &mut counts.staged,
+                Tag::Stored => &mut counts.stored,
+                Tag::Loading => &mut counts.loading,
+                Tag::Evicting => &mut counts.evicting,
+                Tag::Split => &mut counts.split,
+            };
+            *count += 1;
         }
         counts
     }

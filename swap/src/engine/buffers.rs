@@ -26,7 +26,7 @@
 //!
 //! In `Thp` mode the pool also keeps *recycled* buffers: huge pages of
 //! evicted units whose content is no longer needed, still sitting in their
-//! parking slot (see [`super::recycle`], which decides what may be
+//! parking slot (see the `recycle` module, which decides what may be
 //! recycled and how they are used). The pool only holds their slot
 //! numbers: *raw* as evicted, then *cleared* (zeroed) by the refill
 //! thread, which clears raw pages before it fills any fresh buffer.

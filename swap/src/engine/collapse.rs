@@ -22,16 +22,44 @@
 //! all the same (counted under `not_huge`). The chunk's slot is freed: the
 //! merged chunk is dirty (its pages were never write-protected).
 
-use super::fault::{install_thp_buffer, wake_unit};
+use std::sync::Arc;
+
+use super::error::SwapError;
+use super::geometry::Geometry;
 use super::granularity::CollapseReason;
-use super::recycle::RestoreBuffer;
-use super::split::page_gpa;
-use super::stats::{bump, CollapseFailure};
-use super::{limit, Shared, SwapError};
+use super::install::Installer;
+use super::lifecycle::Lifecycle;
+use super::limit::{Limiter, MakeRoom};
+use super::recycle::{RestoreBuffer, RestoreBuffers};
+use super::parking::Parking;
+use super::stats::{bump, CollapseFailure, Counters};
+use crate::chunk::ChunkTable;
+use crate::chunk::PageTable;
 use crate::chunk::{PageRef, PageState, PageTag, Tag, UnitState, PAGES_PER_CHUNK};
+use crate::store::SharedStore;
 use crate::uffd::MoveOptions;
+use guestmem::host::PagemapScanner;
 use guestmem::host::PAGE_BYTES;
 use std::time::Duration;
+
+/// Merges split chunks back (collapse, discard). Exists only where
+/// chunks can split.
+pub(crate) struct Collapser {
+    pub geo: Arc<Geometry>,
+    pub table: Arc<ChunkTable>,
+    pub pages: Arc<PageTable>,
+    pub store: SharedStore,
+    pub installer: Arc<Installer>,
+    pub buffers: Arc<RestoreBuffers>,
+    pub parking: Arc<Parking>,
+    /// Tells whether a collapsed chunk maps huge (`None`: the kernel lacks
+    /// `PAGEMAP_SCAN`; a collapse then never counts as verified).
+    pub pagemap: Option<Arc<PagemapScanner>>,
+    pub limiter: Arc<Limiter>,
+    pub room: Arc<dyn MakeRoom>,
+    pub counters: Arc<Counters>,
+    pub life: Arc<Lifecycle>,
+}
 
 /// From this many stored pages on, a collapse reads the chunk's whole slot
 /// in one I/O rather than page by page: on this host's disk one 2 MiB
@@ -45,41 +73,19 @@ struct Merging {
     before: Vec<PageState>,
 }
 
-/// Takes split chunk `chunk` and locks its pages; `None` if it is not
-/// split, someone else took it first, or the engine stops meanwhile.
-fn begin(s: &Shared, chunk: usize) -> Option<Merging> {
-    let split = s.table.load(chunk);
-    if split.tag() != Tag::Split {
-        return None;
-    }
-    let loading = s.table.begin_merge(chunk.into(), split).ok()?;
-    let pages = s.table.pages().expect("only 2 MiB chunks split");
-    match pages.lock_all(chunk, &|| s.stopping() || s.failed()) {
-        Some(before) => Some(Merging {
-            chunk,
-            loading,
-            before,
-        }),
-        None => {
-            s.table.abort_merge(chunk.into(), loading);
-            None
-        }
-    }
-}
-
 impl Merging {
     fn count(&self, tag: PageTag) -> u64 {
         self.before.iter().filter(|p| p.tag() == tag).count() as u64
     }
 
     /// Gives up: pages and chunk as they were.
-    fn abort(self, s: &Shared) {
-        let pages = s.table.pages().expect("only 2 MiB chunks split");
+    fn abort(self, s: &Collapser) {
+        let pages = &s.pages;
         pages.unlock_pages(self.chunk, &self.before);
         s.table.abort_merge(self.chunk.into(), self.loading);
     }
 
-    fn free_slot(&self, s: &Shared) {
+    fn free_slot(&self, s: &Collapser) {
         if let Some(slot) = self.loading.split_slot() {
             s.store.free(slot);
         }
@@ -89,215 +95,262 @@ impl Merging {
 /// The debug lines of collapse decisions (summarized past the first ones).
 static COLLAPSES: super::log_budget::LogBudget = super::log_budget::LogBudget::new();
 
-/// Tries to collapse split chunk `chunk` into one huge mapping. Errors are
-/// fatal (the VMM exits); a collapse that does not happen leaves the chunk
-/// split.
-pub(crate) fn try_collapse(
-    s: &Shared,
-    chunk: usize,
-    reason: CollapseReason,
-) -> Result<(), SwapError> {
-    let Some(merging) = begin(s, chunk) else {
-        return Ok(());
-    };
-    bump(&s.counters.collapses_by_reason[reason as usize]);
-    let missing = PAGES_PER_CHUNK as u64 - merging.count(PageTag::Resident);
-    COLLAPSES.debug(|| {
+impl Collapser {
+    /// Takes split chunk `chunk` and locks its pages; `None` if it is not
+    /// split, someone else took it first, or the engine stops meanwhile.
+    fn begin(&self, chunk: usize) -> Option<Merging> {
+        let s = self;
+        let split = s.table.load(chunk);
+        if split.tag() != Tag::Split {
+            return None;
+        }
+        let loading = s.table.begin_merge(chunk.into(), split).ok()?;
+        let pages = &s.pages;
+        match pages.lock_all(chunk, &|| s.life.giving_up()) {
+            Some(before) => Some(Merging {
+                chunk,
+                loading,
+                before,
+            }),
+            None => {
+                s.table.abort_merge(chunk.into(), loading);
+                None
+            }
+        }
+    }
+
+    /// Tries to collapse split chunk `chunk` into one huge mapping. Errors are
+    /// fatal (the VMM exits); a collapse that does not happen leaves the chunk
+    /// split.
+    pub(crate) fn try_collapse(
+        &self,
+        chunk: usize,
+        reason: CollapseReason,
+    ) -> Result<(), SwapError> {
+        let s = self;
+        let Some(merging) = s.begin(chunk) else {
+            return Ok(());
+        };
+        bump(&s.counters.collapses_by_reason[reason as usize]);
+        let missing = PAGES_PER_CHUNK as u64 - merging.count(PageTag::Resident);
+        COLLAPSES.debug(|| {
         format!(
             "swap engine: collapsing the split chunk at {} ({reason:?}, {missing} of its pages to restore)",
-            s.unit_name(chunk)
+            s.geo.unit_name(chunk)
         )
     });
-    if missing == 0 && collapse_in_place(s, &merging) {
-        merging.free_slot(s);
-        s.table.finish_collapse(chunk.into(), merging.loading, true);
-        bump(&s.counters.collapses_verified);
-        bump(&s.counters.collapses_by_madvise);
-        return wake_unit(s, chunk, None).map(drop);
-    }
-    if missing > 0 {
-        limit::claim_memory(s, missing);
-    }
-    let give_back = |merging: Merging, reason: CollapseFailure| {
-        merging.abort(s);
-        if missing > 0 {
-            s.limiter.release(missing);
+        if missing == 0 && s.collapse_in_place(&merging) {
+            merging.free_slot(s);
+            s.table.finish_collapse(chunk.into(), merging.loading, true);
+            bump(&s.counters.collapses_verified);
+            bump(&s.counters.collapses_by_madvise);
+            return s.installer.wake(chunk, None).map(drop);
         }
-        bump(&s.counters.collapse_failures[reason as usize]);
-    };
-    let p = loop {
-        if let Some(p) = s.parking.acquire_timeout(Duration::from_millis(10)) {
-            break p;
+        if missing > 0 && s.limiter.claim(missing, &*s.room) {
+            bump(&s.counters.evict_waits);
         }
-        if s.stopping() || s.failed() {
-            give_back(merging, CollapseFailure::NoParking);
+        let give_back = |merging: Merging, reason: CollapseFailure| {
+            merging.abort(s);
+            if missing > 0 {
+                s.limiter.release(missing);
+            }
+            bump(&s.counters.collapse_failures[reason as usize]);
+        };
+        let p = loop {
+            if let Some(p) = s.parking.acquire_timeout(Duration::from_millis(10)) {
+                break p;
+            }
+            if s.life.giving_up() {
+                give_back(merging, CollapseFailure::NoParking);
+                return Ok(());
+            }
+        };
+        let src = s.geo.unit_addr(chunk);
+        let dst = s.parking.addr(p);
+        let options = MoveOptions {
+            allow_src_holes: true,
+            dont_wake: false,
+        };
+        // SAFETY: this thread owns the chunk (Loading, every page locked) and
+        // parking slot `p`; both are reached through raw addresses only.
+        if let Err(e) = unsafe {
+            s.installer
+                .uffd
+                .move_all(dst, src, s.geo.unit_bytes, options)
+        } {
+            let moved = e.done_bytes();
+            if moved > 0 {
+                // SAFETY: as above, the moved part back where it was.
+                unsafe { s.installer.uffd.move_all(src, dst, moved, options) }.map_err(|e| {
+                    SwapError::uffd(
+                        format!(
+                            "putting back the partly collapsed chunk at {}",
+                            s.geo.unit_name(chunk)
+                        ),
+                        e,
+                    )
+                })?;
+            }
+            if e.errno() == Some(libc::EBUSY) {
+                s.parking.release(p);
+                give_back(merging, CollapseFailure::Pinned);
+                return Ok(());
+            }
+            return Err(SwapError::uffd(
+                format!(
+                    "moving out the split chunk at {} to collapse it",
+                    s.geo.unit_name(chunk)
+                ),
+                e,
+            ));
+        }
+        let buf = s.buffers.for_overwrite();
+        if let Err(e) = s.fill(&merging, p, &buf) {
+            // The pages are in parking slot `p` and the buffer; the VM ends.
+            s.buffers.give_back_populated(buf);
+            s.life.fatal(&e);
             return Ok(());
         }
-    };
-    let src = s.unit_addr(chunk);
-    let dst = s.parking.addr(p);
-    let options = MoveOptions {
-        allow_src_holes: true,
-        dont_wake: false,
-    };
-    // SAFETY: this thread owns the chunk (Loading, every page locked) and
-    // parking slot `p`; both are reached through raw addresses only.
-    if let Err(e) = unsafe { s.uffd.move_all(dst, src, s.unit_bytes, options) } {
-        let moved = e.done_bytes();
-        if moved > 0 {
-            // SAFETY: as above, the moved part back where it was.
-            unsafe { s.uffd.move_all(src, dst, moved, options) }.map_err(|e| {
-                SwapError::uffd(
-                    format!(
-                        "putting back the partly collapsed chunk at {}",
-                        s.unit_name(chunk)
-                    ),
-                    e,
-                )
-            })?;
-        }
-        if e.errno() == Some(libc::EBUSY) {
-            s.parking.release(p);
-            give_back(merging, CollapseFailure::Pinned);
-            return Ok(());
-        }
-        return Err(SwapError::uffd(
-            format!(
-                "moving out the split chunk at {} to collapse it",
-                s.unit_name(chunk)
-            ),
-            e,
-        ));
-    }
-    let buf = RestoreBuffer::for_overwrite(s);
-    if let Err(e) = fill(s, &merging, p, &buf) {
-        // The pages are in parking slot `p` and the buffer; the VM ends.
-        buf.give_back_populated(s);
-        s.fatal(&e);
-        return Ok(());
-    }
-    s.parking.release(p);
-    // Frees the chunk's empty page table, so that the THP maps huge.
-    let _ = s.guest.discard(chunk as u64 * s.unit_bytes, s.unit_bytes);
-    install_thp_buffer(s, chunk, buf)?;
-    let huge = s.pagemap.as_ref().is_some_and(|scanner| {
-        scanner
-            .is_huge(&s.guest, chunk as u64 * s.unit_bytes, s.unit_bytes)
-            .unwrap_or(false)
-    });
-    merging.free_slot(s);
-    s.table.finish_collapse(chunk.into(), merging.loading, huge);
-    if huge {
-        bump(&s.counters.collapses_verified);
-    } else {
-        bump(&s.counters.collapse_failures[CollapseFailure::NotHuge as usize]);
-    }
-    wake_unit(s, chunk, None).map(drop)
-}
-
-/// `MADV_COLLAPSE` on a chunk whose pages are all resident; true when
-/// PAGEMAP_SCAN then sees one huge mapping.
-fn collapse_in_place(s: &Shared, merging: &Merging) -> bool {
-    let offset = merging.chunk as u64 * s.unit_bytes;
-    let huge = s.guest.collapse(offset, s.unit_bytes).is_ok()
-        && s.pagemap.as_ref().is_some_and(|scanner| {
+        s.parking.release(p);
+        // Frees the chunk's empty page table, so that the THP maps huge.
+        let _ = s
+            .geo
+            .guest
+            .discard(chunk as u64 * s.geo.unit_bytes, s.geo.unit_bytes);
+        s.installer.install_thp_buffer(chunk, buf)?;
+        let huge = s.pagemap.as_ref().is_some_and(|scanner| {
             scanner
-                .is_huge(&s.guest, offset, s.unit_bytes)
+                .is_huge(
+                    &s.geo.guest,
+                    chunk as u64 * s.geo.unit_bytes,
+                    s.geo.unit_bytes,
+                )
                 .unwrap_or(false)
         });
-    if !huge {
-        bump(&s.counters.collapse_failures[CollapseFailure::MadviseRefused as usize]);
+        merging.free_slot(s);
+        s.table.finish_collapse(chunk.into(), merging.loading, huge);
+        if huge {
+            bump(&s.counters.collapses_verified);
+        } else {
+            bump(&s.counters.collapse_failures[CollapseFailure::NotHuge as usize]);
+        }
+        s.installer.wake(chunk, None).map(drop)
     }
-    huge
-}
 
-/// Fills the restore buffer with the chunk's content: resident pages from
-/// parking slot `p` (where they were just moved), stored pages from the
-/// store, absent pages zero.
-fn fill(s: &Shared, merging: &Merging, p: u32, buf: &RestoreBuffer) -> Result<(), SwapError> {
-    let (range, offset) = buf.place(s);
-    // SAFETY: the buffer is ours until given back and populated; nothing
-    // else accesses it.
-    let data = unsafe { range.slice_mut(offset, s.unit_bytes) };
-    let parked = s.parking.offset(p);
-    let slot = merging.loading.split_slot();
-    // Many stored pages: one read of the whole slot (each written page
-    // verified), then the resident and absent pages over it.
-    let stored = merging.count(PageTag::Stored);
-    let whole_read = stored >= WHOLE_READ_PAGES;
-    if whole_read {
-        let slot = slot.expect("stored pages live in their chunk's slot");
-        s.store
-            .read_paged_unit(slot, s.unit_gpa(merging.chunk), data)
-            .map_err(|e| {
-                SwapError::unit_store(
-                    format!(
-                        "read the swapped-out pages of the split chunk at {} to collapse it",
-                        s.unit_name(merging.chunk)
-                    ),
-                    e,
-                )
-            })?;
-        super::stats::add(&s.counters.bytes_read, s.unit_bytes);
+    /// `MADV_COLLAPSE` on a chunk whose pages are all resident; true when
+    /// PAGEMAP_SCAN then sees one huge mapping.
+    fn collapse_in_place(&self, merging: &Merging) -> bool {
+        let s = self;
+        let offset = merging.chunk as u64 * s.geo.unit_bytes;
+        let huge = s.geo.guest.collapse(offset, s.geo.unit_bytes).is_ok()
+            && s.pagemap.as_ref().is_some_and(|scanner| {
+                scanner
+                    .is_huge(&s.geo.guest, offset, s.geo.unit_bytes)
+                    .unwrap_or(false)
+            });
+        if !huge {
+            bump(&s.counters.collapse_failures[CollapseFailure::MadviseRefused as usize]);
+        }
+        huge
     }
-    for (page, state) in merging.before.iter().enumerate() {
-        let at = PageRef {
-            chunk: merging.chunk,
-            page,
-        };
-        let bytes = page * PAGE_BYTES as usize..(page + 1) * PAGE_BYTES as usize;
-        match state.tag() {
-            PageTag::Resident => {
-                // SAFETY: the resident pages were just moved into slot `p`
-                // (present), and this thread owns the slot.
-                let src = unsafe {
-                    s.parking
-                        .raw()
-                        .slice(parked + (page as u64) * PAGE_BYTES, PAGE_BYTES)
-                };
-                data[bytes].copy_from_slice(src);
-            }
-            PageTag::Stored if whole_read => {}
-            PageTag::Stored => {
-                let slot = slot.expect("a stored page lives in its chunk's slot");
-                s.store
-                    .read_page(slot, page, page_gpa(s, at), &mut data[bytes])
+
+    /// Fills the restore buffer with the chunk's content: resident pages from
+    /// parking slot `p` (where they were just moved), stored pages from the
+    /// store, absent pages zero.
+    fn fill(&self, merging: &Merging, p: u32, buf: &RestoreBuffer) -> Result<(), SwapError> {
+        let s = self;
+        let (range, offset) = s.buffers.place(buf);
+        // SAFETY: the buffer is ours until given back and populated; nothing
+        // else accesses it.
+        let data = unsafe { range.slice_mut(offset, s.geo.unit_bytes) };
+        let parked = s.parking.offset(p);
+        let slot = merging.loading.split_slot();
+        // Many stored pages: one read of the whole slot (each written page
+        // verified), then the resident and absent pages over it.
+        let stored = merging.count(PageTag::Stored);
+        let whole_read = stored >= WHOLE_READ_PAGES;
+        if whole_read {
+            let slot = slot.expect("stored pages live in their chunk's slot");
+            s.store
+                .read_paged_unit(slot, s.geo.unit_store_key(merging.chunk), data)
+                .map_err(|e| {
+                    SwapError::unit_store(
+                        format!(
+                            "read the swapped-out pages of the split chunk at {} to collapse it",
+                            s.geo.unit_name(merging.chunk)
+                        ),
+                        e,
+                    )
+                })?;
+            super::stats::add(&s.counters.bytes_read, s.geo.unit_bytes);
+        }
+        for (page, state) in merging.before.iter().enumerate() {
+            let at = PageRef {
+                chunk: merging.chunk,
+                page,
+            };
+            let bytes = page * PAGE_BYTES as usize..(page + 1) * PAGE_BYTES as usize;
+            match state.tag() {
+                PageTag::Resident => {
+                    // SAFETY: the resident pages were just moved into slot `p`
+                    // (present), and this thread owns the slot.
+                    let src = unsafe {
+                        s.parking
+                            .raw()
+                            .slice(parked + (page as u64) * PAGE_BYTES, PAGE_BYTES)
+                    };
+                    data[bytes].copy_from_slice(src);
+                }
+                PageTag::Stored if whole_read => {}
+                PageTag::Stored => {
+                    let slot = slot.expect("a stored page lives in its chunk's slot");
+                    s.store
+                    .read_page(slot, page, s.geo.page_gpa(at), &mut data[bytes])
                     .map_err(|e| {
                         SwapError::unit_store(
                             format!(
                                 "read the swapped-out page at guest address {:#x} to collapse the chunk at {}",
-                                page_gpa(s, at),
-                                s.unit_name(merging.chunk)
+                                s.geo.page_gpa(at),
+                                s.geo.unit_name(merging.chunk)
                             ),
                             e,
                         )
                     })?;
-                super::stats::add(&s.counters.bytes_read, PAGE_BYTES);
+                    super::stats::add(&s.counters.bytes_read, PAGE_BYTES);
+                }
+                _ => data[bytes].fill(0),
             }
-            _ => data[bytes].fill(0),
         }
+        Ok(())
     }
-    Ok(())
-}
 
-/// Drops a split chunk the guest freed whole: its resident pages are
-/// zapped, its slot freed, and the chunk is absent. Returns the resident
-/// pages released, or `None` if the chunk was not split (any more).
-pub(crate) fn discard_split(s: &Shared, chunk: usize) -> Result<Option<u64>, SwapError> {
-    let Some(merging) = begin(s, chunk) else {
-        return Ok(None);
-    };
-    let resident = merging.count(PageTag::Resident);
-    if let Err(e) = s.guest.discard(chunk as u64 * s.unit_bytes, s.unit_bytes) {
-        merging.abort(s);
-        return Err(SwapError::os(
-            format!("dropping the free split chunk at {}", s.unit_name(chunk)),
-            e,
-        ));
+    /// Drops a split chunk the guest freed whole: its resident pages are
+    /// zapped, its slot freed, and the chunk is absent. Returns the resident
+    /// pages released, or `None` if the chunk was not split (any more).
+    pub(crate) fn discard_split(&self, chunk: usize) -> Result<Option<u64>, SwapError> {
+        let s = self;
+        let Some(merging) = s.begin(chunk) else {
+            return Ok(None);
+        };
+        let resident = merging.count(PageTag::Resident);
+        if let Err(e) = s
+            .geo
+            .guest
+            .discard(chunk as u64 * s.geo.unit_bytes, s.geo.unit_bytes)
+        {
+            merging.abort(s);
+            return Err(SwapError::os(
+                format!(
+                    "dropping the free split chunk at {}",
+                    s.geo.unit_name(chunk)
+                ),
+                e,
+            ));
+        }
+        merging.free_slot(s);
+        s.table.finish_merge_absent(chunk.into(), merging.loading);
+        s.limiter.release(resident);
+        bump(&s.counters.merged_absent);
+        Ok(Some(resident))
     }
-    merging.free_slot(s);
-    s.table.finish_merge_absent(chunk.into(), merging.loading);
-    s.limiter.release(resident);
-    bump(&s.counters.merged_absent);
-    Ok(Some(resident))
 }

@@ -3,6 +3,9 @@
 
 use std::os::fd::RawFd;
 use std::str::FromStr;
+use std::sync::Arc;
+
+use super::hooks::{EngineHooks, NoHooks};
 
 /// Size of the unit the engine swaps and restores whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -65,6 +68,21 @@ pub enum MemoryKind {
         /// The memfd backing the region.
         memfd: RawFd,
     },
+}
+
+/// How units are installed and taken away, from memory kind and unit size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InstallMode {
+    /// Anonymous memory, 2 MiB units: UFFDIO_MOVE of THP buffers.
+    Thp,
+    /// Hugetlb memfd, 2 MiB units: UFFDIO_COPY of 2 MiB, hole punching.
+    Hugetlb {
+        /// The memfd.
+        memfd: RawFd,
+    },
+    /// Anonymous memory, 4 KiB units: UFFDIO_COPY / ZEROPAGE / MOVE of
+    /// single pages.
+    Small,
 }
 
 /// The guest RAM the engine manages: one host mapping.
@@ -136,20 +154,10 @@ pub struct EngineConfig {
     /// Off: no prefetch thread (the fixed units never prefetch).
     pub prefetch: bool,
     /// Run first thing on each engine thread (the VMM's seccomp filters).
-    pub thread_setup: Option<super::ThreadSetup>,
-    /// Test knob: restore buffers are never huge (advised
-    /// `MADV_NOHUGEPAGE`, and evicted huge pages are not recycled as
-    /// buffers), so every restore of a 2 MiB chunk on THP memory takes the
-    /// small-page fallback a host out of huge pages forces: 512 pages moved
-    /// in, the chunk mapped by small pages.
-    pub small_restore_buffers: bool,
-    /// Test knob: every THP restore buffer is pinned the way device DMA
-    /// pins pages ([`blockio::pin`]) before it is installed, and unpinned
-    /// only after this many microseconds of `EBUSY` retries, so that every
-    /// install takes the pinned-page retry. The engine's threads then call
-    /// `io_uring_setup`, which the VMM's seccomp filters forbid: for
-    /// engine tests only.
-    pub pin_restore_buffers_us: Option<u64>,
+    pub thread_setup: Option<super::thread_setup::ThreadSetup>,
+    /// Test hooks ([`super::hooks`]); the default, [`NoHooks`], forces
+    /// nothing.
+    pub hooks: Arc<dyn EngineHooks>,
 }
 
 impl Default for EngineConfig {
@@ -168,8 +176,7 @@ impl Default for EngineConfig {
             force_split_every: None,
             prefetch: true,
             thread_setup: None,
-            small_restore_buffers: false,
-            pin_restore_buffers_us: None,
+            hooks: Arc::new(NoHooks),
         }
     }
 }

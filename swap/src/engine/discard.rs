@@ -7,10 +7,19 @@
 //! guest touch waits and then sees zeros, never half-dropped content) and
 //! `Stored(slot) → Absent` (one compare-and-swap). `Staged` units are in an
 //! evictor's write batch: wait until the writer settles them. A split chunk
-//! is merged back as absent (`collapse::discard_split`).
+//! is merged back as absent ([`super::collapse::Collapser::discard_split`]).
 
-use super::{Backing, Shared, SwapError};
+use std::sync::Arc;
+
+use super::collapse::Collapser;
+use super::config::InstallMode;
+use super::error::SwapError;
+use super::geometry::Geometry;
+use super::lifecycle::Lifecycle;
+use super::limit::Limiter;
+use crate::chunk::ChunkTable;
 use crate::chunk::{Settled, Tag};
+use crate::store::SharedStore;
 use guestmem::host::punch_hole;
 use std::ops::Range;
 use std::time::Duration;
@@ -42,84 +51,108 @@ pub struct DiscardReport {
     pub waits_staged: u64,
 }
 
-/// Drops every unit in `units`.
-pub(crate) fn discard_units(s: &Shared, units: Range<usize>) -> Result<DiscardReport, SwapError> {
-    let mut report = DiscardReport::default();
-    for unit in units {
-        discard_unit(s, unit, &mut report)?;
-    }
-    Ok(report)
+/// Drops units the guest freed.
+pub(crate) struct Discarder {
+    pub geo: Arc<Geometry>,
+    pub mode: InstallMode,
+    pub table: Arc<ChunkTable>,
+    pub store: SharedStore,
+    pub limiter: Arc<Limiter>,
+    pub life: Arc<Lifecycle>,
+    /// Merges split chunks (where chunks split).
+    pub collapser: Option<Arc<Collapser>>,
 }
 
-fn discard_unit(s: &Shared, unit: usize, report: &mut DiscardReport) -> Result<(), SwapError> {
-    loop {
-        if s.stopping() {
-            return Err(SwapError::ShuttingDown);
+impl Discarder {
+    /// Drops every unit in `units`.
+    pub(crate) fn discard_units(&self, units: Range<usize>) -> Result<DiscardReport, SwapError> {
+        let s = self;
+        let mut report = DiscardReport::default();
+        for unit in units {
+            s.discard_unit(unit, &mut report)?;
         }
-        if s.failed() {
-            return Err(SwapError::Failed);
-        }
-        let state = s.table.load(unit);
-        if state.pinned() {
-            report.pinned_units += 1;
-            return Ok(());
-        }
-        match state.tag() {
-            Tag::Absent => {
-                report.absent_units += 1;
+        Ok(report)
+    }
+
+    fn discard_unit(&self, unit: usize, report: &mut DiscardReport) -> Result<(), SwapError> {
+        let s = self;
+        loop {
+            if s.life.stopping() {
+                return Err(SwapError::ShuttingDown);
+            }
+            if s.life.failed() {
+                return Err(SwapError::Failed);
+            }
+            let state = s.table.load(unit);
+            if state.pinned() {
+                report.pinned_units += 1;
                 return Ok(());
             }
-            Tag::Loading | Tag::Evicting => {
-                if state.tag() == Tag::Loading {
-                    report.waits_loading += 1;
-                } else {
-                    report.waits_evicting += 1;
-                }
-                s.table.wait_settled(unit, &|| s.stopping() || s.failed());
-            }
-            Tag::Split => {
-                if super::collapse::discard_split(s, unit)?.is_some() {
-                    report.split_units += 1;
+            match state.tag() {
+                Tag::Absent => {
+                    report.absent_units += 1;
                     return Ok(());
                 }
-            }
-            // Owned by an evictor's write batch until the write completes.
-            Tag::Staged => {
-                report.waits_staged += 1;
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Tag::Stored => {
-                if s.table.discard_stored(unit.into(), state).is_ok() {
-                    s.store.free(state.store_slot());
-                    report.stored_units += 1;
+                Tag::Loading | Tag::Evicting => {
+                    if state.tag() == Tag::Loading {
+                        report.waits_loading += 1;
+                    } else {
+                        report.waits_evicting += 1;
+                    }
+                    s.table.wait_settled(unit, &|| s.life.giving_up());
+                }
+                Tag::Split => {
+                    let merged = match &s.collapser {
+                        Some(collapser) => collapser.discard_split(unit)?,
+                        None => None,
+                    };
+                    if merged.is_some() {
+                        report.split_units += 1;
+                        return Ok(());
+                    }
+                }
+                // Owned by an evictor's write batch until the write completes.
+                Tag::Staged => {
+                    report.waits_staged += 1;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Tag::Stored => {
+                    if s.table.discard_stored(unit.into(), state).is_ok() {
+                        s.store.free(state.store_slot());
+                        report.stored_units += 1;
+                        return Ok(());
+                    }
+                }
+                Tag::Resident => {
+                    let Ok(evicting) = s.table.begin_evict(unit.into(), state) else {
+                        continue;
+                    };
+                    let offset = s.geo.unit_offset(unit);
+                    let zapped = match s.mode {
+                        InstallMode::Thp | InstallMode::Small => {
+                            s.geo.guest.discard(offset, s.geo.unit_bytes)
+                        }
+                        InstallMode::Hugetlb { memfd } => {
+                            punch_hole(memfd, offset, s.geo.unit_bytes)
+                        }
+                    };
+                    if let Err(e) = zapped {
+                        // Nothing was released: the unit keeps its content.
+                        s.table.abort_evict(unit.into(), evicting, state);
+                        return Err(SwapError::os(
+                            format!("dropping the free chunk at {}", s.geo.unit_name(unit)),
+                            e,
+                        ));
+                    }
+                    if state.clean() {
+                        s.store.free(state.store_slot());
+                        report.clean_resident_units += 1;
+                    }
+                    s.table.settle(unit.into(), evicting, Settled::Discarded);
+                    s.limiter.release(s.limiter.unit_pages());
+                    report.resident_units += 1;
                     return Ok(());
                 }
-            }
-            Tag::Resident => {
-                let Ok(evicting) = s.table.begin_evict(unit.into(), state) else {
-                    continue;
-                };
-                let offset = unit as u64 * s.unit_bytes;
-                let zapped = match s.backing {
-                    Backing::Thp | Backing::Small => s.guest.discard(offset, s.unit_bytes),
-                    Backing::Hugetlb { memfd } => punch_hole(memfd, offset, s.unit_bytes),
-                };
-                if let Err(e) = zapped {
-                    // Nothing was released: the unit keeps its content.
-                    s.table.abort_evict(unit.into(), evicting, state);
-                    return Err(SwapError::os(
-                        format!("dropping the free chunk at {}", s.unit_name(unit)),
-                        e,
-                    ));
-                }
-                if state.clean() {
-                    s.store.free(state.store_slot());
-                    report.clean_resident_units += 1;
-                }
-                s.table.settle(unit.into(), evicting, Settled::Discarded);
-                s.limiter.release(s.limiter.unit_pages());
-                report.resident_units += 1;
-                return Ok(());
             }
         }
     }

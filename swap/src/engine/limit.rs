@@ -1,12 +1,11 @@
-//! The memory limit: accounting of units that hold guest memory, and the
-//! background evictor that keeps some headroom below the limit so faults
-//! rarely have to evict themselves.
+//! The memory limit: accounting of the pages that hold guest memory. The
+//! limiter evicts nothing itself: a claim over the limit asks for room
+//! through [`MakeRoom`] (the evictor), and the background evictor waits
+//! on the limiter's kick.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
-
-use super::stats::bump;
 
 const NO_LIMIT: u64 = u64::MAX;
 
@@ -141,45 +140,39 @@ impl Limiter {
     }
 }
 
-/// Reserves `pages` of memory, evicting first when at the limit.
-pub(crate) fn claim_memory(s: &super::Shared, pages: u64) {
-    if s.limiter.try_reserve(pages) {
-        return;
-    }
-    bump(&s.counters.evict_waits);
-    loop {
-        let released = super::evict::evict_for_room(s, pages);
-        if s.limiter.try_reserve(pages) {
-            return;
-        }
-        if (released == 0 && super::evict::nothing_in_flight(s)) || s.stopping() {
-            // Nothing can be evicted (all pinned, or the limit is below
-            // what is in use by in-flight restores): go over rather than
-            // deadlock the guest.
-            s.limiter.force_reserve(pages);
-            return;
-        }
-        if released == 0 {
-            std::thread::yield_now();
-        }
-    }
+/// Frees memory on request: what a claim over the limit asks of the
+/// evictor.
+pub(crate) trait MakeRoom: Send + Sync {
+    /// Evicts until about `pages` pages left memory; returns how many did.
+    fn make_room(&self, pages: u64) -> u64;
+    /// True when nothing is being evicted or written by anyone (so waiting
+    /// for memory to free up would wait forever).
+    fn nothing_in_flight(&self) -> bool;
+    /// True when the engine stops (a claim then goes over the limit).
+    fn stopping(&self) -> bool;
 }
 
-/// Body of the background evictor thread: whenever memory held exceeds the
-/// limit minus headroom, evict the policy's victims in batches.
-pub(crate) fn run_background_evictor(s: &super::Shared) {
-    while !s.stopping() {
-        s.limiter.wait_for_work(Duration::from_millis(50));
-        while !s.stopping() {
-            let excess = s.limiter.excess_pages();
-            if excess == 0 {
-                break;
+impl Limiter {
+    /// Reserves `pages` of memory, asking `room` to evict first when at the
+    /// limit; returns true when it had to wait for an eviction.
+    pub(crate) fn claim(&self, pages: u64, room: &dyn MakeRoom) -> bool {
+        if self.try_reserve(pages) {
+            return false;
+        }
+        loop {
+            let released = room.make_room(pages);
+            if self.try_reserve(pages) {
+                return true;
             }
-            let want = excess.min(s.batch_units as u64 * s.limiter.unit_pages());
-            if super::evict::evict_for_room(s, want) == 0 {
-                // Nothing evictable right now (all pinned or in flight).
-                std::thread::sleep(Duration::from_millis(1));
-                break;
+            if (released == 0 && room.nothing_in_flight()) || room.stopping() {
+                // Nothing can be evicted (all pinned, or the limit is below
+                // what is in use by in-flight restores): go over rather
+                // than deadlock the guest.
+                self.force_reserve(pages);
+                return true;
+            }
+            if released == 0 {
+                std::thread::yield_now();
             }
         }
     }

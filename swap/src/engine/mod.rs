@@ -2,16 +2,27 @@
 //! huge, or 4 KiB pages for the baseline), evicts them to a store and
 //! restores a whole unit on a guest fault.
 //!
-//! Threads:
-//! - fault service (`fault_threads`, [`fault`]): read userfaultfd messages,
-//!   restore units, resolve write-protect faults;
-//! - background evictor ([`limit`]): keeps resident memory below the limit
-//!   minus headroom, choosing victims with the [`policy`];
-//! - buffer refill ([`buffers`]): clears evicted huge pages kept for reuse
-//!   as restore buffers ([`recycle`]) and pre-touches fresh THP buffers
-//!   (fewer near the memory limit, where evicted pages take their place).
+//! Components, each owning its state and holding only the ones below it
+//! (docs/ARCHITECTURE.md draws them):
+//! - [`geometry`], [`lifecycle`], [`stats`] counters, the chunk table, the
+//!   store, the [`parking`] area, the [`limit`] accounting and the
+//!   [`hooks`]: shared leaves, depending on nothing above;
+//! - [`recycle`]: restore buffers (the [`buffers`] pool and recycled
+//!   evicted pages);
+//! - [`install`]: puts content into guest RAM and wakes;
+//! - [`evict`]: takes units and pages out into the store; the limiter asks
+//!   it for room through [`limit::MakeRoom`];
+//! - [`restore`]: whole-unit restores, over the installer;
+//! - [`split`] and [`collapse`]: chunks into pages and back, over the
+//!   installer;
+//! - [`discard`]: units the guest freed;
+//! - [`prefetch`]: sequential prefetch, over the restorer;
+//! - [`fault`]: the fault service, the only place that asks the
+//!   [`granularity`] policy and the hooks what to do.
 //!
-//! The unit state machine and who may take which transition is in
+//! Threads: fault service (`fault_threads`), background evictor
+//! ([`evict::background`]), buffer refill ([`recycle`]), prefetch (auto
+//! unit). The unit state machine and who may take which transition is in
 //! [`crate::chunk`].
 
 pub mod buffers;
@@ -20,22 +31,26 @@ pub mod config;
 pub mod discard;
 pub mod error;
 pub mod evict;
-pub mod fault;
+mod fault;
+mod geometry;
 pub mod granularity;
 pub mod hash;
+pub mod hooks;
+mod install;
+mod lifecycle;
 pub mod limit;
 pub(crate) mod log_budget;
+mod outcome;
 pub mod policy;
 mod prefetch;
 mod recycle;
+mod restore;
 mod split;
-pub mod staging;
+pub mod parking;
 mod start;
 pub mod stats;
 pub mod thread_setup;
 
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -44,126 +59,57 @@ pub use config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 pub use discard::DiscardReport;
 pub use error::SwapError;
 pub use evict::EvictReport;
+pub use hooks::{BufferKnobs, EngineHooks, NoHooks};
+pub use lifecycle::FatalHandler;
 pub use stats::{
     CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, PrefetchStats,
     SplitStats, SwapStats,
 };
 pub use thread_setup::{EngineThread, ThreadSetup};
 
-use crate::chunk::{ChunkTable, Tag, UnitState};
+use crate::chunk::Tag;
+use crate::chunk::{ChunkTable, PageTable, TagCounts, UnitState};
 use crate::store::SharedStore;
 use crate::uffd::Uffd;
-use buffers::{BufferPool, PoolMode};
-use granularity::{CollapseReason, SplitReason};
-use guestmem::host::{AnonMapping, PagemapScanner, RawRange, PAGE_BYTES};
-use limit::Limiter;
-use policy::{Clock, EvictionPolicy};
-use staging::Parking;
+use buffers::PoolMode;
+use collapse::Collapser;
+use config::InstallMode;
+use discard::Discarder;
+use evict::EvictService;
+use fault::FaultService;
+use geometry::Geometry;
+use granularity::{CollapseReason, Fixed, GranularityPolicy, SplitReason};
+use guestmem::host::PAGE_BYTES;
+use install::Installer;
+use lifecycle::Lifecycle;
+use limit::{Limiter, MakeRoom};
+use policy::Clock;
+use prefetch::Prefetcher;
+use recycle::{RestoreBuffers, RestoreBuffersParts};
+use restore::Restorer;
+use split::Splitter;
+use parking::Parking;
 use stats::Counters;
 
-/// How units are installed and taken away, from memory kind and unit size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Backing {
-    /// Anonymous memory, 2 MiB units: UFFDIO_MOVE of THP buffers.
-    Thp,
-    /// Hugetlb memfd, 2 MiB units: UFFDIO_COPY of 2 MiB, hole punching.
-    Hugetlb {
-        /// The memfd.
-        memfd: RawFd,
-    },
-    /// Anonymous memory, 4 KiB units: UFFDIO_COPY / ZEROPAGE / MOVE of
-    /// single pages.
-    Small,
-}
-
-/// Callback for unrecoverable errors (the VMM exits); the error names the
-/// unit's guest address where one is concerned.
-pub type FatalHandler = Box<dyn Fn(&SwapError) + Send + Sync>;
-
-/// State shared by the engine's threads.
-pub(crate) struct Shared {
-    pub uffd: Uffd,
-    pub region: ManagedRegion,
-    pub guest: RawRange,
-    pub backing: Backing,
-    pub unit_bytes: u64,
-    pub table: ChunkTable,
-    pub store: SharedStore,
-    pub parking: Parking,
-    pub parking_registered: bool,
-    pub buffers: BufferPool,
-    /// Tells whether a parked page is huge (THP units; `None` when the
-    /// kernel lacks `PAGEMAP_SCAN`: evicted pages are then not recycled).
-    pub pagemap: Option<PagemapScanner>,
-    /// A populated all-zero unit to copy from (hugetlb zero fill).
-    pub zero_source: Option<AnonMapping>,
-    pub counters: Counters,
-    pub limiter: Limiter,
-    pub policy: Box<dyn EvictionPolicy>,
-    pub on_fatal: FatalHandler,
-    pub shutdown: AtomicBool,
-    /// Set once `on_fatal` was called: waits for units that can no longer
-    /// settle give up.
-    pub failed: AtomicBool,
-    pub track_clean: bool,
-    pub batch_units: usize,
-    pub fault_threads: usize,
-    /// Whether chunks split, and the test knob.
-    pub split: split::SplitControl,
-    /// The granularity policy (`--swap-unit auto`).
-    pub granularity: granularity::Granularity,
-    /// Sequential prefetch (`--swap-unit auto`).
-    pub prefetch: prefetch::Prefetcher,
-    /// Sequential prefetch runs: the auto unit with
-    /// [`EngineConfig::prefetch`] on.
-    pub prefetch_on: bool,
-    /// Test knob [`EngineConfig::small_restore_buffers`].
-    pub small_restore_buffers: bool,
-    /// Test knob [`EngineConfig::pin_restore_buffers_us`].
-    pub pin_restore_buffers_us: Option<u64>,
-}
-
-impl Shared {
-    /// Guest address (or host offset, marked) naming a unit in messages.
-    pub fn unit_name(&self, unit: usize) -> String {
-        let offset = unit as u64 * self.unit_bytes;
-        match self.region.gpa_of(offset) {
-            Some(gpa) => format!("guest address {gpa:#x}"),
-            None => format!("region offset {offset:#x} (no guest address)"),
-        }
-    }
-
-    /// Guest-physical address of a unit (its region offset if unmapped).
-    pub fn unit_gpa(&self, unit: usize) -> u64 {
-        let offset = unit as u64 * self.unit_bytes;
-        self.region.gpa_of(offset).unwrap_or(offset)
-    }
-
-    /// Host address of a unit.
-    pub fn unit_addr(&self, unit: usize) -> u64 {
-        self.guest.base() + unit as u64 * self.unit_bytes
-    }
-
-    /// True once shutdown started.
-    pub fn stopping(&self) -> bool {
-        self.shutdown.load(Ordering::Acquire)
-    }
-
-    /// True once an unrecoverable error was reported.
-    pub fn failed(&self) -> bool {
-        self.failed.load(Ordering::Acquire)
-    }
-
-    /// Reports an unrecoverable error to the VMM.
-    pub fn fatal(&self, error: &SwapError) {
-        self.failed.store(true, Ordering::Release);
-        (self.on_fatal)(error);
-    }
-}
-
-/// The running engine. Dropping it shuts it down.
+/// The running engine: its components, and the threads that run them.
+/// Dropping it shuts it down.
 pub struct SwapEngine {
-    shared: Arc<Shared>,
+    geo: Arc<Geometry>,
+    uffd: Arc<Uffd>,
+    /// Whether the parking area is registered with the userfaultfd (to
+    /// unregister it at shutdown).
+    parking_registered: bool,
+    life: Arc<Lifecycle>,
+    table: Arc<ChunkTable>,
+    store: SharedStore,
+    parking: Arc<Parking>,
+    buffers: Arc<RestoreBuffers>,
+    limiter: Arc<Limiter>,
+    counters: Arc<Counters>,
+    evictor: Arc<EvictService>,
+    splitter: Option<Arc<Splitter>>,
+    collapser: Option<Arc<Collapser>>,
+    discarder: Discarder,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -202,126 +148,251 @@ impl SwapEngine {
         config: EngineConfig,
         on_fatal: FatalHandler,
     ) -> Result<SwapEngine, SwapError> {
-        let backing = start::backing_for(region.kind, config.unit)?;
+        let mode = start::backing_for(region.kind, config.unit)?;
         let units = start::check_region(&region, &store, config.unit)?;
-        let (uffd, features) = start::open_userfaultfd(backing, config.track_clean)?;
-        let guest = start::register_guest(&uffd, &region, backing, features.wp_registered)?;
-        let staging = start::staging_area(&uffd, backing, &config)?;
-        let table = start::unit_table(units, &config, backing, features.track_clean);
-        let split = start::split_control(backing, &store, &config)?;
-        let granularity =
-            granularity::Granularity::new(config.unit == SwapUnit::Auto && split.enabled);
-        let prefetch_on = config.prefetch && granularity.auto;
-        let shared = Arc::new(Shared {
-            uffd,
+        let (uffd, features) = start::open_userfaultfd(mode, config.track_clean)?;
+        let guest = start::register_guest(&uffd, &region, mode, features.wp_registered)?;
+        let staging = start::staging_area(&uffd, mode, &config)?;
+        let table = Arc::new(start::unit_table(
+            units,
+            &config,
+            mode,
+            features.track_clean,
+        ));
+        let splits = start::chunks_split(mode, &store, &config)?;
+        let unit_bytes = config.unit.bytes();
+        let fault_threads = config.fault_threads.max(1);
+        let auto = config.unit == SwapUnit::Auto && splits;
+        let geo = Arc::new(Geometry {
             region,
             guest,
-            backing,
-            unit_bytes: config.unit.bytes(),
+            unit_bytes,
+            units,
+        });
+        let uffd = Arc::new(uffd);
+        let life = Arc::new(Lifecycle::new(on_fatal));
+        let counters = Arc::new(Counters::default());
+        let hooks: Arc<dyn EngineHooks> = match config.force_split_every {
+            Some(every) if splits => {
+                Arc::new(hooks::ForcedSplits::new(every, config.hooks.clone()))
+            }
+            _ => config.hooks.clone(),
+        };
+        let limiter = Arc::new(Limiter::new(
+            config.mem_limit_bytes.map(|b| limit_pages(b, unit_bytes)),
+            unit_bytes / PAGE_BYTES,
+        ));
+        let parking = Arc::new(staging.parking);
+        let pagemap = start::pagemap_scanner(mode).map(Arc::new);
+        let buffers = Arc::new(RestoreBuffers::new(RestoreBuffersParts {
+            pool: staging.buffers,
+            parking: parking.clone(),
+            pagemap: pagemap.clone(),
+            backing: mode,
+            small_restore_buffers: hooks.small_restore_buffers(),
+            unit_bytes,
+            limiter: limiter.clone(),
+            counters: counters.clone(),
+            fault_threads,
+        }));
+        let installer = Arc::new(Installer {
+            uffd: uffd.clone(),
+            geo: geo.clone(),
+            mode,
+            buffers: buffers.clone(),
+            parking: parking.clone(),
+            zero_source: start::zero_source(mode)?,
+            hooks: hooks.clone(),
+            counters: counters.clone(),
+        });
+        let page_table: Option<Arc<PageTable>> = table.page_table();
+        let evictor = Arc::new(EvictService {
+            geo: geo.clone(),
+            uffd: uffd.clone(),
+            mode,
+            table: table.clone(),
+            pages: page_table.clone(),
+            store: store.clone(),
+            parking: parking.clone(),
+            buffers: buffers.clone(),
+            limiter: limiter.clone(),
+            policy: Box::new(Clock::default()),
+            counters: counters.clone(),
+            life: life.clone(),
+            batch_units: config.batch_units_or_default(),
+        });
+        let room: Arc<dyn MakeRoom> = evictor.clone();
+        let restorer = Arc::new(Restorer {
+            geo: geo.clone(),
+            table: table.clone(),
+            store: store.clone(),
+            installer: installer.clone(),
+            buffers: buffers.clone(),
+            counters: counters.clone(),
+            life: life.clone(),
+            track_clean: features.track_clean,
+        });
+        let split_pages = page_table.filter(|_| splits);
+        let splitter = split_pages.clone().map(|pages| {
+            Arc::new(Splitter {
+                geo: geo.clone(),
+                table: table.clone(),
+                pages,
+                store: store.clone(),
+                installer: installer.clone(),
+                buffers: buffers.clone(),
+                limiter: limiter.clone(),
+                room: room.clone(),
+                counters: counters.clone(),
+                life: life.clone(),
+                zero_page: blockio::AlignedBuf::new(PAGE_BYTES as usize, PAGE_BYTES as usize),
+            })
+        });
+        let collapser = split_pages.map(|pages| {
+            Arc::new(Collapser {
+                geo: geo.clone(),
+                table: table.clone(),
+                pages,
+                store: store.clone(),
+                installer: installer.clone(),
+                buffers: buffers.clone(),
+                parking: parking.clone(),
+                pagemap: pagemap.clone(),
+                limiter: limiter.clone(),
+                room: room.clone(),
+                counters: counters.clone(),
+                life: life.clone(),
+            })
+        });
+        let prefetcher = (config.prefetch && auto).then(|| {
+            Arc::new(Prefetcher::new(
+                table.clone(),
+                limiter.clone(),
+                restorer.clone(),
+                counters.clone(),
+                life.clone(),
+            ))
+        });
+        let granularity: Arc<dyn GranularityPolicy> = if auto {
+            Arc::new(granularity::refault_distance::RefaultDistance::default())
+        } else {
+            Arc::new(Fixed)
+        };
+        let faults = Arc::new(FaultService {
+            geo: geo.clone(),
+            uffd: uffd.clone(),
+            table: table.clone(),
+            restorer,
+            splitter: splitter.clone(),
+            collapser: collapser.clone(),
+            prefetcher: prefetcher.clone(),
+            granularity,
+            hooks,
+            limiter: limiter.clone(),
+            room,
+            counters: counters.clone(),
+            life: life.clone(),
+        });
+        let discarder = Discarder {
+            geo: geo.clone(),
+            mode,
+            table: table.clone(),
+            store: store.clone(),
+            limiter: limiter.clone(),
+            life: life.clone(),
+            collapser: collapser.clone(),
+        };
+        let mut engine = SwapEngine {
+            geo,
+            uffd,
+            parking_registered: staging.parking_registered,
+            life,
             table,
             store,
-            parking: staging.parking,
-            parking_registered: staging.parking_registered,
-            buffers: staging.buffers,
-            pagemap: start::pagemap_scanner(backing),
-            zero_source: start::zero_source(backing)?,
-            counters: Counters::default(),
-            limiter: Limiter::new(
-                config
-                    .mem_limit_bytes
-                    .map(|b| limit_pages(b, config.unit.bytes())),
-                config.unit.bytes() / PAGE_BYTES,
-            ),
-            policy: Box::new(Clock::default()),
-            on_fatal,
-            shutdown: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            track_clean: features.track_clean,
-            batch_units: config.batch_units_or_default(),
-            fault_threads: config.fault_threads.max(1),
-            split,
-            granularity,
-            prefetch: prefetch::Prefetcher::default(),
-            prefetch_on,
-            small_restore_buffers: config.small_restore_buffers,
-            pin_restore_buffers_us: config.pin_restore_buffers_us,
-        });
-        let engine = SwapEngine::start_threads(shared, &config, staging.pool_mode)?;
-        let s = &engine.shared;
+            parking,
+            buffers,
+            limiter,
+            counters,
+            evictor,
+            splitter,
+            collapser,
+            discarder,
+            threads: Vec::new(),
+        };
+        engine.start_threads(&config, staging.pool_mode, faults, prefetcher)?;
+        let s = &engine;
         log::info!(
             "swap store: {}, {} slots of {} ({})",
             s.store.describe(),
             s.store.capacity_slots(),
-            guestmem::format_size(s.unit_bytes),
-            guestmem::format_size(s.store.capacity_slots() * s.unit_bytes)
+            guestmem::format_size(unit_bytes),
+            guestmem::format_size(s.store.capacity_slots() * unit_bytes)
         );
         log::info!(
             "swap engine: started over {} of guest RAM ({}), unit {}{}, limit {}, {} fault thread(s){}",
-            guestmem::format_size(s.region.len_bytes),
-            match backing {
-                Backing::Thp => "THP",
-                Backing::Hugetlb { .. } => "hugetlb",
-                Backing::Small => "4 KiB pages",
+            guestmem::format_size(s.geo.region.len_bytes),
+            match mode {
+                InstallMode::Thp => "THP",
+                InstallMode::Hugetlb { .. } => "hugetlb",
+                InstallMode::Small => "4 KiB pages",
             },
             config.unit,
-            if s.split.enabled { " (chunks may split)" } else { "" },
+            if splits { " (chunks may split)" } else { "" },
             config
                 .mem_limit_bytes
                 .map_or_else(|| "none".to_string(), guestmem::format_size),
-            s.fault_threads,
-            if s.prefetch_on { ", sequential prefetch" } else { "" }
+            fault_threads,
+            if config.prefetch && auto { ", sequential prefetch" } else { "" }
         );
         Ok(engine)
     }
 
-    /// The fault-service threads, the background evictor and the buffer
-    /// refill thread.
+    /// The fault-service threads, the prefetch thread, the background
+    /// evictor and the buffer refill thread.
     fn start_threads(
-        shared: Arc<Shared>,
+        &mut self,
         config: &EngineConfig,
         pool_mode: PoolMode,
-    ) -> Result<SwapEngine, SwapError> {
-        let mut engine = SwapEngine {
-            shared: shared.clone(),
-            threads: Vec::new(),
-        };
-        for i in 0..shared.fault_threads {
-            let s = shared.clone();
+        faults: Arc<FaultService>,
+        prefetcher: Option<Arc<Prefetcher>>,
+    ) -> Result<(), SwapError> {
+        for i in 0..config.fault_threads.max(1) {
+            let faults = faults.clone();
             let nice = config.fault_thread_nice;
             let setup = config.thread_setup.clone();
-            engine.spawn(format!("swap-fault-{i}"), move || {
+            self.spawn(format!("swap-fault-{i}"), move || {
                 set_thread_nice(nice);
                 ThreadSetup::run(&setup, EngineThread::FaultService);
-                fault::run(&s)
+                faults.run()
             })?;
         }
-        if shared.prefetch_on {
-            let s = shared.clone();
+        if let Some(prefetcher) = prefetcher {
             let setup = config.thread_setup.clone();
-            engine.spawn("swap-prefetch".into(), move || {
+            self.spawn("swap-prefetch".into(), move || {
                 // A prefetch is a restore without a fault: the same calls
                 // as a fault-service thread.
                 ThreadSetup::run(&setup, EngineThread::FaultService);
-                prefetch::run(&s)
+                prefetcher.run()
             })?;
         }
-        let s = shared.clone();
+        let evictor = self.evictor.clone();
         let setup = config.thread_setup.clone();
-        engine.spawn("swap-evictor".into(), move || {
+        self.spawn("swap-evictor".into(), move || {
             ThreadSetup::run(&setup, EngineThread::Evictor);
-            limit::run_background_evictor(&s)
+            evict::background::run(&evictor)
         })?;
         if pool_mode == PoolMode::Thp && config.refill_buffers {
-            let s = shared.clone();
+            let buffers = self.buffers.clone();
+            let life = self.life.clone();
             let setup = config.thread_setup.clone();
-            engine.spawn("swap-refill".into(), move || {
+            self.spawn("swap-refill".into(), move || {
                 ThreadSetup::run(&setup, EngineThread::BufferRefill);
-                while !s.stopping() {
-                    recycle::refill_step(&s, Duration::from_millis(50));
+                while !life.stopping() {
+                    buffers.refill_step(Duration::from_millis(50));
                 }
             })?;
         }
-        Ok(engine)
+        Ok(())
     }
 
     /// Spawns an engine thread. A panic in it (an engine bug) is reported
@@ -332,7 +403,7 @@ impl SwapEngine {
         name: String,
         body: impl FnOnce() + Send + 'static,
     ) -> Result<(), SwapError> {
-        let shared = self.shared.clone();
+        let life = self.life.clone();
         let thread = name.clone();
         let guarded = move || {
             if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
@@ -341,7 +412,7 @@ impl SwapEngine {
                     .map(|m| m.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "(no message)".into());
-                shared.fatal(&SwapError::ThreadPanicked { thread, message });
+                life.fatal(&SwapError::ThreadPanicked { thread, message });
             }
         };
         let handle = std::thread::Builder::new()
@@ -354,18 +425,18 @@ impl SwapEngine {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> SwapStats {
-        let s = &self.shared;
+        let s = self;
         let mut stats = s.counters.snapshot();
         stats.resident_bytes = s.limiter.held_pages() * PAGE_BYTES;
         stats.resident_bytes_max = s.limiter.held_pages_max() * PAGE_BYTES;
         stats.metadata_bytes = s.table.metadata_bytes();
-        stats.unit_bytes = s.unit_bytes;
+        stats.unit_bytes = s.geo.unit_bytes;
         stats.mem_limit_bytes = s.limiter.limit_pages().map(|p| p * PAGE_BYTES);
         let tags = s.table.count_tags();
-        stats.split.chunks_split = tags[Tag::Split as usize];
+        stats.split.chunks_split = tags.split;
         stats.split.chunks_huge = s.table.count_huge_resident();
-        stats.buffers_idle_max = s.buffers.idle_max() as u64;
-        stats.buffers_bound = s.buffers.bound() as u64;
+        stats.buffers_idle_max = s.buffers.pool().idle_max() as u64;
+        stats.buffers_bound = s.buffers.pool().bound() as u64;
         stats.store = s.store.report();
         stats
     }
@@ -373,15 +444,13 @@ impl SwapEngine {
     /// Evicts every resident unit overlapping `[offset, offset+len)` and
     /// waits until their writes completed.
     pub fn evict_range(&self, offset: u64, len: u64) -> Result<EvictReport, SwapError> {
-        let s = &self.shared;
-        let first = (offset / s.unit_bytes) as usize;
-        let end = (offset.saturating_add(len).div_ceil(s.unit_bytes) as usize).min(s.table.units());
-        evict::evict_range(s, first..end)
+        self.evictor
+            .evict_range(self.geo.units_overlapping(offset, len))
     }
 
     /// Evicts every resident unit and waits until the writes completed.
     pub fn evict_all(&self) -> Result<EvictReport, SwapError> {
-        evict::evict_range(&self.shared, 0..self.shared.table.units())
+        self.evictor.evict_range(0..self.geo.units)
     }
 
     /// Drops the units inside `[offset, offset+len)` (whole units only; a
@@ -389,10 +458,8 @@ impl SwapEngine {
     /// this memory free, so nothing is written and the next touch reads
     /// zeros.
     pub fn discard_range(&self, offset: u64, len: u64) -> Result<DiscardReport, SwapError> {
-        let s = &self.shared;
-        let first = offset.div_ceil(s.unit_bytes) as usize;
-        let end = ((offset.saturating_add(len) / s.unit_bytes) as usize).min(s.table.units());
-        discard::discard_units(s, first..end.max(first))
+        self.discarder
+            .discard_units(self.geo.units_inside(offset, len))
     }
 
     /// Splits every chunk overlapping `[offset, offset+len)` that is
@@ -401,27 +468,27 @@ impl SwapEngine {
     /// of a stored chunk) are also reported as fatal. For tests and the
     /// granularity policy; needs a configuration where chunks split.
     pub fn split_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
-        let s = &self.shared;
-        if !s.split.enabled {
+        let s = self;
+        let Some(splitter) = &s.splitter else {
             return Err(SwapError::Config(
                 "chunks do not split here: 2 MiB units of anonymous (THP) memory on a store that keeps pages are needed".into(),
             ));
-        }
+        };
         let mut splits = 0;
-        for chunk in self.chunks_of(offset, len) {
+        for chunk in self.geo.units_overlapping(offset, len) {
             let state = s.table.load(chunk);
             if state.pinned() {
                 continue;
             }
             match state.tag() {
                 Tag::Resident => {
-                    split::split_resident(s, chunk, Tag::Resident, SplitReason::Requested)?;
+                    splitter.split_resident(chunk, Tag::Resident, SplitReason::Requested)?;
                 }
                 Tag::Absent | Tag::Stored => {
                     let Ok(loading) = s.table.begin_fault(chunk.into(), state) else {
                         continue;
                     };
-                    if !split::split_on_restore(s, chunk, loading, state, SplitReason::Requested)? {
+                    if !splitter.split_on_restore(chunk, loading, state, SplitReason::Requested)? {
                         return Err(SwapError::ShuttingDown);
                     }
                 }
@@ -437,13 +504,16 @@ impl SwapEngine {
     /// pages first); returns how many are one huge mapping afterwards, as
     /// PAGEMAP_SCAN confirmed.
     pub fn collapse_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
-        let s = &self.shared;
+        let s = self;
         let mut huge = 0;
-        for chunk in self.chunks_of(offset, len) {
+        let Some(collapser) = &s.collapser else {
+            return Ok(0);
+        };
+        for chunk in self.geo.units_overlapping(offset, len) {
             if s.table.load(chunk).tag() != Tag::Split {
                 continue;
             }
-            collapse::try_collapse(s, chunk, CollapseReason::Requested)?;
+            collapser.try_collapse(chunk, CollapseReason::Requested)?;
             let state = s.table.load(chunk);
             huge += u64::from(state.tag() == Tag::Resident && state.huge());
         }
@@ -453,27 +523,20 @@ impl SwapEngine {
     /// The state of the page at region offset `offset` if its chunk is
     /// split (for tests and debugging).
     pub fn page_state(&self, offset: u64) -> Option<crate::chunk::PageState> {
-        let s = &self.shared;
-        let chunk = (offset / s.unit_bytes) as usize;
+        let s = self;
+        let chunk = (offset / s.geo.unit_bytes) as usize;
         if s.table.load(chunk).tag() != Tag::Split {
             return None;
         }
-        let page = ((offset % s.unit_bytes) / PAGE_BYTES) as usize;
+        let page = ((offset % s.geo.unit_bytes) / PAGE_BYTES) as usize;
         s.table
             .pages()
             .map(|pages| pages.load(crate::chunk::PageRef { chunk, page }))
     }
 
-    fn chunks_of(&self, offset: u64, len: u64) -> std::ops::Range<usize> {
-        let s = &self.shared;
-        let first = (offset / s.unit_bytes) as usize;
-        let end = (offset.saturating_add(len).div_ceil(s.unit_bytes) as usize).min(s.table.units());
-        first..end.max(first)
-    }
-
     /// Changes the memory limit at run time (`None`: no limit).
     pub fn set_mem_limit_bytes(&self, bytes: Option<u64>) {
-        let s = &self.shared;
+        let s = self;
         let shown = |pages: Option<u64>| {
             pages.map_or_else(
                 || "none".to_string(),
@@ -481,7 +544,7 @@ impl SwapEngine {
             )
         };
         let before = s.limiter.limit_pages();
-        let after = bytes.map(|b| limit_pages(b, s.unit_bytes));
+        let after = bytes.map(|b| limit_pages(b, s.geo.unit_bytes));
         s.limiter.set_limit_pages(after);
         log::info!(
             "swap engine: memory limit {} -> {} ({} resident)",
@@ -491,23 +554,20 @@ impl SwapEngine {
         );
     }
 
-    /// Per-state unit counts `[absent, resident, staged, stored, loading,
-    /// evicting, split]` (not an atomic snapshot).
-    pub fn unit_states(&self) -> [u64; 7] {
-        self.shared.table.count_tags()
+    /// Per-state unit counts (not an atomic snapshot).
+    pub fn unit_states(&self) -> TagCounts {
+        self.table.count_tags()
     }
 
     /// The state of the unit holding region offset `offset` (for tests and
     /// debugging).
     pub fn unit_state(&self, offset: u64) -> UnitState {
-        self.shared
-            .table
-            .load((offset / self.shared.unit_bytes) as usize)
+        self.table.load((offset / self.geo.unit_bytes) as usize)
     }
 
     /// Bytes of one unit.
     pub fn unit_bytes(&self) -> u64 {
-        self.shared.unit_bytes
+        self.geo.unit_bytes
     }
 
     /// Stops the threads and unregisters guest RAM. Faults after this are
@@ -520,13 +580,13 @@ impl SwapEngine {
         if self.threads.is_empty() {
             return;
         }
-        let s = &self.shared;
-        s.shutdown.store(true, Ordering::Release);
-        s.limiter.kick();
+        self.life.stop();
+        self.limiter.kick();
         for handle in self.threads.drain(..) {
             let _ = handle.join();
         }
-        let _ = s.uffd.unregister(s.guest.base(), s.guest.len());
+        let s = &*self;
+        let _ = s.uffd.unregister(s.geo.guest.base(), s.geo.guest.len());
         if s.parking_registered {
             let _ = s
                 .uffd

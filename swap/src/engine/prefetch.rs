@@ -14,25 +14,49 @@
 //! read after its prefetch leaves no trace, so it counts as waste too).
 
 use std::collections::VecDeque;
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::fault::restore_from_store;
-use super::stats::bump;
-use super::Shared;
-use crate::chunk::Tag;
+use super::lifecycle::Lifecycle;
+use super::limit::Limiter;
+use super::restore::Restorer;
+use super::stats::{bump, Counters};
+use crate::chunk::{ChunkTable, Tag};
 
 /// Offers kept: a few streams' next chunks.
 const QUEUE_CHUNKS: usize = 4;
 
-/// The queue of chunks to prefetch.
-#[derive(Default)]
+/// The queue of chunks to prefetch and the thread's work.
 pub(crate) struct Prefetcher {
     queue: Mutex<VecDeque<usize>>,
     offered: Condvar,
+    table: Arc<ChunkTable>,
+    limiter: Arc<Limiter>,
+    restorer: Arc<Restorer>,
+    counters: Arc<Counters>,
+    life: Arc<Lifecycle>,
 }
 
 impl Prefetcher {
+    /// A prefetcher restoring through `restorer`.
+    pub fn new(
+        table: Arc<ChunkTable>,
+        limiter: Arc<Limiter>,
+        restorer: Arc<Restorer>,
+        counters: Arc<Counters>,
+        life: Arc<Lifecycle>,
+    ) -> Prefetcher {
+        Prefetcher {
+            queue: Mutex::new(VecDeque::new()),
+            offered: Condvar::new(),
+            table,
+            limiter,
+            restorer,
+            counters,
+            life,
+        }
+    }
+
     /// Offers `chunk` for prefetching (the oldest offer goes when full).
     pub fn offer(&self, chunk: usize) {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -57,45 +81,50 @@ impl Prefetcher {
         }
         queue.pop_front()
     }
-}
 
-/// Body of the prefetch thread.
-pub(crate) fn run(s: &Shared) {
-    while !s.stopping() && !s.failed() {
-        if let Some(chunk) = s.prefetch.next(Duration::from_millis(50)) {
-            prefetch_one(s, chunk);
+    /// Body of the prefetch thread.
+    pub(crate) fn run(&self) {
+        let s = self;
+        while !s.life.stopping() && !s.life.failed() {
+            if let Some(chunk) = s.next(Duration::from_millis(50)) {
+                s.prefetch_one(chunk);
+            }
         }
     }
-}
 
-fn prefetch_one(s: &Shared, chunk: usize) {
-    if chunk >= s.table.units() {
-        return;
-    }
-    let state = s.table.load(chunk);
-    if state.tag() != Tag::Stored || state.pinned() {
-        return;
-    }
-    let unit_pages = s.limiter.unit_pages();
-    let Some(limit) = s.limiter.limit_pages() else {
-        return;
-    };
-    // Only the headroom the background evictor keeps below the limit, and
-    // never its last unit: a fault must still find room without evicting.
-    if s.limiter.held_pages() + 2 * unit_pages > limit {
-        bump(&s.counters.prefetch_skipped);
-        return;
-    }
-    if !s.limiter.try_reserve(unit_pages) {
-        bump(&s.counters.prefetch_skipped);
-        return;
-    }
-    let Ok(loading) = s.table.begin_fault(chunk.into(), state) else {
-        s.limiter.release(unit_pages);
-        return;
-    };
-    bump(&s.counters.prefetches);
-    if let Err(e) = restore_from_store(s, chunk, loading, state.store_slot(), false, true) {
-        s.fatal(&e);
+    fn prefetch_one(&self, chunk: usize) {
+        let s = self;
+        if chunk >= s.table.units() {
+            return;
+        }
+        let state = s.table.load(chunk);
+        if state.tag() != Tag::Stored || state.pinned() {
+            return;
+        }
+        let unit_pages = s.limiter.unit_pages();
+        let Some(limit) = s.limiter.limit_pages() else {
+            return;
+        };
+        // Only the headroom the background evictor keeps below the limit, and
+        // never its last unit: a fault must still find room without evicting.
+        if s.limiter.held_pages() + 2 * unit_pages > limit {
+            bump(&s.counters.prefetch_skipped);
+            return;
+        }
+        if !s.limiter.try_reserve(unit_pages) {
+            bump(&s.counters.prefetch_skipped);
+            return;
+        }
+        let Ok(loading) = s.table.begin_fault(chunk.into(), state) else {
+            s.limiter.release(unit_pages);
+            return;
+        };
+        bump(&s.counters.prefetches);
+        if let Err(e) =
+            s.restorer
+                .restore_from_store(chunk, loading, state.store_slot(), false, true)
+        {
+            s.life.fatal(&e);
+        }
     }
 }

@@ -3,9 +3,8 @@
 //! With 2 MiB units on THP memory, eviction moves a unit's PMD into a
 //! parking slot. Once that content is no longer needed (written to the
 //! store, dropped as clean, or dropped as all zero) the slot still holds a
-//! perfectly good huge page. Before, the engine freed it (`MADV_DONTNEED`)
-//! and the refill thread had the kernel allocate and clear a fresh one for
-//! the next restore: a third of a swapping run's CPU samples. Now the page
+//! perfectly good huge page. Freeing it (`MADV_DONTNEED`) and having the
+//! refill thread allocate and clear a fresh one for the next restore costs a third of a swapping run's CPU samples. So the page
 //! stays in its slot and becomes the buffer of a later restore: the store
 //! read (or the staging copy) goes into it and it is moved onto the
 //! faulting unit whole, as one PMD.
@@ -21,8 +20,8 @@
 //! no TLB shootdown; and a cleared page serves a zero fill as it is.
 //!
 //! Invariants:
-//! - Only content nobody needs is recycled: [`release_parked`] is called
-//!   where the engine used to free the slot, i.e. after the writer settled
+//! - Only content nobody needs is recycled: [`RestoreBuffers::release_parked`]
+//!   is called where a slot's content is done with: after the writer settled
 //!   the unit `Stored` (or a fault thread finished copying out of it), or
 //!   after a clean or zero drop. A slot that is `Staged` or that a fault
 //!   copies from is never offered.
@@ -41,10 +40,13 @@
 //! - The parking area has `bound` extra slots, so recycled pages never take
 //!   slots away from evictors.
 
-use super::buffers::{Buffer, RefillJob};
-use super::stats::bump;
-use super::{Backing, Shared};
-use guestmem::host::RawRange;
+use super::buffers::{Buffer, BufferPool, RefillJob};
+use super::config::InstallMode;
+use super::limit::Limiter;
+use super::parking::Parking;
+use super::stats::{bump, Counters};
+use guestmem::host::{PagemapScanner, RawRange};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where a restore buffer's memory is.
@@ -57,7 +59,8 @@ enum Origin {
 }
 
 /// A buffer for one restore, owned by the fault thread that took it until
-/// given back with [`put_moved`] or [`put_populated`].
+/// given back with [`RestoreBuffers::give_back_moved`] or
+/// [`RestoreBuffers::give_back_populated`].
 #[derive(Debug)]
 pub(crate) struct RestoreBuffer {
     /// Address of the buffer.
@@ -67,190 +70,238 @@ pub(crate) struct RestoreBuffer {
     origin: Origin,
 }
 
-impl RestoreBuffer {
+/// The restore buffers: the pool of fresh THP buffers and the evicted huge
+/// pages kept in parking slots for reuse.
+pub(crate) struct RestoreBuffers {
+    pool: BufferPool,
+    parking: Arc<Parking>,
+    /// Tells whether a parked page is huge (THP units; `None` when the
+    /// kernel lacks `PAGEMAP_SCAN`: evicted pages are then not recycled).
+    pagemap: Option<Arc<PagemapScanner>>,
+    /// Evicted pages are recycled (see [`RestoreBuffers::new`]).
+    recycling: bool,
+    thp: bool,
+    unit_bytes: u64,
+    limiter: Arc<Limiter>,
+    counters: Arc<Counters>,
+    fault_threads: usize,
+}
+
+/// What [`RestoreBuffers`] is built from.
+pub(crate) struct RestoreBuffersParts {
+    pub pool: BufferPool,
+    pub parking: Arc<Parking>,
+    pub pagemap: Option<Arc<PagemapScanner>>,
+    pub backing: InstallMode,
+    pub small_restore_buffers: bool,
+    pub unit_bytes: u64,
+    pub limiter: Arc<Limiter>,
+    pub counters: Arc<Counters>,
+    pub fault_threads: usize,
+}
+
+impl RestoreBuffers {
+    /// Evicted pages are recycled with 2 MiB units on THP memory, a kernel
+    /// that tells whether a page is huge, and restore buffers that may be
+    /// huge (not the `small_restore_buffers` test hook).
+    pub fn new(parts: RestoreBuffersParts) -> RestoreBuffers {
+        let thp = parts.backing == InstallMode::Thp;
+        RestoreBuffers {
+            recycling: thp && parts.pagemap.is_some() && !parts.small_restore_buffers,
+            thp,
+            pool: parts.pool,
+            parking: parts.parking,
+            pagemap: parts.pagemap,
+            unit_bytes: parts.unit_bytes,
+            limiter: parts.limiter,
+            counters: parts.counters,
+            fault_threads: parts.fault_threads,
+        }
+    }
+
+    /// The pool of fresh buffers (for its statistics).
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
+    }
+
     /// The range holding the buffer and the buffer's offset in it.
-    pub fn place<'a>(&self, s: &'a Shared) -> (&'a RawRange, u64) {
-        match &self.origin {
-            Origin::Pool(buf) => (s.buffers.raw(), s.buffers.offset_of(buf)),
-            Origin::Parked(slot) => (s.parking.raw(), s.parking.offset(*slot)),
+    pub fn place(&self, buf: &RestoreBuffer) -> (&RawRange, u64) {
+        match &buf.origin {
+            Origin::Pool(pool_buf) => (self.pool.raw(), self.pool.offset_of(pool_buf)),
+            Origin::Parked(slot) => (self.parking.raw(), self.parking.offset(*slot)),
         }
     }
 
     /// Copies parked unit `p` into the buffer.
-    pub fn copy_from_parked(&self, s: &Shared, p: u32) {
-        let (range, offset) = self.place(s);
-        range.copy_from(offset, s.parking.raw(), s.parking.offset(p), s.unit_bytes);
+    pub fn copy_from_parked(&self, buf: &RestoreBuffer, p: u32) {
+        let (range, offset) = self.place(buf);
+        range.copy_from(
+            offset,
+            self.parking.raw(),
+            self.parking.offset(p),
+            self.unit_bytes,
+        );
     }
-}
 
-/// True when evicted pages are recycled: 2 MiB units on THP memory, a
-/// kernel that tells whether a page is huge, and restore buffers that may
-/// be huge (not the `small_restore_buffers` test knob).
-fn enabled(s: &Shared) -> bool {
-    s.backing == Backing::Thp && s.pagemap.is_some() && !s.small_restore_buffers
-}
+    /// Whether parking slot `p` holds one whole huge page.
+    fn parked_huge(&self, p: u32) -> bool {
+        self.pagemap.as_ref().is_some_and(|scanner| {
+            scanner
+                .is_huge(self.parking.raw(), self.parking.offset(p), self.unit_bytes)
+                .unwrap_or(false)
+        })
+    }
 
-/// Whether parking slot `p` holds one whole huge page.
-fn parked_huge(s: &Shared, p: u32) -> bool {
-    s.pagemap.as_ref().is_some_and(|scanner| {
-        scanner
-            .is_huge(s.parking.raw(), s.parking.offset(p), s.unit_bytes)
-            .unwrap_or(false)
-    })
-}
-
-/// Takes a recycled page, cleared ones first (`cleared_only`: only those),
-/// with whether it was cleared; pages split since they were kept are
-/// freed on the way.
-fn take_recycled(s: &Shared, cleared_only: bool) -> Option<(u32, bool)> {
-    loop {
-        let (slot, cleared) = match s.buffers.take_cleared() {
-            Some(slot) => (slot, true),
-            None if cleared_only => return None,
-            None => (s.buffers.take_raw()?, false),
-        };
-        if parked_huge(s, slot) {
-            return Some((slot, cleared));
+    /// Takes a recycled page, cleared ones first (`cleared_only`: only
+    /// those), with whether it was cleared; pages split since they were
+    /// kept are freed on the way.
+    fn take_recycled(&self, cleared_only: bool) -> Option<(u32, bool)> {
+        loop {
+            let (slot, cleared) = match self.pool.take_cleared() {
+                Some(slot) => (slot, true),
+                None if cleared_only => return None,
+                None => (self.pool.take_raw()?, false),
+            };
+            if self.parked_huge(slot) {
+                return Some((slot, cleared));
+            }
+            bump(&self.counters.buffers_recycle_dropped);
+            self.parking.release(slot);
         }
-        bump(&s.counters.buffers_recycle_dropped);
-        s.parking.release(slot);
     }
-}
 
-fn from_pool(s: &Shared, buf: Buffer) -> RestoreBuffer {
-    if s.backing == Backing::Thp {
-        bump(&s.counters.buffers_fresh);
+    fn wrap_pooled(&self, buf: Buffer) -> RestoreBuffer {
+        if self.thp {
+            bump(&self.counters.buffers_fresh);
+        }
+        RestoreBuffer {
+            addr: buf.addr,
+            huge: buf.huge,
+            origin: Origin::Pool(buf),
+        }
     }
-    RestoreBuffer {
-        addr: buf.addr,
-        huge: buf.huge,
-        origin: Origin::Pool(buf),
-    }
-}
 
-fn from_parking(s: &Shared, slot: u32, cleared: bool) -> RestoreBuffer {
-    bump(&s.counters.buffers_recycled);
-    if !cleared {
-        bump(&s.counters.buffers_recycled_uncleared);
+    fn wrap_parked(&self, slot: u32, cleared: bool) -> RestoreBuffer {
+        bump(&self.counters.buffers_recycled);
+        if !cleared {
+            bump(&self.counters.buffers_recycled_uncleared);
+        }
+        RestoreBuffer {
+            addr: self.parking.addr(slot),
+            huge: true,
+            origin: Origin::Parked(slot),
+        }
     }
-    RestoreBuffer {
-        addr: s.parking.addr(slot),
-        huge: true,
-        origin: Origin::Parked(slot),
-    }
-}
 
-/// Zeroes a recycled page in place.
-fn clear(s: &Shared, slot: u32) {
-    // SAFETY: the slot holds a whole huge page (checked by the caller), so
-    // writing it never faults into the userfaultfd; the caller took it
-    // from the pool, so it is this thread's alone.
-    unsafe {
-        s.parking
-            .raw()
-            .slice_mut(s.parking.offset(slot), s.unit_bytes)
+    /// Zeroes a recycled page in place.
+    fn clear(&self, slot: u32) {
+        // SAFETY: the slot holds a whole huge page (checked by the caller),
+        // so writing it never faults into the userfaultfd; the caller took
+        // it from the pool, so it is this thread's alone.
+        unsafe {
+            self.parking
+                .raw()
+                .slice_mut(self.parking.offset(slot), self.unit_bytes)
+        }
+        .fill(0);
     }
-    .fill(0);
-}
 
-impl RestoreBuffer {
     /// A buffer whose content the caller overwrites entirely (store read,
     /// staging copy), cheapest first: a cleared recycled page, a ready
     /// fresh one, a recycled page not cleared yet, a fresh one filled
     /// inline.
-    pub(crate) fn for_overwrite(s: &Shared) -> RestoreBuffer {
-        take(s, false)
+    pub fn for_overwrite(&self) -> RestoreBuffer {
+        self.take(false)
     }
 
     /// A zeroed buffer (THP units), in the same order as
-    /// [`RestoreBuffer::for_overwrite`], a recycled page not cleared yet
+    /// [`RestoreBuffers::for_overwrite`], a recycled page not cleared yet
     /// being cleared here.
-    pub(crate) fn zeroed(s: &Shared) -> RestoreBuffer {
-        take(s, true)
+    pub fn zeroed(&self) -> RestoreBuffer {
+        self.take(true)
+    }
+
+    fn take(&self, zeroed: bool) -> RestoreBuffer {
+        if self.recycling {
+            if let Some((slot, cleared)) = self.take_recycled(true) {
+                return self.wrap_parked(slot, cleared);
+            }
+            if let Some(buf) = self.pool.try_take_ready() {
+                return self.wrap_pooled(buf);
+            }
+            if let Some((slot, cleared)) = self.take_recycled(false) {
+                if zeroed && !cleared {
+                    self.clear(slot);
+                }
+                return self.wrap_parked(slot, cleared);
+            }
+        }
+        self.wrap_pooled(self.pool.take())
     }
 
     /// Gives the buffer back after its pages were moved into the guest.
-    pub(crate) fn give_back_moved(self, s: &Shared) {
-        match self.origin {
-            Origin::Pool(buf) => s.buffers.put_moved(buf),
+    pub fn give_back_moved(&self, buf: RestoreBuffer) {
+        match buf.origin {
+            Origin::Pool(pool_buf) => self.pool.put_moved(pool_buf),
             // The move emptied the slot: a valid move destination again.
-            Origin::Parked(slot) => s.parking.release_empty(slot),
+            Origin::Parked(slot) => self.parking.release_empty(slot),
         }
     }
 
     /// Gives the buffer back while it still holds its pages (a copy
     /// source, or the restore failed).
-    pub(crate) fn give_back_populated(self, s: &Shared) {
-        match self.origin {
-            Origin::Pool(buf) => s.buffers.put_used(buf),
+    pub fn give_back_populated(&self, buf: RestoreBuffer) {
+        match buf.origin {
+            Origin::Pool(pool_buf) => self.pool.put_used(pool_buf),
             // May have been moved in part: empty it before reuse.
-            Origin::Parked(slot) => s.parking.release(slot),
+            Origin::Parked(slot) => self.parking.release(slot),
         }
     }
-}
 
-fn take(s: &Shared, zeroed: bool) -> RestoreBuffer {
-    if enabled(s) {
-        if let Some((slot, cleared)) = take_recycled(s, true) {
-            return from_parking(s, slot, cleared);
-        }
-        if let Some(buf) = s.buffers.try_take_ready() {
-            return from_pool(s, buf);
-        }
-        if let Some((slot, cleared)) = take_recycled(s, false) {
-            if zeroed && !cleared {
-                clear(s, slot);
+    /// Parking slot `p` holds content nobody needs any more (written, or
+    /// dropped as clean or zero): keep its huge page as a restore buffer if
+    /// the pool has room, else free the slot.
+    pub fn release_parked(&self, p: u32) {
+        if self.recycling {
+            if self.parked_huge(p) && self.pool.offer_recycled(p) {
+                return;
             }
-            return from_parking(s, slot, cleared);
+            bump(&self.counters.buffers_recycle_dropped);
         }
+        self.parking.release(p);
     }
-    from_pool(s, s.buffers.take())
-}
 
-/// Parking slot `p` holds content nobody needs any more (written, or
-/// dropped as clean or zero): keep its huge page as a restore buffer if
-/// the pool has room, else free the slot.
-pub(crate) fn release_parked(s: &Shared, p: u32) {
-    if enabled(s) {
-        if parked_huge(s, p) && s.buffers.offer_recycled(p) {
-            return;
-        }
-        bump(&s.counters.buffers_recycle_dropped);
-    }
-    s.parking.release(p);
-}
-
-/// One step of the refill thread: clear a kept page, or fill a fresh
-/// buffer, or wait up to `wait` for work.
-pub(crate) fn refill_step(s: &Shared, wait: Duration) {
-    match s.buffers.next_refill_job(wait, refill_target(s)) {
-        None => {}
-        Some(RefillJob::Fill(index)) => s.buffers.fill_job(index),
-        Some(RefillJob::Clear(slot)) => {
-            if parked_huge(s, slot) {
-                clear(s, slot);
-                s.buffers.finish_clear(slot);
-            } else {
-                s.buffers.abandon_clear();
-                bump(&s.counters.buffers_recycle_dropped);
-                s.parking.release(slot);
+    /// One step of the refill thread: clear a kept page, or fill a fresh
+    /// buffer, or wait up to `wait` for work.
+    pub fn refill_step(&self, wait: Duration) {
+        match self.pool.next_refill_job(wait, self.refill_target()) {
+            None => {}
+            Some(RefillJob::Fill(index)) => self.pool.fill_job(index),
+            Some(RefillJob::Clear(slot)) => {
+                if self.parked_huge(slot) {
+                    self.clear(slot);
+                    self.pool.finish_clear(slot);
+                } else {
+                    self.pool.abandon_clear();
+                    bump(&self.counters.buffers_recycle_dropped);
+                    self.parking.release(slot);
+                }
             }
         }
     }
-}
 
-/// How many buffers the refill thread keeps ready for use (fresh ones
-/// plus cleared recycled ones). Near the memory limit every restore is
-/// paired with an eviction that hands back a page, so a small reserve
-/// covers the restores that come before their eviction's page (and
-/// bursts); the rest of the pool's room is left to recycled pages. Below
-/// the limit (no evictions) the whole pool is kept ready, as before
-/// recycling.
-fn refill_target(s: &Shared) -> usize {
-    let bound = s.buffers.bound();
-    if enabled(s) && s.limiter.near_limit() {
-        (s.fault_threads + 1).min(bound / 2).max(1)
-    } else {
-        bound
+    /// How many buffers the refill thread keeps ready for use (fresh ones
+    /// plus cleared recycled ones). Near the memory limit every restore is
+    /// paired with an eviction that hands back a page, so a small reserve
+    /// covers the restores that come before their eviction's page (and
+    /// bursts); the rest of the pool's room is left to recycled pages.
+    /// Below the limit (no evictions) the whole pool is kept ready.
+    fn refill_target(&self) -> usize {
+        let bound = self.pool.bound();
+        if self.recycling && self.limiter.near_limit() {
+            (self.fault_threads + 1).min(bound / 2).max(1)
+        } else {
+            bound
+        }
     }
 }

@@ -4,20 +4,22 @@
 //! staging area (parking slots and restore buffers), and the unit table.
 
 use super::buffers::{BufferPool, PoolMode};
-use super::staging::Parking;
-use super::{Backing, EngineConfig, ManagedRegion, MemoryKind, SwapError, SwapUnit};
+use super::config::InstallMode;
+use super::parking::Parking;
+use super::config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
+use super::error::SwapError;
 use crate::chunk::ChunkTable;
 use crate::store::SharedStore;
 use crate::uffd::{feature, mode, Uffd};
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 
 /// How guest RAM of `kind` is swapped in `unit`s.
-pub(super) fn backing_for(kind: MemoryKind, unit: SwapUnit) -> Result<Backing, SwapError> {
+pub(super) fn backing_for(kind: MemoryKind, unit: SwapUnit) -> Result<InstallMode, SwapError> {
     match (kind, unit) {
-        (MemoryKind::Anonymous, SwapUnit::Huge2M | SwapUnit::Auto) => Ok(Backing::Thp),
-        (MemoryKind::Anonymous, SwapUnit::Small4K) => Ok(Backing::Small),
+        (MemoryKind::Anonymous, SwapUnit::Huge2M | SwapUnit::Auto) => Ok(InstallMode::Thp),
+        (MemoryKind::Anonymous, SwapUnit::Small4K) => Ok(InstallMode::Small),
         (MemoryKind::Hugetlb { memfd }, SwapUnit::Huge2M | SwapUnit::Auto) => {
-            Ok(Backing::Hugetlb { memfd })
+            Ok(InstallMode::Hugetlb { memfd })
         }
         (MemoryKind::Hugetlb { .. }, SwapUnit::Small4K) => Err(SwapError::Config(
             "hugetlb guest memory has 2 MiB pages; use --swap-unit 2m or anonymous (THP) memory for 4k units".into(),
@@ -69,11 +71,11 @@ pub(super) struct WpFeatures {
 
 /// Opens the userfaultfd and checks the features `backing` needs.
 pub(super) fn open_userfaultfd(
-    backing: Backing,
+    backing: InstallMode,
     track_clean_wanted: bool,
 ) -> Result<(Uffd, WpFeatures), SwapError> {
     let uffd = Uffd::open(0).map_err(|e| SwapError::uffd("opening the userfaultfd", e))?;
-    let is_hugetlb = matches!(backing, Backing::Hugetlb { .. });
+    let is_hugetlb = matches!(backing, InstallMode::Hugetlb { .. });
     let wp_ok = if is_hugetlb {
         uffd.features() & feature::WP_HUGETLBFS_SHMEM != 0
     } else {
@@ -102,21 +104,21 @@ pub(super) fn open_userfaultfd(
 pub(super) fn register_guest(
     uffd: &Uffd,
     region: &ManagedRegion,
-    backing: Backing,
+    backing: InstallMode,
     wp_registered: bool,
 ) -> Result<RawRange, SwapError> {
     // SAFETY: the VMM hands us this mapping for the engine's lifetime
     // and accesses it only as guest memory (raw pointers, KVM).
     let guest = unsafe { RawRange::new(region.host_base, region.len_bytes) };
     match backing {
-        Backing::Thp => guest
+        InstallMode::Thp => guest
             .advise_hugepage(0, guest.len())
             .map_err(|e| SwapError::os("madvise(MADV_HUGEPAGE) on guest RAM", e))?,
         // The 4 KiB baseline must not be rescued by khugepaged.
-        Backing::Small => guest
+        InstallMode::Small => guest
             .advise_nohugepage(0, guest.len())
             .map_err(|e| SwapError::os("madvise(MADV_NOHUGEPAGE) on guest RAM", e))?,
-        Backing::Hugetlb { .. } => {}
+        InstallMode::Hugetlb { .. } => {}
     }
     let modes = mode::MISSING | if wp_registered { mode::WP } else { 0 };
     // SAFETY: the VMM hands this mapping to the engine for its lifetime
@@ -140,7 +142,7 @@ pub(super) struct StagingArea {
 /// restore buffers.
 pub(super) fn staging_area(
     uffd: &Uffd,
-    backing: Backing,
+    backing: InstallMode,
     config: &EngineConfig,
 ) -> Result<StagingArea, SwapError> {
     let unit_bytes = config.unit.bytes();
@@ -148,7 +150,7 @@ pub(super) fn staging_area(
     let buffer_count = config.buffer_count.unwrap_or(2 * fault_threads + 4).max(1);
     // Recycled pages stay in their parking slots (see `recycle`): one
     // extra slot per buffer, so they never take slots from evictors.
-    let recycle_slots = if backing == Backing::Thp {
+    let recycle_slots = if backing == InstallMode::Thp {
         buffer_count
     } else {
         0
@@ -158,22 +160,22 @@ pub(super) fn staging_area(
         unit_bytes,
     )
     .map_err(|e| SwapError::os("mapping the parking area", e))?;
-    let parking_registered = !matches!(backing, Backing::Hugetlb { .. });
+    let parking_registered = !matches!(backing, InstallMode::Hugetlb { .. });
     if parking_registered {
         // SAFETY: the parking area is the engine's own mapping, reached
         // through raw addresses only; its holes are filled before any
-        // thread reads them (see `staging`).
+        // thread reads them (see `parking`).
         unsafe { uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING) }
             .map_err(|e| SwapError::uffd("registering the parking area", e))?;
     }
-    let pool_mode = if backing == Backing::Thp {
+    let pool_mode = if backing == InstallMode::Thp {
         PoolMode::Thp
     } else {
         PoolMode::Reusable
     };
     let buffers = BufferPool::new(buffer_count, unit_bytes, pool_mode)
         .and_then(|pool| {
-            if config.small_restore_buffers {
+            if config.hooks.small_restore_buffers() {
                 pool.refuse_huge_pages()?;
             }
             Ok(pool)
@@ -189,8 +191,8 @@ pub(super) fn staging_area(
 
 /// The scanner that tells huge restore buffers from split ones (THP only;
 /// without it evicted pages are not reused as buffers).
-pub(super) fn pagemap_scanner(backing: Backing) -> Option<PagemapScanner> {
-    if backing != Backing::Thp {
+pub(super) fn pagemap_scanner(backing: InstallMode) -> Option<PagemapScanner> {
+    if backing != InstallMode::Thp {
         return None;
     }
     match PagemapScanner::open() {
@@ -205,9 +207,9 @@ pub(super) fn pagemap_scanner(backing: Backing) -> Option<PagemapScanner> {
 }
 
 /// A populated zero chunk to copy from (hugetlb has no zero-page install).
-pub(super) fn zero_source(backing: Backing) -> Result<Option<AnonMapping>, SwapError> {
+pub(super) fn zero_source(backing: InstallMode) -> Result<Option<AnonMapping>, SwapError> {
     match backing {
-        Backing::Hugetlb { .. } => {
+        InstallMode::Hugetlb { .. } => {
             let zero = AnonMapping::new(HUGE_PAGE_BYTES)
                 .map_err(|e| SwapError::os("mapping the zero buffer", e))?;
             zero.range().touch(0, HUGE_PAGE_BYTES);
@@ -217,20 +219,20 @@ pub(super) fn zero_source(backing: Backing) -> Result<Option<AnonMapping>, SwapE
     }
 }
 
-/// Whether chunks split here, and the test knob: only 2 MiB chunks of
-/// anonymous (THP) memory on a store that keeps pages. The knob on
-/// anything else is a configuration error (it would test nothing).
-pub(super) fn split_control(
-    backing: Backing,
+/// Whether chunks split here: only 2 MiB chunks of anonymous (THP) memory
+/// on a store that keeps pages. `--force-split-every` on anything else is
+/// a configuration error (it would test nothing).
+pub(super) fn chunks_split(
+    backing: InstallMode,
     store: &SharedStore,
     config: &EngineConfig,
-) -> Result<super::split::SplitControl, SwapError> {
-    let enabled = backing == Backing::Thp && store.supports_pages();
+) -> Result<bool, SwapError> {
+    let enabled = backing == InstallMode::Thp && store.supports_pages();
     if config.force_split_every.is_some() && !enabled {
         let why = match backing {
-            Backing::Thp => format!("the store {} keeps no pages", store.describe()),
-            Backing::Hugetlb { .. } => "hugetlb pages cannot be mapped in parts".to_string(),
-            Backing::Small => "4 KiB units are pages already".to_string(),
+            InstallMode::Thp => format!("the store {} keeps no pages", store.describe()),
+            InstallMode::Hugetlb { .. } => "hugetlb pages cannot be mapped in parts".to_string(),
+            InstallMode::Small => "4 KiB units are pages already".to_string(),
         };
         return Err(SwapError::Config(format!(
             "--force-split-every needs 2 MiB swap units of anonymous (THP) memory on a file or mem store: {why}"
@@ -241,21 +243,22 @@ pub(super) fn split_control(
             "--force-split-every must be at least 1 (1 splits every restore)".into(),
         ));
     }
-    Ok(super::split::SplitControl::new(
-        enabled,
-        config.force_split_every,
-    ))
+    Ok(enabled)
 }
 
 /// The unit table, with the configured ranges pinned.
 pub(super) fn unit_table(
     units: usize,
     config: &EngineConfig,
-    backing: Backing,
+    backing: InstallMode,
     track_clean: bool,
 ) -> ChunkTable {
     let unit_bytes = config.unit.bytes();
-    let table = ChunkTable::new(units, unit_bytes, backing == Backing::Thp && track_clean);
+    let table = ChunkTable::new(
+        units,
+        unit_bytes,
+        backing == InstallMode::Thp && track_clean,
+    );
     for &(offset, len) in &config.pinned_offsets {
         let first = offset / unit_bytes;
         let end = (offset + len).div_ceil(unit_bytes).min(units as u64);

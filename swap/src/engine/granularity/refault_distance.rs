@@ -1,4 +1,4 @@
-//! The granularity policy of `--swap-unit auto`: which chunks to split
+//! The granularity policy of `--swap-unit auto`, by refault distance: which chunks to split
 //! into pages and which split chunks to collapse, from what the engine
 //! sees (docs/GRANULARITY.md has the signals and why these).
 //!
@@ -31,9 +31,8 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::stats::bump;
-use super::Shared;
-use crate::chunk::{PageRef, PageTag, UnitState, PAGES_PER_CHUNK};
+use super::{GranularityPolicy, Refault, RefaultEvent};
+use crate::chunk::{PageRef, PageTable, PageTag, PAGES_PER_CHUNK};
 
 /// Streams tracked at once (one per sequential writer; more are
 /// forgotten round robin).
@@ -51,63 +50,14 @@ const STREAM_ENTRY_PAGES: usize = 16;
 /// then; a chunk with one or a few hot pages stays far below it.
 pub(crate) const DENSE_PAGES: u32 = 8;
 
-/// Why a chunk was split.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SplitReason {
-    /// `--force-split-every`.
-    Forced = 0,
-    /// Faulted back soon after its eviction, not on a stream.
-    Thrashing = 1,
-    /// `SwapEngine::split_range`.
-    Requested = 2,
-}
-
-/// Why a collapse was tried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CollapseReason {
-    /// `--force-split-every`.
-    Forced = 0,
-    /// `DENSE_PAGES` pages resident.
-    Dense = 1,
-    /// `SwapEngine::collapse_range`.
-    Requested = 2,
-}
-
-/// What a refault means for a chunk ([`Granularity::refault`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refault {
-    /// The policy is off (or the chunk pinned): nothing to note.
-    Keep,
-    /// Back after a long time, or on a stream: clear the short mark.
-    Long,
-    /// Back soon after its eviction, the first time in a row: mark it.
-    Short,
-    /// Back soon again: split it.
-    Split,
-}
-
-impl Refault {
-    /// The restored chunk's word with the short-refault mark this verdict
-    /// leaves on it.
-    pub fn mark(self, loading: UnitState) -> UnitState {
-        match self {
-            Refault::Keep => loading,
-            Refault::Long | Refault::Split => loading.with_short_refault(false),
-            Refault::Short => loading.with_short_refault(true),
-        }
-    }
-}
-
-/// The policy's state: whether it runs, and the streams seen.
-pub(crate) struct Granularity {
-    /// `--swap-unit auto` on memory whose chunks can split.
-    pub auto: bool,
+/// The policy's state: the streams seen.
+pub(crate) struct RefaultDistance {
     /// The last chunk of each stream (`u64::MAX`: none).
     streams: [AtomicU64; STREAMS],
     /// When each stream last moved on to a new chunk, in `faults_seen`.
     moved_at: [AtomicU64; STREAMS],
     next_stream: AtomicUsize,
-    /// Faults [`Granularity::note_fault`] has seen: the streams' clock.
+    /// Faults [`RefaultDistance::note_fault`] has seen: the streams' clock.
     faults_seen: AtomicU64,
     /// CPUs this process may run on.
     cpus: usize,
@@ -117,10 +67,9 @@ pub(crate) struct Granularity {
 /// `STREAMS` streams taking turns, each moves on every few faults.
 const ACTIVE_WINDOW_FAULTS: u64 = 4 * STREAMS as u64;
 
-impl Granularity {
-    pub fn new(auto: bool) -> Granularity {
-        Granularity {
-            auto,
+impl Default for RefaultDistance {
+    fn default() -> RefaultDistance {
+        RefaultDistance {
             streams: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             moved_at: std::array::from_fn(|_| AtomicU64::new(0)),
             next_stream: AtomicUsize::new(0),
@@ -128,7 +77,9 @@ impl Granularity {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
+}
 
+impl RefaultDistance {
     /// Streams that moved on to a new chunk within the last
     /// [`ACTIVE_WINDOW_FAULTS`] faults.
     pub fn active_streams(&self) -> usize {
@@ -183,48 +134,46 @@ impl Granularity {
         self.moved_at[i].store(0, Ordering::Relaxed);
         false
     }
+}
 
-    /// What a chunk faulting back in `state` (stored or staged), on a
-    /// stream or not, tells: split it on its second short refault in a
-    /// row, so that a chunk that happened to come back soon once (several
-    /// vCPUs passing over it one after another) stays huge.
-    pub fn refault(&self, s: &Shared, state: UnitState, stream: bool) -> Refault {
-        if !self.auto || state.pinned() {
+impl GranularityPolicy for RefaultDistance {
+    fn active(&self) -> bool {
+        true
+    }
+
+    fn on_fault(&self, chunk: usize, page: usize) -> bool {
+        self.note_fault(chunk, page)
+    }
+
+    /// Splits a chunk on its second short refault in a row, so that a
+    /// chunk that happened to come back soon once (several vCPUs passing
+    /// over it one after another) stays huge.
+    fn on_refault(&self, event: RefaultEvent) -> Refault {
+        let state = event.state;
+        if state.pinned() {
             return Refault::Keep;
         }
-        let Some(limit_pages) = s.limiter.limit_pages() else {
+        let Some(limit_chunks) = event.limit_chunks else {
             return Refault::Keep;
         };
-        if stream {
+        if event.stream {
             return Refault::Long;
         }
-        let limit_chunks = limit_pages / s.limiter.unit_pages();
         let mut threshold = limit_chunks.max(4);
         if state.collapsed() {
             threshold /= 4;
         }
-        let now = s.counters.evictions.load(Ordering::Relaxed) as u16;
-        let distance = u64::from(now.wrapping_sub(state.evict_epoch()));
-        if distance >= threshold {
+        if event.distance_evictions >= threshold {
             Refault::Long
         } else if state.short_refault() {
-            if state.collapsed() {
-                bump(&s.counters.flips);
-            }
             Refault::Split
         } else {
             Refault::Short
         }
     }
 
-    /// Whether split chunk `chunk` is dense enough to collapse.
-    pub fn dense(&self, s: &Shared, chunk: usize) -> bool {
-        if !self.auto {
-            return false;
-        }
-        let Some(pages) = s.table.pages() else {
-            return false;
-        };
+    /// Dense: `DENSE_PAGES` resident pages.
+    fn should_collapse(&self, chunk: usize, pages: &PageTable) -> bool {
         let mut resident = 0;
         for page in 0..PAGES_PER_CHUNK {
             if pages.load(PageRef { chunk, page }).tag() == PageTag::Resident {
@@ -236,6 +185,10 @@ impl Granularity {
         }
         false
     }
+
+    fn prefetch_pays(&self) -> bool {
+        RefaultDistance::prefetch_pays(self)
+    }
 }
 
 #[cfg(test)]
@@ -244,7 +197,7 @@ mod tests {
 
     #[test]
     fn consecutive_chunks_are_streams_and_scattered_ones_are_not() {
-        let g = Granularity::new(true);
+        let g = RefaultDistance::default();
         assert!(!g.note_fault(10, 0), "a first fault starts a stream");
         assert!(g.note_fault(11, 0));
         assert!(g.note_fault(12, 3));
@@ -268,8 +221,10 @@ mod tests {
 
     #[test]
     fn prefetch_pays_while_no_more_streams_move_than_cpus() {
-        let mut g = Granularity::new(true);
-        g.cpus = 2;
+        let g = RefaultDistance {
+            cpus: 2,
+            ..Default::default()
+        };
         // Scattered faults start streams that never move: none active.
         for chunk in [100, 300, 500, 700] {
             g.note_fault(chunk, 0);

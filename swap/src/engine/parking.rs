@@ -6,7 +6,7 @@
 //! userfaultfd it is issued on (moving into an unregistered range fails
 //! with EINVAL). So an empty parking page must never be touched: after a
 //! move the engine fills the holes the unit had with the zero page
-//! ([`super::evict`]) and releases slots by discarding them. For hugetlb
+//! (the evictor) and releases slots by discarding them. For hugetlb
 //! the parking area is plain anonymous memory (units are copied, not
 //! moved).
 

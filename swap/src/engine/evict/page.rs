@@ -1,0 +1,288 @@
+//! Page eviction of split chunks: each resident page is moved out into a
+//! page of the evictor's own parking slot, dropped if all zero, else
+//! written in place into the chunk's store slot with the rest of the
+//! batch, and only then `Stored`.
+
+use std::time::Duration;
+
+use super::{Evictor, PAGE_BATCH};
+use crate::chunk::{PageRef, PageTag, PageTransition, Tag, PAGES_PER_CHUNK};
+use crate::engine::error::SwapError;
+use crate::engine::hash::scan;
+use crate::engine::stats::{add, bump};
+use crate::store::{PageWrite, SlotId};
+use crate::uffd::MoveOptions;
+use guestmem::host::PAGE_BYTES;
+
+impl Evictor<'_> {
+    /// Evicts every resident page of a split chunk.
+    pub(super) fn evict_split(&mut self, chunk: usize) -> Result<(), SwapError> {
+        for page in 0..PAGES_PER_CHUNK {
+            self.evict_page(PageRef { chunk, page })?;
+        }
+        Ok(())
+    }
+
+    /// the page batch when the slot is full.
+    pub(super) fn page_parking(&mut self) -> Result<(u32, usize), SwapError> {
+        if let Some((p, next)) = self.pages.slot {
+            if next < PAGES_PER_CHUNK {
+                self.pages.slot = Some((p, next + 1));
+                return Ok((p, next));
+            }
+            self.flush_pages()?;
+            return self.page_parking();
+        }
+        let p = self.parking_slot()?;
+        self.pages.slot = Some((p, 1));
+        Ok((p, 0))
+    }
+
+    /// Evicts one page of a split chunk if it is resident.
+    pub(super) fn evict_page(&mut self, at: PageRef) -> Result<(), SwapError> {
+        let s = self.s;
+        let pages = s.split_pages();
+        let evicting = loop {
+            let state = pages.load(at);
+            if state.tag() != PageTag::Resident {
+                return Ok(());
+            }
+            if let Ok(evicting) = pages.begin_evict(at, state) {
+                break evicting;
+            }
+        };
+        bump(&s.counters.page_evictions);
+        let (p, index) = match self.page_parking() {
+            Ok(place) => place,
+            Err(e) => {
+                pages.settle(at, evicting, PageTransition::AbortEvict);
+                return Err(e);
+            }
+        };
+        let parked = s.parking.addr(p) + index as u64 * PAGE_BYTES;
+        let options = MoveOptions {
+            allow_src_holes: true,
+            dont_wake: false,
+        };
+        let mut tries = 0;
+        loop {
+            // SAFETY: this evictor owns the page (Evicting) and its parking
+            // page (empty: a fresh or discarded slot); raw addresses only.
+            match unsafe {
+                s.uffd
+                    .move_all(parked, s.geo.page_addr(at), PAGE_BYTES, options)
+            } {
+                Ok(()) => break,
+                Err(e) if e.errno() == Some(libc::EBUSY) && tries < 3 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Err(e) if e.errno() == Some(libc::EBUSY) => {
+                    // Pinned (device I/O): nothing moved, leave it.
+                    pages.settle(at, evicting, PageTransition::AbortEvict);
+                    self.report.busy_units += 1;
+                    bump(&s.counters.evict_busy);
+                    return Ok(());
+                }
+                Err(e) => {
+                    let e = SwapError::uffd(
+                        format!(
+                            "moving out the page at guest address {:#x}",
+                            s.geo.page_gpa(at)
+                        ),
+                        e,
+                    );
+                    s.life.fatal(&e);
+                    return Err(e);
+                }
+            }
+        }
+        let offset = s.parking.offset(p) + index as u64 * PAGE_BYTES;
+        self.fill_page_hole(offset)?;
+        // SAFETY: the parking page is populated (moved in, or its hole
+        // filled) and owned by this evictor until released.
+        let data = unsafe { s.parking.raw().slice(offset, PAGE_BYTES) };
+        if scan(data).zero {
+            let _ = s.parking.raw().discard(offset, PAGE_BYTES);
+            pages.settle(at, evicting, PageTransition::SettleZero);
+            s.limiter.release(1);
+            self.report.zero_pages += 1;
+            bump(&s.counters.pages_zero);
+            return Ok(());
+        }
+        // The chunk's slot, taken while this page is in flight: no merge
+        // of the chunk can finish (and free it) before the page settles.
+        // Taken only for a page to write, so a chunk of zero pages gets none.
+        let slot = match self.split_slot(at.chunk) {
+            Ok(Some(slot)) => slot,
+            Ok(None) => {
+                // Being merged back and no slot yet: put the page back.
+                self.put_page_back(at, parked)?;
+                let _ = s.parking.raw().discard(offset, PAGE_BYTES);
+                pages.settle(at, evicting, PageTransition::AbortEvict);
+                return Ok(());
+            }
+            Err(e) => {
+                s.life.fatal(&e);
+                return Err(e);
+            }
+        };
+        self.pages.batch.push((at, index, slot));
+        if self.pages.batch.len() >= PAGE_BATCH {
+            self.flush_pages()?;
+        }
+        Ok(())
+    }
+
+    /// guest (the eviction is given up).
+    pub(super) fn put_page_back(&self, at: PageRef, parked: u64) -> Result<(), SwapError> {
+        let s = self.s;
+        let options = MoveOptions {
+            allow_src_holes: false,
+            dont_wake: false,
+        };
+        // SAFETY: this evictor owns the page (Evicting) and its parking
+        // page; the guest page is empty since the move out.
+        unsafe {
+            s.uffd
+                .move_all(s.geo.page_addr(at), parked, PAGE_BYTES, options)
+        }
+        .map_err(|e| {
+            let e = SwapError::uffd(
+                format!(
+                    "putting back the page at guest address {:#x}",
+                    s.geo.page_gpa(at)
+                ),
+                e,
+            );
+            s.life.fatal(&e);
+            e
+        })
+    }
+
+    /// guest page was a hole).
+    pub(super) fn fill_page_hole(&mut self, offset: u64) -> Result<(), SwapError> {
+        let s = self.s;
+        s.parking
+            .raw()
+            .residency(offset, PAGE_BYTES, &mut self.residency)
+            .map_err(|e| SwapError::os("mincore on the parking area", e))?;
+        if self.residency[0] & 1 == 0 {
+            match s
+                .uffd
+                .zeropage(s.parking.raw().base() + offset, PAGE_BYTES, true)
+            {
+                Ok(()) => {}
+                Err(e) if e.is_eexist() => {}
+                Err(e) => return Err(SwapError::uffd("filling a hole in the parking area", e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// while this evictor holds one of the chunk's pages `Evicting`.
+    pub(super) fn split_slot(&self, chunk: usize) -> Result<Option<SlotId>, SwapError> {
+        let s = self.s;
+        loop {
+            let word = s.table.load(chunk);
+            if let Some(slot) = word.split_slot() {
+                return Ok(Some(slot));
+            }
+            if word.tag() != Tag::Split {
+                return Ok(None);
+            }
+            let slot = s
+                .store
+                .allocate_paged(s.geo.unit_store_key(chunk))
+                .map_err(|e| {
+                    SwapError::unit_store(
+                        format!(
+                            "swap out pages of the split chunk at {}",
+                            s.geo.unit_name(chunk)
+                        ),
+                        e,
+                    )
+                })?;
+            if s.table.assign_split_slot(chunk.into(), word, slot).is_ok() {
+                return Ok(Some(slot));
+            }
+            // Another writer gave the chunk a slot first, or it changed.
+            s.store.free(slot);
+        }
+    }
+
+    /// Writes the page batch, chunk by chunk, and settles its pages.
+    pub(super) fn flush_pages(&mut self) -> Result<(), SwapError> {
+        let s = self.s;
+        let Some((p, used)) = self.pages.slot else {
+            return Ok(());
+        };
+        let pages = s.split_pages();
+        let mut batch = std::mem::take(&mut self.pages.batch);
+        batch.sort_by_key(|&(at, _, _)| (at.chunk, at.page));
+        let mut first_error = None;
+        let mut kept = Vec::new();
+        for group in batch.chunk_by(|a, b| a.0.chunk == b.0.chunk) {
+            let chunk = group[0].0.chunk;
+            let slot = group[0].2;
+            let writes: Vec<PageWrite<'_>> = group
+                .iter()
+                .map(|&(at, index, _)| PageWrite {
+                    page: at.page,
+                    gpa: s.geo.page_gpa(at),
+                    // SAFETY: the parking page is populated and stays in
+                    // place until this batch settles.
+                    data: unsafe {
+                        s.parking
+                            .raw()
+                            .slice(s.parking.offset(p) + index as u64 * PAGE_BYTES, PAGE_BYTES)
+                    },
+                })
+                .collect();
+            let results = s.store.write_pages(slot, &writes);
+            drop(writes);
+            for (&(at, index, slot), result) in group.iter().zip(results) {
+                match result {
+                    Ok(()) => {
+                        let evicting = pages.load(at);
+                        pages.settle(at, evicting, PageTransition::SettleWritten);
+                        s.limiter.release(1);
+                        self.report.written_pages += 1;
+                        bump(&s.counters.pages_written);
+                        add(&s.counters.bytes_written, PAGE_BYTES);
+                    }
+                    Err(e) => {
+                        // The page stays Evicting (its faults block) and
+                        // parked; the VM ends.
+                        let error = SwapError::unit_store(
+                            format!(
+                                "swap out the page at guest address {:#x} of the split chunk at {}",
+                                s.geo.page_gpa(at),
+                                s.geo.unit_name(chunk)
+                            ),
+                            e,
+                        );
+                        s.life.fatal(&error);
+                        kept.push((at, index, slot));
+                        first_error.get_or_insert(error);
+                    }
+                }
+            }
+        }
+        if kept.is_empty() {
+            // Every parked page is written or was dropped: empty the slot
+            // for the next batch.
+            let _ = s
+                .parking
+                .raw()
+                .discard(s.parking.offset(p), used as u64 * PAGE_BYTES);
+            self.pages.slot = Some((p, 0));
+        } else {
+            self.pages.batch = kept;
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
