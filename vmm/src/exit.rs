@@ -7,6 +7,31 @@ use serde_json::json;
 
 /// Exit status for a configuration or setup error.
 pub const EXIT_CONFIG: i32 = 1;
+/// Exit status when `--timeout` expired.
+pub const EXIT_TIMEOUT: i32 = 124;
+/// Exit status when the VM failed (guest exception, KVM error, swap store
+/// failure).
+pub const EXIT_VM_FAILURE: i32 = 125;
+/// Exit status of a process that a seccomp filter stopped: the shell's
+/// status for death by SIGSYS.
+pub const EXIT_TRAPPED: i32 = 128 + libc::SIGSYS;
+
+/// The exit status for a run ended by `signo`, as shells report a process
+/// killed by it.
+pub fn signal_status(signo: i32) -> i32 {
+    128 + signo
+}
+
+/// Exit status for the statuses the vCPUs reported: the first non-zero in
+/// vCPU order, squeezed into the 8 bits a process exit status has (a
+/// non-zero status never becomes 0).
+pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
+    match statuses.iter().flatten().find(|s| **s != 0) {
+        None => 0,
+        Some(s) if *s <= 255 => *s as i32,
+        Some(_) => 255,
+    }
+}
 
 /// Why the process ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +93,14 @@ impl RunEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_is_first_nonzero_and_never_wraps_to_zero() {
+        assert_eq!(combined_status(&[Some(0), Some(0)]), 0);
+        assert_eq!(combined_status(&[Some(0), Some(7), Some(3)]), 7);
+        assert_eq!(combined_status(&[Some(256)]), 255);
+        assert_eq!(combined_status(&[Some(1), None]), 1);
+    }
 
     #[test]
     fn the_status_file_names_the_kind_beside_the_status() {

@@ -3,8 +3,8 @@
 //! virtio-mmio disks and balloon on the MMIO bus (both kinds of guest).
 
 use crate::balloon_handle::BalloonHandle;
+use crate::event::RunEvent;
 use crate::outputs::ConsoleLog;
-use crate::vcpu::VcpuEvent;
 use anyhow::{Context, Result};
 use devices::virtio::{
     kernel_cmdline_fragment, Balloon, Block, DiskSpec, MmioTransport, MMIO_WINDOW_BYTES,
@@ -113,7 +113,7 @@ pub fn build(
     options: &DeviceOptions,
     interrupts: Interrupts<'_>,
     serial: bool,
-    events: &Sender<VcpuEvent>,
+    events: &Sender<RunEvent>,
 ) -> Result<MachineDevices> {
     let mut pio = PioBus::new();
     let mut mmio = MmioBus::new();
@@ -135,7 +135,7 @@ pub fn build(
             let _ = reset_events
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .send(VcpuEvent::GuestReset { how: "i8042 reset" });
+                .send(RunEvent::GuestReset { how: "i8042 reset" });
         }));
         pio.insert(I8042_PORT, 5, Arc::new(Mutex::new(i8042)))?;
         // The ACPI sleep registers the FADT names: `poweroff` in the guest.
@@ -144,7 +144,7 @@ pub fn build(
             let _ = power_off_events
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .send(VcpuEvent::GuestReset {
+                .send(RunEvent::GuestReset {
                     how: "ACPI power off (S5)",
                 });
         }));

@@ -12,7 +12,7 @@
 //! turns the signal into an event for the run loop, so nothing but the
 //! write runs in signal context.
 
-use crate::vcpu::VcpuEvent;
+use crate::event::RunEvent;
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -35,12 +35,6 @@ pub fn signal_name(signo: i32) -> &'static str {
     }
 }
 
-/// The exit status for a run ended by `signo`, as shells report a process
-/// killed by it.
-pub fn exit_status(signo: i32) -> i32 {
-    128 + signo
-}
-
 /// Handlers installed for the stop signals; a signal that arrives before
 /// [`StopSignals::forward`] waits in the pipe.
 pub struct StopSignals {
@@ -56,8 +50,8 @@ impl StopSignals {
     }
 
     /// Starts the thread that sends the first signal to `events` as
-    /// [`VcpuEvent::Signal`] and exits the process on the second.
-    pub fn forward(mut self, events: Sender<VcpuEvent>) -> Result<()> {
+    /// [`RunEvent::Signal`] and exits the process on the second.
+    pub fn forward(mut self, events: Sender<RunEvent>) -> Result<()> {
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
@@ -66,7 +60,7 @@ impl StopSignals {
                 for signo in self.signals.forever() {
                     match rule.on_signal(Instant::now()) {
                         SignalMeaning::First => {
-                            let _ = events.send(VcpuEvent::Signal { signo });
+                            let _ = events.send(RunEvent::Signal { signo });
                             continue;
                         }
                         SignalMeaning::Repeat => continue,
@@ -76,7 +70,7 @@ impl StopSignals {
                         "hugevmm: second signal ({}): ending at once (if the terminal looks wrong, run `reset`)",
                         signal_name(signo)
                     );
-                    std::process::exit(exit_status(signo));
+                    std::process::exit(crate::exit::signal_status(signo));
                 }
             })
             .context("cannot spawn the signal thread")?;

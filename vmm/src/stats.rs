@@ -3,7 +3,7 @@
 
 use crate::balloon_handle::BalloonSnapshot;
 use crate::exit::ExitKind;
-use crate::vm::{RunOutcome, Sample};
+use crate::outcome::{RunOutcome, Sample};
 use devices::virtio::BalloonStats;
 use guestmem::{format_size, Backing, StageTwoPages, PAGE_BYTES};
 use serde_json::{json, Value};

@@ -1,6 +1,6 @@
 //! Starting the swap engine over a VM's guest RAM.
 
-use crate::vcpu::VcpuEvent;
+use crate::event::RunEvent;
 use anyhow::{Context, Result};
 use guestmem::{format_size, Backing, GuestRam};
 use std::os::fd::AsRawFd;
@@ -136,7 +136,7 @@ pub fn cut_old_content(old: Option<OldContent>) -> Result<()> {
 pub fn start(
     ram: &GuestRam,
     options: &SwapOptions,
-    events: Sender<VcpuEvent>,
+    events: Sender<RunEvent>,
 ) -> Result<StartedSwap> {
     let kind = match ram.backing() {
         Backing::Hugetlb => MemoryKind::Hugetlb {
@@ -213,7 +213,7 @@ pub fn start(
         let _ = events
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .send(VcpuEvent::SwapFatal { message });
+            .send(RunEvent::SwapFatal { message });
     });
     let engine = SwapEngine::start(region, store, config, on_fatal)
         .context("cannot start the swap engine")?;

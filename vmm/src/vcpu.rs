@@ -2,6 +2,7 @@
 
 use crate::console::{ConsoleSink, VcpuConsole};
 use crate::cpu;
+use crate::event::RunEvent;
 use crate::payload::layout::EXCEPTION_PORT;
 use crate::payload::port_trap;
 use crate::ratelimit::GuestLog;
@@ -18,54 +19,6 @@ use std::sync::Arc;
 pub const CONSOLE_PORT: u16 = 0x3f8;
 /// Finish port (32-bit write of the status).
 pub const FINISH_PORT: u16 = 0xf4;
-
-/// What vCPU threads and the swap engine report to the run loop.
-#[derive(Debug)]
-pub enum VcpuEvent {
-    /// The payload wrote its status to the finish port.
-    Finished {
-        /// vCPU index.
-        index: u32,
-        /// Status written.
-        status: u32,
-    },
-    /// The swap engine cannot serve guest memory (store failure); the run
-    /// ends.
-    SwapFatal {
-        /// What happened, naming the chunk's guest address.
-        message: String,
-    },
-    /// The guest asked to be reset or powered off (Linux: reboot through
-    /// the i8042 or a triple fault); the run ends normally.
-    GuestReset {
-        /// How it asked.
-        how: &'static str,
-    },
-    /// The operator ended the VM (`quit` on the control socket, Ctrl-A x
-    /// on the console); the run ends normally, status 0.
-    Quit {
-        /// How.
-        how: &'static str,
-    },
-    /// A stop signal (SIGTERM, SIGINT, SIGHUP) ends the run cleanly.
-    Signal {
-        /// The signal's number.
-        signo: i32,
-    },
-    /// A seccomp filter stopped a system call (`seccomp::trap`); the run
-    /// ends as after a failure, with status 159.
-    Forbidden {
-        /// The call and the kind of thread, for the user.
-        message: String,
-    },
-    /// The vCPU cannot continue; the whole run ends.
-    Fatal {
-        /// vCPU index.
-        index: u32,
-        /// What happened, for the user.
-        message: String,
-    },
-}
 
 /// Reports guest accesses to unknown ports and MMIO addresses, rate
 /// limited per kind (`ratelimit`): the guest chooses how many there are,
@@ -126,7 +79,7 @@ pub struct VcpuContext {
     /// Unknown-access log shared by all vCPUs.
     pub unknown: Arc<UnknownAccessLog>,
     /// Where to report.
-    pub events: Sender<VcpuEvent>,
+    pub events: Sender<RunEvent>,
     /// Set when the run ends: the thread leaves at its next exit.
     pub stop: crate::vcpu_stop::StopFlag,
 }
@@ -159,12 +112,12 @@ pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
         };
         match step {
             Step::Continue => continue,
-            Step::Finish(status) => break VcpuEvent::Finished { index, status },
-            Step::Reset(how) => break VcpuEvent::GuestReset { how },
+            Step::Finish(status) => break RunEvent::Finished { index, status },
+            Step::Reset(how) => break RunEvent::GuestReset { how },
             Step::ExceptionReport => match handle_exception(&vcpu, &ctx, &mut console) {
                 Step::Continue => continue,
-                Step::Finish(status) => break VcpuEvent::Finished { index, status },
-                Step::Fatal(message) => break VcpuEvent::Fatal { index, message },
+                Step::Finish(status) => break RunEvent::Finished { index, status },
+                Step::Fatal(message) => break RunEvent::Fatal { index, message },
                 _ => unreachable!("handle_exception returns Continue, Finish or Fatal"),
             },
             Step::InternalError | Step::Fatal(_) => {
@@ -176,7 +129,7 @@ pub fn run(mut vcpu: VcpuFd, ctx: VcpuContext) {
                     Some(regs) => format!("{reason}\n{regs}"),
                     None => reason,
                 };
-                break VcpuEvent::Fatal { index, message };
+                break RunEvent::Fatal { index, message };
             }
         }
     };

@@ -8,7 +8,7 @@
 //! with a signal (the engine keeps serving, so a vCPU blocked in a fault
 //! gets its page and returns), wait until the thread has ended, and only
 //! then release devices and the engine. A vCPU that does not stop in time
-//! (blocked on memory the engine can no longer serve, after a store
+//! (blocked on memory the engine cannot serve after a store
 //! failure) keeps the engine alive until the process exits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -54,23 +54,35 @@ impl StopFlag {
 /// where the first kick found it still outside.
 const KICK_INTERVAL: Duration = Duration::from_millis(5);
 
-/// Stops every thread in `vcpus` (setting `flag`, then kicking them) and
-/// waits at most `limit`; returns how many are still running.
-pub fn stop_all(flag: &StopFlag, vcpus: &mut Vec<JoinHandle<()>>, limit: Duration) -> usize {
-    flag.set();
-    let deadline = Instant::now() + limit;
-    loop {
-        vcpus.retain(|t| !t.is_finished());
-        if vcpus.is_empty() || Instant::now() >= deadline {
-            break;
+/// A run's vCPU threads and the flag that asks them to stop. Dropping it
+/// does not wait for them: what did not stop is left to the process exit.
+#[derive(Default)]
+pub struct VcpuThreads {
+    /// Checked by every thread before each entry into the guest.
+    pub stop: StopFlag,
+    /// The threads not known to have ended.
+    pub threads: Vec<JoinHandle<()>>,
+}
+
+impl VcpuThreads {
+    /// Stops every thread (setting the flag, then kicking them) and waits
+    /// at most `limit`; returns how many are still running.
+    pub fn stop_all(&mut self, limit: Duration) -> usize {
+        self.stop.set();
+        let deadline = Instant::now() + limit;
+        loop {
+            self.threads.retain(|t| !t.is_finished());
+            if self.threads.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            for thread in self.threads.iter() {
+                // A thread that ended since the check above is no error.
+                let _ = thread.kill(kick_signal());
+            }
+            std::thread::sleep(KICK_INTERVAL);
         }
-        for thread in vcpus.iter() {
-            // A thread that ended since the check above is no error.
-            let _ = thread.kill(kick_signal());
-        }
-        std::thread::sleep(KICK_INTERVAL);
+        // The finished threads' handles were dropped above (nothing to
+        // join for: they ended); what is left did not stop.
+        self.threads.len()
     }
-    // The finished threads' handles were dropped above (nothing to join
-    // for: they ended); what is left did not stop.
-    vcpus.len()
 }

@@ -1,34 +1,37 @@
-//! One run of a payload: builds the VM, loads the image, runs the vCPUs and
-//! collects the outcome.
+//! One run of a guest: builds the machine ([`Vm`]), loads the guest, runs
+//! the vCPUs until the run ends, and ends it in the order the fields of
+//! [`Vm`] give.
 
-use crate::balloon_handle::BalloonSnapshot;
 use crate::console::ConsoleSink;
 use crate::control::server::ControlServer;
 use crate::control::{ControlContext, ControlSocket, MetricsListener};
 use crate::cpu::{self, EntryState};
-use crate::exit::ExitKind;
-use crate::linux::{self, console_input, LinuxBootConfig, MachineInfo};
+use crate::event::RunEvent;
+use crate::exit::{
+    combined_status, signal_status, ExitKind, EXIT_TIMEOUT, EXIT_TRAPPED, EXIT_VM_FAILURE,
+};
+use crate::host_terminal::{self, HostTerminal};
+use crate::linux::{self, LinuxBootConfig, MachineInfo};
 use crate::machine_devices::{self, DeviceOptions, Interrupts, MachineDevices};
+use crate::outcome::{Pageout, RunOutcome, Sample};
 use crate::payload::bootinfo::{self, GpaRange};
 use crate::payload::layout::{BOOT_INFO_GPA, MAX_VCPUS};
 use crate::payload::{elf, tables};
+use crate::seccomp::RamTeardown;
 use crate::signals::{self, StopSignals};
 use crate::swap_setup::{self, SwapOptions};
-use crate::vcpu::{self, GuestKind, UnknownAccessLog, VcpuContext, VcpuEvent};
+use crate::vcpu::{self, GuestKind, UnknownAccessLog, VcpuContext};
+use crate::vcpu_stop::VcpuThreads;
 use anyhow::{bail, Context, Result};
-use guestmem::{format_size, Backing, GuestRam, KvmStats, Layout, StageTwoPages};
+use guestmem::{format_size, Backing, GuestRam, KvmStats, Layout};
 use kvm_bindings::KVM_MAX_CPUID_ENTRIES;
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use swap::engine::{EvictReport, SwapEngine, SwapStats};
+use swap::engine::SwapEngine;
 
-/// Exit status when the VM failed (guest exception, KVM error).
-pub const EXIT_VM_FAILURE: i32 = 125;
-/// Exit status when `--timeout` expired.
-pub const EXIT_TIMEOUT: i32 = 124;
 /// How long the end of a run waits for its vCPU threads to stop.
 const VCPU_STOP_LIMIT: Duration = Duration::from_secs(10);
 /// The same after a failure, when a vCPU may wait for memory nobody will
@@ -105,56 +108,6 @@ pub struct RunConfig {
     pub stop_signals: Option<StopSignals>,
 }
 
-/// The run's figures at one moment (`--stats-timeline`).
-#[derive(Debug, Clone)]
-pub struct Sample {
-    /// Seconds since the vCPUs started.
-    pub t_s: f64,
-    /// KVM stage-2 mapping counts.
-    pub stage2: StageTwoPages,
-    /// Swap engine counters, if it runs.
-    pub swap: Option<SwapStats>,
-}
-
-/// A timed "swap out everything" after the payload (`--pageout`).
-#[derive(Debug, Clone)]
-pub struct Pageout {
-    /// Resident guest RAM before.
-    pub resident_bytes_before: u64,
-    /// Resident guest RAM after.
-    pub resident_bytes_after: u64,
-    /// Wall time of the eviction, writes included.
-    pub elapsed: Duration,
-    /// What the engine did.
-    pub report: EvictReport,
-}
-
-/// How a run ended.
-pub struct RunOutcome {
-    /// Process exit status to use.
-    pub exit_status: i32,
-    /// Why the run ended.
-    pub exit_kind: ExitKind,
-    /// Per-vCPU statuses written to the finish port (None: did not finish).
-    pub vcpu_statuses: Vec<Option<u32>>,
-    /// Why the VM failed, if it did.
-    pub failure: Option<String>,
-    /// Wall time from the first vCPU start to the end.
-    pub elapsed: Duration,
-    /// KVM stage-2 mapping counts read before the vCPUs were torn down.
-    pub stage2: StageTwoPages,
-    /// TSC frequency of vCPU 0, for converting payload cycle counts.
-    pub tsc_khz: Option<u32>,
-    /// Swap engine figures, read at the same moment as `stage2`.
-    pub swap: Option<SwapStats>,
-    /// Samples taken while the guest ran (`sample_interval`).
-    pub timeline: Vec<Sample>,
-    /// The timed eviction after the payload, if asked for.
-    pub pageout: Option<Pageout>,
-    /// The balloon's figures when the guest stopped, if it has one.
-    pub balloon: Option<BalloonSnapshot>,
-}
-
 fn open_kvm() -> Result<Kvm> {
     Kvm::new().map_err(|e| {
         let hint = match e.errno() {
@@ -177,21 +130,10 @@ fn ram_ranges(layout: &Layout) -> Vec<GpaRange> {
         .collect()
 }
 
-/// Exit status for the statuses the vCPUs reported: the first non-zero in
-/// vCPU order, squeezed into the 8 bits a process exit status has (a
-/// non-zero status never becomes 0).
-pub fn combined_status(statuses: &[Option<u32>]) -> i32 {
-    match statuses.iter().flatten().find(|s| **s != 0) {
-        None => 0,
-        Some(s) if *s <= 255 => *s as i32,
-        Some(_) => 255,
-    }
-}
-
-/// Runs the payload to completion: checks the configuration and the host,
+/// Runs the guest to completion: checks the configuration and the host,
 /// builds the machine, loads the guest, creates and starts the vCPUs,
 /// waits for the end of the run, and ends it in the order that keeps guest
-/// memory served while anything may still touch it ([`finish`]).
+/// memory served while anything may still touch it ([`Vm`]).
 pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     let (layout, ranges, image, kind) = check_config(&config)?;
     crate::seccomp::init(config.seccomp)?;
@@ -218,60 +160,33 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         .transpose()?;
     let metrics_listener = config.metrics_addr.map(MetricsListener::bind).transpose()?;
 
-    let (kvm, ram, vm, stats, events_tx, events_rx, engine, machine) =
-        build_machine(&mut config, &layout, kind)?;
+    let (events_tx, events_rx) = mpsc::channel();
+    let mut vm = Vm::build(&mut config, &layout, kind, &events_tx)?;
     // Not before: the engine opens /proc/self/pagemap, which a
     // non-dumpable process may open only as root. Nothing of the guest is
     // in memory yet (the key is in a page left out of core dumps).
     crate::dumpable::set(config.dumpable)?;
-    let entry = load_guest(&config, &ram, &ranges, &image, &machine)?;
-    let (vcpus, tsc_khz) = create_vcpus(&kvm, &vm, &config, &entry, &image)?;
-    // Started last, after everything that can fail, and dropped when this
-    // function returns (any way it returns): it restores the terminal. The
-    // console still shows output without it, so a failure is only a warning.
-    let _console_input = match (&machine.serial, kind) {
-        (Some(serial), GuestKind::Linux) => console_input::start(serial.clone(), events_tx.clone())
-            .unwrap_or_else(|e| {
-                eprintln!("hugevmm: no console input: {e}");
-                None
-            }),
-        _ => None,
-    };
+    let entry = vm.load_guest(&config, &ranges, &image)?;
+    let (vcpu_fds, tsc_khz) = vm.create_vcpus(&config, &entry, &image)?;
+    vm.start_host_terminal(kind, &events_tx);
     let started = Instant::now();
-    let control = serve_control(
+    vm.serve_control(
         control_socket,
         metrics_listener,
         &config,
-        &machine,
-        &engine,
-        &vm,
         started,
         &events_tx,
     )?;
-    let (stop, vcpu_threads) = spawn_vcpus(vcpus, kind, &machine, &ram, &console, &events_tx)?;
+    vm.spawn_vcpus(vcpu_fds, kind, &console, &events_tx)?;
+    // The run loop's channel closes if every thread that reports is gone.
     drop(events_tx);
-    // Guest RAM's memslots are deleted there at the end: no thread that
-    // runs beside the guest may set memory regions.
-    let ram_teardown = crate::seccomp::RamTeardown::start()?;
+    vm.ram.start_teardown()?;
     // Last: every other thread has started, and filters only narrow.
     crate::seccomp::install(crate::seccomp::ThreadKind::Main)?;
 
-    let end = wait_for_the_end(&config, &events_rx, started, &engine, &stats);
-    let outcome = finish(
-        &config,
-        started,
-        end,
-        &stats,
-        tsc_khz,
-        engine,
-        machine,
-        _console_input,
-        control,
-        stop,
-        vcpu_threads,
-    );
-    ram_teardown.release(ram);
-    outcome.map(crate::seccomp::account_for_trap)
+    let end = wait_for_the_end(&config, &events_rx, started, &vm.engine, &vm.stats);
+    vm.finish(&config, started, end, tsc_khz)
+        .map(crate::seccomp::account_for_trap)
 }
 
 /// Checks the options against each other and the payload image against
@@ -305,223 +220,322 @@ fn check_config(
     Ok((layout, ranges, image, kind))
 }
 
-/// What [`build_machine`] returns, in the order `run` declares (and, in
-/// reverse, drops) it.
-type BuiltMachine = (
-    Kvm,
-    Arc<GuestRam>,
-    VmFd,
-    KvmStats,
-    mpsc::Sender<VcpuEvent>,
-    mpsc::Receiver<VcpuEvent>,
-    Option<Arc<SwapEngine>>,
-    MachineDevices,
-);
-
-/// Opens KVM, allocates guest RAM, creates the VM and its memslots, the
-/// run's event channel (the stop signals forwarded into it), the swap
-/// engine when asked for, and the devices.
-fn build_machine(config: &mut RunConfig, layout: &Layout, kind: GuestKind) -> Result<BuiltMachine> {
-    let kvm = open_kvm()?;
-    let ram = Arc::new(
-        GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?,
-    );
-    let vm = kvm.create_vm().context("KVM_CREATE_VM failed")?;
-    if kind == GuestKind::Linux {
-        linux::prepare_vm(&vm).context("cannot set up the interrupt controllers")?;
-    } else {
-        // Only needed by VMX hosts for real-mode emulation; harmless elsewhere.
-        let _ = vm.set_tss_address(0xfffb_d000);
-    }
-    ram.register_memslots(&vm)
-        .context("cannot register guest RAM with KVM")?;
-    let stats = KvmStats::open(&vm).context("cannot open KVM statistics")?;
-    let (events_tx, events_rx) = mpsc::channel();
-    crate::seccomp::forward_traps(events_tx.clone())?;
-    if let Some(stop_signals) = config.stop_signals.take() {
-        stop_signals.forward(events_tx.clone())?;
-    }
-    let (engine, old_store_content) = match &config.swap {
-        Some(options) => {
-            let started = swap_setup::start(&ram, options, events_tx.clone())?;
-            (Some(Arc::new(started.engine)), started.old_content)
-        }
-        None => (None, None),
-    };
-    let interrupts = match kind {
-        GuestKind::Linux => Interrupts::Irqchip(&vm),
-        GuestKind::Payload => Interrupts::Polled,
-    };
-    let machine = machine_devices::build(
-        &ram,
-        &config.devices,
-        interrupts,
-        kind == GuestKind::Linux,
-        &events_tx,
-    )?;
-    if let Some(engine) = &engine {
-        machine.free_memory.attach_engine(engine.clone());
-    }
-    // Every file is open and locked, and nothing has touched guest RAM.
-    swap_setup::cut_old_content(old_store_content)?;
-    Ok((kvm, ram, vm, stats, events_tx, events_rx, engine, machine))
+/// A built machine and everything its run holds, owned in one place so
+/// that the run comes apart in one order whichever way it ends.
+///
+/// **Teardown order is field order.** [`Vm::finish`] ends a run by
+/// releasing the fields one by one in the order they are declared, and
+/// Rust drops a struct's fields in that same order, so an error while the
+/// machine is built or the run ends (or a panic) tears down in the order
+/// of a normal end. A field's place is where nothing that comes after it
+/// can still need it:
+///
+/// 1. `vcpus`: `finish` stops the vCPU threads and waits for them while
+///    the engine still serves the faults they may be blocked in (a thread
+///    that does not stop in time, and every thread when the value is only
+///    dropped, is left to the process exit);
+/// 2. `control`: the API and metrics servers, whose requests reach the
+///    devices, the engine and guest memory;
+/// 3. `host_terminal`: the terminal restored, the thread feeding it to the
+///    serial port stopped;
+/// 4. `devices`: they are served on vCPU threads and hold the engine
+///    (balloon drops);
+/// 5. `engine`: `finish` shuts it down only once nothing can fault any
+///    more and keeps it until the process exits otherwise (an unregistered
+///    range hands out zero pages);
+/// 6. `ram`: guest RAM, dropped on the teardown thread once the main
+///    thread's filter forbids deleting memslots ([`HeldRam`]);
+/// 7. `stats`, `vm_fd`, `kvm`: KVM's descriptors.
+struct Vm {
+    vcpus: VcpuThreads,
+    control: Vec<ControlServer>,
+    host_terminal: Option<HostTerminal>,
+    devices: MachineDevices,
+    engine: Option<Arc<SwapEngine>>,
+    ram: HeldRam,
+    stats: KvmStats,
+    vm_fd: VmFd,
+    kvm: Kvm,
 }
 
-/// Loads the payload (none returned: its vCPUs are set up from the image)
-/// or the Linux kernel (its boot CPU's entry state returned).
-fn load_guest(
-    config: &RunConfig,
-    ram: &Arc<GuestRam>,
-    ranges: &[GpaRange],
-    image: &Option<elf::PayloadImage>,
-    machine: &MachineDevices,
-) -> Result<Option<linux::BootSetup>> {
-    let entry = match (&config.guest, image) {
-        (Guest::Payload { payload, args }, Some(image)) => {
-            load_payload(ram, ranges, payload, args, image, config.vcpus, machine)?;
-            None
-        }
-        (Guest::Linux(boot), _) => {
-            let mut boot = boot.clone();
-            let devices = machine.kernel_cmdline();
-            if !devices.is_empty() && boot.virtio_announce.in_cmdline() {
-                boot.cmdline = format!("{} {devices}", boot.cmdline);
-            }
-            let described = MachineInfo {
-                vcpus: config.vcpus,
-                virtio: machine
-                    .windows
-                    .iter()
-                    .map(|w| linux::VirtioMmioDevice {
-                        base_gpa: w.base,
-                        size_bytes: w.size_bytes,
-                        irq: w.irq,
-                    })
-                    .collect(),
-                virtio_in_dsdt: boot.virtio_announce.in_acpi(),
-            };
-            Some(linux::load(ram, &boot, &described).context("cannot load the kernel")?)
-        }
-        _ => unreachable!("payload images are parsed above"),
-    };
-    Ok(entry)
+/// Guest RAM as the run holds it. Until [`HeldRam::start_teardown`] it is
+/// dropped on the thread that drops the holder; after, on the teardown
+/// thread (`seccomp::RamTeardown`), the one thread whose filter allows
+/// deleting memslots.
+struct HeldRam {
+    /// Some until dropped.
+    ram: Option<Arc<GuestRam>>,
+    teardown: Option<RamTeardown>,
 }
 
-/// Creates the vCPUs and sets up their entry state; returns them and the
-/// TSC frequency of the first.
-fn create_vcpus(
-    kvm: &Kvm,
-    vm: &VmFd,
-    config: &RunConfig,
-    entry: &Option<linux::BootSetup>,
-    image: &Option<elf::PayloadImage>,
-) -> Result<(Vec<VcpuFd>, Option<u32>)> {
-    let cpuid = kvm
-        .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-        .context("KVM_GET_SUPPORTED_CPUID failed")?;
-    let mut vcpus = Vec::new();
-    let mut tsc_khz = None;
-    for index in 0..config.vcpus {
-        let fd = vm
-            .create_vcpu(u64::from(index))
-            .with_context(|| format!("cannot create vCPU {index}"))?;
-        match (entry, image) {
-            (Some(setup), _) => linux::configure_vcpu(kvm, &fd, index, setup)
-                .with_context(|| format!("cannot set up vCPU {index}"))?,
-            (None, Some(image)) => {
-                let state = EntryState {
-                    index,
-                    vcpu_count: config.vcpus,
-                    rip: image.entry,
-                    boot_info_gpa: BOOT_INFO_GPA,
-                };
-                cpu::configure(&fd, &cpuid, &state)
-                    .with_context(|| format!("cannot set up vCPU {index}"))?;
-            }
-            (None, None) => unreachable!("either a kernel or a payload"),
-        }
-        if index == 0 {
-            tsc_khz = fd.get_tsc_khz().ok();
-        }
-        vcpus.push(fd);
+impl HeldRam {
+    fn get(&self) -> &Arc<GuestRam> {
+        self.ram.as_ref().expect("guest RAM is held until dropped")
     }
-    Ok((vcpus, tsc_khz))
+
+    /// Starts the thread that will drop guest RAM. Call before the main
+    /// thread installs its filter: it forbids starting threads, and the
+    /// memslots must be deleted on a thread whose filter allows it.
+    fn start_teardown(&mut self) -> Result<()> {
+        self.teardown = Some(RamTeardown::start()?);
+        Ok(())
+    }
 }
 
-/// Starts the API's threads, for `--api-socket` and `--metrics-addr`.
-#[allow(clippy::too_many_arguments)]
-fn serve_control(
-    control_socket: Option<ControlSocket>,
-    metrics_listener: Option<MetricsListener>,
-    config: &RunConfig,
-    machine: &MachineDevices,
-    engine: &Option<Arc<SwapEngine>>,
-    vm: &VmFd,
-    started: Instant,
-    events_tx: &mpsc::Sender<VcpuEvent>,
-) -> Result<Vec<ControlServer>> {
-    if control_socket.is_none() && metrics_listener.is_none() {
-        return Ok(Vec::new());
-    }
-    let context = Arc::new(ControlContext {
-        payload: config.guest.name(),
-        vcpus: config.vcpus,
-        mem_bytes: config.mem_bytes,
-        backing: config.backing,
-        config: config.options_json.clone(),
-        started,
-        balloon: machine.balloon.clone(),
-        engine: engine.clone(),
-        // Its own descriptor: the run loop keeps reading `stats`.
-        kvm_stats: KvmStats::open(vm).ok(),
-        events: events_tx.clone(),
-        pageout_lock: Default::default(),
-    });
-    let mut servers = Vec::new();
-    if let Some(socket) = control_socket {
-        servers.push(socket.serve(context.clone())?);
-    }
-    if let Some(listener) = metrics_listener {
-        servers.push(listener.serve(context)?);
-    }
-    Ok(servers)
-}
-
-/// Installs the kick signal handler and starts one thread per vCPU;
-/// returns the flag that asks them to stop and their handles.
-fn spawn_vcpus(
-    vcpus: Vec<VcpuFd>,
-    kind: GuestKind,
-    machine: &MachineDevices,
-    ram: &Arc<GuestRam>,
-    console: &ConsoleSink,
-    events_tx: &mpsc::Sender<VcpuEvent>,
-) -> Result<(crate::vcpu_stop::StopFlag, Vec<JoinHandle<()>>)> {
-    let unknown = Arc::new(UnknownAccessLog::default());
-    crate::vcpu_stop::install_kick_handler()
-        .context("cannot install the vCPU kick signal handler")?;
-    let stop = crate::vcpu_stop::StopFlag::default();
-    let mut vcpu_threads = Vec::new();
-    for (index, fd) in vcpus.into_iter().enumerate() {
-        let ctx = VcpuContext {
-            kind,
-            pio: machine.pio.clone(),
-            mmio: machine.mmio.clone(),
-            index: index as u32,
-            ram: ram.clone(),
-            console: console.clone(),
-            unknown: unknown.clone(),
-            events: events_tx.clone(),
-            stop: stop.clone(),
+impl Drop for HeldRam {
+    fn drop(&mut self) {
+        let Some(ram) = self.ram.take() else {
+            return;
         };
-        vcpu_threads.push(
-            std::thread::Builder::new()
-                .name(format!("vcpu{index}"))
-                .spawn(move || vcpu::run(fd, ctx))
-                .context("cannot spawn a vCPU thread")?,
-        );
+        match self.teardown.take() {
+            Some(teardown) => teardown.release(ram),
+            None => drop(ram),
+        }
     }
-    Ok((stop, vcpu_threads))
+}
+
+impl Vm {
+    /// Opens KVM, allocates guest RAM, creates the VM and its memslots,
+    /// forwards the stop signals and seccomp traps into `events`, starts
+    /// the swap engine when asked for, and builds the devices. The vCPUs,
+    /// the API servers and the host terminal come later.
+    fn build(
+        config: &mut RunConfig,
+        layout: &Layout,
+        kind: GuestKind,
+        events: &Sender<RunEvent>,
+    ) -> Result<Vm> {
+        let kvm = open_kvm()?;
+        let ram = Arc::new(
+            GuestRam::new(layout.clone(), config.backing).context("cannot allocate guest RAM")?,
+        );
+        let vm_fd = kvm.create_vm().context("KVM_CREATE_VM failed")?;
+        if kind == GuestKind::Linux {
+            linux::prepare_vm(&vm_fd).context("cannot set up the interrupt controllers")?;
+        } else {
+            // Only needed by VMX hosts for real-mode emulation; harmless elsewhere.
+            let _ = vm_fd.set_tss_address(0xfffb_d000);
+        }
+        ram.register_memslots(&vm_fd)
+            .context("cannot register guest RAM with KVM")?;
+        let stats = KvmStats::open(&vm_fd).context("cannot open KVM statistics")?;
+        crate::seccomp::forward_traps(events.clone())?;
+        if let Some(stop_signals) = config.stop_signals.take() {
+            stop_signals.forward(events.clone())?;
+        }
+        let (engine, old_store_content) = match &config.swap {
+            Some(options) => {
+                let started = swap_setup::start(&ram, options, events.clone())?;
+                (Some(Arc::new(started.engine)), started.old_content)
+            }
+            None => (None, None),
+        };
+        let interrupts = match kind {
+            GuestKind::Linux => Interrupts::Irqchip(&vm_fd),
+            GuestKind::Payload => Interrupts::Polled,
+        };
+        let devices = machine_devices::build(
+            &ram,
+            &config.devices,
+            interrupts,
+            kind == GuestKind::Linux,
+            events,
+        )?;
+        if let Some(engine) = &engine {
+            devices.free_memory.attach_engine(engine.clone());
+        }
+        // Every file is open and locked, and nothing has touched guest RAM.
+        swap_setup::cut_old_content(old_store_content)?;
+        Ok(Vm {
+            vcpus: VcpuThreads::default(),
+            control: Vec::new(),
+            host_terminal: None,
+            devices,
+            engine,
+            ram: HeldRam {
+                ram: Some(ram),
+                teardown: None,
+            },
+            stats,
+            vm_fd,
+            kvm,
+        })
+    }
+
+    /// Loads the payload (none returned: its vCPUs are set up from the
+    /// image) or the Linux kernel (its boot CPU's entry state returned).
+    fn load_guest(
+        &self,
+        config: &RunConfig,
+        ranges: &[GpaRange],
+        image: &Option<elf::PayloadImage>,
+    ) -> Result<Option<linux::BootSetup>> {
+        let ram = self.ram.get();
+        let entry = match (&config.guest, image) {
+            (Guest::Payload { payload, args }, Some(image)) => {
+                load_payload(
+                    ram,
+                    ranges,
+                    payload,
+                    args,
+                    image,
+                    config.vcpus,
+                    &self.devices,
+                )?;
+                None
+            }
+            (Guest::Linux(boot), _) => {
+                let mut boot = boot.clone();
+                let devices = self.devices.kernel_cmdline();
+                if !devices.is_empty() && boot.virtio_announce.in_cmdline() {
+                    boot.cmdline = format!("{} {devices}", boot.cmdline);
+                }
+                let described = MachineInfo {
+                    vcpus: config.vcpus,
+                    virtio: self
+                        .devices
+                        .windows
+                        .iter()
+                        .map(|w| linux::VirtioMmioDevice {
+                            base_gpa: w.base,
+                            size_bytes: w.size_bytes,
+                            irq: w.irq,
+                        })
+                        .collect(),
+                    virtio_in_dsdt: boot.virtio_announce.in_acpi(),
+                };
+                Some(linux::load(ram, &boot, &described).context("cannot load the kernel")?)
+            }
+            _ => unreachable!("payload images are parsed above"),
+        };
+        Ok(entry)
+    }
+
+    /// Creates the vCPUs and sets up their entry state; returns them and
+    /// the TSC frequency of the first.
+    fn create_vcpus(
+        &self,
+        config: &RunConfig,
+        entry: &Option<linux::BootSetup>,
+        image: &Option<elf::PayloadImage>,
+    ) -> Result<(Vec<VcpuFd>, Option<u32>)> {
+        let cpuid = self
+            .kvm
+            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
+            .context("KVM_GET_SUPPORTED_CPUID failed")?;
+        let mut vcpus = Vec::new();
+        let mut tsc_khz = None;
+        for index in 0..config.vcpus {
+            let fd = self
+                .vm_fd
+                .create_vcpu(u64::from(index))
+                .with_context(|| format!("cannot create vCPU {index}"))?;
+            match (entry, image) {
+                (Some(setup), _) => linux::configure_vcpu(&self.kvm, &fd, index, setup)
+                    .with_context(|| format!("cannot set up vCPU {index}"))?,
+                (None, Some(image)) => {
+                    let state = EntryState {
+                        index,
+                        vcpu_count: config.vcpus,
+                        rip: image.entry,
+                        boot_info_gpa: BOOT_INFO_GPA,
+                    };
+                    cpu::configure(&fd, &cpuid, &state)
+                        .with_context(|| format!("cannot set up vCPU {index}"))?;
+                }
+                (None, None) => unreachable!("either a kernel or a payload"),
+            }
+            if index == 0 {
+                tsc_khz = fd.get_tsc_khz().ok();
+            }
+            vcpus.push(fd);
+        }
+        Ok((vcpus, tsc_khz))
+    }
+
+    /// Feeds the host terminal to a Linux guest's serial port, when stdin
+    /// is a terminal in the foreground. Started after everything but the
+    /// threads that run beside the guest; the console still shows output
+    /// without it, so a failure is only a warning.
+    fn start_host_terminal(&mut self, kind: GuestKind, events: &Sender<RunEvent>) {
+        self.host_terminal = match (&self.devices.serial, kind) {
+            (Some(serial), GuestKind::Linux) => {
+                host_terminal::start(serial.clone(), events.clone()).unwrap_or_else(|e| {
+                    eprintln!("hugevmm: no console input: {e}");
+                    None
+                })
+            }
+            _ => None,
+        };
+    }
+
+    /// Starts the API's threads, for `--api-socket` and `--metrics-addr`.
+    fn serve_control(
+        &mut self,
+        control_socket: Option<ControlSocket>,
+        metrics_listener: Option<MetricsListener>,
+        config: &RunConfig,
+        started: Instant,
+        events: &Sender<RunEvent>,
+    ) -> Result<()> {
+        if control_socket.is_none() && metrics_listener.is_none() {
+            return Ok(());
+        }
+        let context = Arc::new(ControlContext {
+            payload: config.guest.name(),
+            vcpus: config.vcpus,
+            mem_bytes: config.mem_bytes,
+            backing: config.backing,
+            config: config.options_json.clone(),
+            started,
+            balloon: self.devices.balloon.clone(),
+            engine: self.engine.clone(),
+            // Its own descriptor: the run loop keeps reading `stats`.
+            kvm_stats: KvmStats::open(&self.vm_fd).ok(),
+            events: events.clone(),
+            pageout_lock: Default::default(),
+        });
+        if let Some(socket) = control_socket {
+            self.control.push(socket.serve(context.clone())?);
+        }
+        if let Some(listener) = metrics_listener {
+            self.control.push(listener.serve(context)?);
+        }
+        Ok(())
+    }
+
+    /// Installs the kick signal handler and starts one thread per vCPU.
+    fn spawn_vcpus(
+        &mut self,
+        fds: Vec<VcpuFd>,
+        kind: GuestKind,
+        console: &ConsoleSink,
+        events: &Sender<RunEvent>,
+    ) -> Result<()> {
+        let unknown = Arc::new(UnknownAccessLog::default());
+        crate::vcpu_stop::install_kick_handler()
+            .context("cannot install the vCPU kick signal handler")?;
+        for (index, fd) in fds.into_iter().enumerate() {
+            let ctx = VcpuContext {
+                kind,
+                pio: self.devices.pio.clone(),
+                mmio: self.devices.mmio.clone(),
+                index: index as u32,
+                ram: self.ram.get().clone(),
+                console: console.clone(),
+                unknown: unknown.clone(),
+                events: events.clone(),
+                stop: self.vcpus.stop.clone(),
+            };
+            self.vcpus.threads.push(
+                std::thread::Builder::new()
+                    .name(format!("vcpu{index}"))
+                    .spawn(move || vcpu::run(fd, ctx))
+                    .context("cannot spawn a vCPU thread")?,
+            );
+        }
+        Ok(())
+    }
 }
 
 /// How the run loop ended.
@@ -537,7 +551,7 @@ struct TheEnd {
 /// that ends the run, or `--timeout`; samples the timeline meanwhile.
 fn wait_for_the_end(
     config: &RunConfig,
-    events_rx: &mpsc::Receiver<VcpuEvent>,
+    events_rx: &Receiver<RunEvent>,
     started: Instant,
     engine: &Option<Arc<SwapEngine>>,
     stats: &KvmStats,
@@ -606,39 +620,39 @@ fn wait_for_the_end(
             },
         };
         match event {
-            VcpuEvent::Finished { index, status } => statuses[index as usize] = Some(status),
-            VcpuEvent::GuestReset { how } | VcpuEvent::Quit { how } => {
+            RunEvent::Finished { index, status } => statuses[index as usize] = Some(status),
+            RunEvent::GuestReset { how } | RunEvent::Quit { how } => {
                 // A guest reset or power-off, the console user's Ctrl-A x,
                 // or `quit` on the control socket.
                 eprintln!("hugevmm: ending the VM: {how}");
-                if matches!(event, VcpuEvent::Quit { .. }) {
+                if matches!(event, RunEvent::Quit { .. }) {
                     exit_kind = ExitKind::Quit;
                 }
                 statuses.iter_mut().for_each(|s| *s = Some(s.unwrap_or(0)));
                 break;
             }
-            VcpuEvent::Signal { signo } => {
+            RunEvent::Signal { signo } => {
                 eprintln!(
                     "hugevmm: ending the VM: {} received (a second one ends hugevmm at once)",
                     signals::signal_name(signo)
                 );
-                exit_status = Some(signals::exit_status(signo));
+                exit_status = Some(signal_status(signo));
                 exit_kind = ExitKind::Signal;
                 break;
             }
-            VcpuEvent::SwapFatal { message } => {
+            RunEvent::SwapFatal { message } => {
                 failure = Some(format!("swap engine: {message}"));
                 exit_status = Some(EXIT_VM_FAILURE);
                 exit_kind = ExitKind::VmFailure;
                 break;
             }
-            VcpuEvent::Forbidden { message } => {
+            RunEvent::Forbidden { message } => {
                 failure = Some(message);
-                exit_status = Some(crate::seccomp::TRAPPED_STATUS);
+                exit_status = Some(EXIT_TRAPPED);
                 exit_kind = ExitKind::VmFailure;
                 break;
             }
-            VcpuEvent::Fatal { index, message } => {
+            RunEvent::Fatal { index, message } => {
                 failure = Some(format!("vCPU {index}: {message}"));
                 exit_status = Some(EXIT_VM_FAILURE);
                 exit_kind = ExitKind::VmFailure;
@@ -655,123 +669,117 @@ fn wait_for_the_end(
     }
 }
 
-/// The end of a run (docs/ARCHITECTURE.md, "The end of a run"): reads the
-/// statistics, stops the vCPUs while the engine still serves their faults,
-/// shuts the control socket, pages out, snapshots the balloon, drops the
-/// devices, and only then the engine. The resources are parameters in the
-/// order `run` declared them, so that on an early return they are dropped
-/// in the same order as before (parameters drop in reverse order).
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    config: &RunConfig,
-    started: Instant,
-    end: TheEnd,
-    stats: &KvmStats,
-    tsc_khz: Option<u32>,
-    engine: Option<Arc<SwapEngine>>,
-    machine: MachineDevices,
-    _console_input: Option<console_input::ConsoleInput>,
-    control: Vec<ControlServer>,
-    stop: crate::vcpu_stop::StopFlag,
-    mut vcpu_threads: Vec<JoinHandle<()>>,
-) -> Result<RunOutcome> {
-    let TheEnd {
-        statuses,
-        failure,
-        exit_status,
-        exit_kind,
-        timeline,
-    } = end;
-    let elapsed = started.elapsed();
-    // Read while the vCPUs are as the guest left them.
-    let swap_stats = engine.as_ref().map(|e| e.stats());
-    let stage2 = stats.read().context("cannot read KVM statistics")?;
-    // vCPUs first, while the engine still serves the faults they may be
-    // blocked in; after a failure one may be stuck for good, so the wait is
-    // short then.
-    let stop_limit = if failure.is_none() {
-        VCPU_STOP_LIMIT
-    } else {
-        VCPU_STOP_LIMIT_AFTER_FAILURE
-    };
-    let still_running = crate::vcpu_stop::stop_all(&stop, &mut vcpu_threads, stop_limit);
-    if still_running > 0 && failure.is_none() {
-        eprintln!(
-            "hugevmm: {still_running} vCPU(s) did not stop within {stop_limit:?}; guest memory stays served until hugevmm exits"
-        );
-    }
-    let vcpus_still_running = still_running > 0;
-    for server in control {
-        // After a failure a request may be stuck on guest memory nobody
-        // will serve any more: do not wait for it then.
-        server.shutdown(failure.is_none());
-    }
-    let pageout = match (&engine, config.pageout_at_exit && failure.is_none()) {
-        (Some(engine), true) => {
-            let resident_bytes_before = engine.stats().resident_bytes;
-            let t0 = Instant::now();
-            let report = engine
-                .evict_all()
-                .context("--pageout: evicting guest RAM failed")?;
-            let elapsed = t0.elapsed();
-            Some(Pageout {
-                resident_bytes_before,
-                resident_bytes_after: engine.stats().resident_bytes,
-                elapsed,
-                report,
-            })
-        }
-        _ => None,
-    };
-    let balloon = machine.balloon.as_ref().and_then(|b| {
-        // After a failure a vCPU may hold the device forever (blocked on
-        // guest memory); the figures are not worth hanging for.
-        if failure.is_none() {
-            Some(b.snapshot())
+impl Vm {
+    /// The end of a run (docs/ARCHITECTURE.md, "The end of a run"): reads
+    /// the statistics, then releases the fields in their order: stops the
+    /// vCPUs while the engine still serves their faults, shuts the API
+    /// servers, restores the terminal, pages out and snapshots the
+    /// balloon, drops the devices, and only then the engine; guest RAM and
+    /// KVM's descriptors go when `self`'s remaining fields drop.
+    fn finish(
+        mut self,
+        config: &RunConfig,
+        started: Instant,
+        end: TheEnd,
+        tsc_khz: Option<u32>,
+    ) -> Result<RunOutcome> {
+        let TheEnd {
+            statuses,
+            failure,
+            exit_status,
+            exit_kind,
+            timeline,
+        } = end;
+        let elapsed = started.elapsed();
+        // Read while the vCPUs are as the guest left them.
+        let swap_stats = self.engine.as_ref().map(|e| e.stats());
+        let stage2 = self.stats.read().context("cannot read KVM statistics")?;
+        // After a failure a vCPU may be stuck for good, so the wait is
+        // short then.
+        let stop_limit = if failure.is_none() {
+            VCPU_STOP_LIMIT
         } else {
-            b.try_snapshot()
+            VCPU_STOP_LIMIT_AFTER_FAILURE
+        };
+        let still_running = self.vcpus.stop_all(stop_limit);
+        if still_running > 0 && failure.is_none() {
+            eprintln!(
+                "hugevmm: {still_running} vCPU(s) did not stop within {stop_limit:?}; guest memory stays served until hugevmm exits"
+            );
         }
-    });
-    // The devices hold the engine too (balloon drops); release them first.
-    drop(machine);
-    // A fault thread may be blocked on an NBD server that is down (its
-    // client retries for the store's timeout=, possibly long): shutting the
-    // engine down would join it, so a SIGTERM could not end the VM.
-    let store_unreachable = blockio::nbd::clients_reconnecting() > 0;
-    if store_unreachable && engine.is_some() {
-        eprintln!(
-            "hugevmm: an NBD server is unreachable: not waiting for the requests to it (the process exit ends them)"
-        );
-    }
-    match engine.map(Arc::try_unwrap) {
-        // Every vCPU thread has ended and the devices (served on vCPU
-        // threads) and the control socket are gone: nothing can fault any
-        // more.
-        Some(Ok(engine)) if failure.is_none() && !vcpus_still_running && !store_unreachable => {
-            engine.shutdown()
+        let vcpus_still_running = still_running > 0;
+        for server in self.control.drain(..) {
+            // After a failure a request may be stuck on guest memory nobody
+            // will serve any more: do not wait for it then.
+            server.shutdown(failure.is_none());
         }
-        // vCPUs may still run or be blocked in faults. Unregistering would
-        // let them see empty memory before the process exits; keep the
-        // engine (and its threads) until then.
-        Some(Ok(engine)) => std::mem::forget(engine),
-        Some(Err(engine)) => std::mem::forget(engine),
-        None => {}
+        drop(self.host_terminal.take());
+        let pageout = match (&self.engine, config.pageout_at_exit && failure.is_none()) {
+            (Some(engine), true) => {
+                let resident_bytes_before = engine.stats().resident_bytes;
+                let t0 = Instant::now();
+                let report = engine
+                    .evict_all()
+                    .context("--pageout: evicting guest RAM failed")?;
+                let elapsed = t0.elapsed();
+                Some(Pageout {
+                    resident_bytes_before,
+                    resident_bytes_after: engine.stats().resident_bytes,
+                    elapsed,
+                    report,
+                })
+            }
+            _ => None,
+        };
+        let balloon = self.devices.balloon.as_ref().and_then(|b| {
+            // After a failure a vCPU may hold the device forever (blocked on
+            // guest memory); the figures are not worth hanging for.
+            if failure.is_none() {
+                Some(b.snapshot())
+            } else {
+                b.try_snapshot()
+            }
+        });
+        drop(self.devices);
+        // A fault thread may be blocked on an NBD server that is down (its
+        // client retries for the store's timeout=, possibly long): shutting
+        // the engine down would join it, so a SIGTERM could not end the VM.
+        let store_unreachable = blockio::nbd::clients_reconnecting() > 0;
+        if store_unreachable && self.engine.is_some() {
+            eprintln!(
+                "hugevmm: an NBD server is unreachable: not waiting for the requests to it (the process exit ends them)"
+            );
+        }
+        match self.engine.take().map(Arc::try_unwrap) {
+            // Every vCPU thread has ended and the devices (served on vCPU
+            // threads) and the API servers are gone: nothing can fault any
+            // more.
+            Some(Ok(engine)) if failure.is_none() && !vcpus_still_running && !store_unreachable => {
+                engine.shutdown()
+            }
+            // vCPUs may still run or be blocked in faults. Unregistering
+            // would let them see empty memory before the process exits;
+            // keep the engine (and its threads) until then.
+            Some(Ok(engine)) => std::mem::forget(engine),
+            Some(Err(engine)) => std::mem::forget(engine),
+            None => {}
+        }
+        // vCPU threads still running (after a failure or timeout) are left
+        // to the process exit: the VM ends with this run.
+        Ok(RunOutcome {
+            exit_status: exit_status.unwrap_or_else(|| combined_status(&statuses)),
+            exit_kind,
+            vcpu_statuses: statuses,
+            failure,
+            elapsed,
+            stage2,
+            tsc_khz,
+            swap: swap_stats,
+            timeline,
+            pageout,
+            balloon,
+        })
     }
-    // vCPU threads still running (after a failure or timeout) are left to
-    // the process exit: the VM ends with this run.
-    Ok(RunOutcome {
-        exit_status: exit_status.unwrap_or_else(|| combined_status(&statuses)),
-        exit_kind,
-        vcpu_statuses: statuses,
-        failure,
-        elapsed,
-        stage2,
-        tsc_khz,
-        swap: swap_stats,
-        timeline,
-        pageout,
-        balloon,
-    })
 }
 
 /// Writes the VMM region, the boot info and the image of a payload.
@@ -854,17 +862,4 @@ fn describe_ram(layout: &Layout) -> String {
         format_size(layout.ram_bytes()),
         parts.join(" and ")
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn status_is_first_nonzero_and_never_wraps_to_zero() {
-        assert_eq!(combined_status(&[Some(0), Some(0)]), 0);
-        assert_eq!(combined_status(&[Some(0), Some(7), Some(3)]), 7);
-        assert_eq!(combined_status(&[Some(256)]), 255);
-        assert_eq!(combined_status(&[Some(1), None]), 1);
-    }
 }

@@ -3,9 +3,9 @@
 //! message that says what to do.
 
 use crate::balloon_handle::{target_pages, BalloonHandle};
+use crate::event::RunEvent;
 use crate::stats::{balloon_json, LiveSummary};
 use crate::swap_setup::check_mem_limit;
-use crate::vcpu::VcpuEvent;
 use guestmem::{Backing, KvmStats, StageTwoPages, PAGE_BYTES};
 use serde_json::{json, Value};
 use std::sync::mpsc::Sender;
@@ -48,7 +48,7 @@ pub struct ControlContext {
     /// The VM's KVM statistics (a descriptor of the API's own).
     pub kvm_stats: Option<KvmStats>,
     /// Where `quit` asks the run loop to end the VM.
-    pub events: Sender<VcpuEvent>,
+    pub events: Sender<RunEvent>,
     /// Held for the length of a `pageout` (see [`ControlContext::pageout`]);
     /// give `Default::default()`.
     pub pageout_lock: Mutex<()>,
@@ -154,7 +154,7 @@ impl ControlContext {
     /// `PUT /actions {"action": "quit"}`: ends the VM with status 0, as
     /// Ctrl-A x does.
     pub fn quit(&self) -> Outcome {
-        match self.events.send(VcpuEvent::Quit {
+        match self.events.send(RunEvent::Quit {
             how: "quit through the API socket",
         }) {
             Ok(()) => Ok(json!({ "quitting": true })),
@@ -169,7 +169,7 @@ impl ControlContext {
     /// left and says so. The lock is only ever taken here, with no other
     /// held, so holding it across the engine's waits cannot deadlock; a
     /// pageout stuck on a failed VM holds it for good, but the server is
-    /// then no longer waited for.
+    /// not waited for then.
     ///
     /// `PUT /mem-limit` takes no lock: setting the limit is one atomic
     /// store (the last of two concurrent changes wins, as if they had come
@@ -318,7 +318,7 @@ pub(crate) mod tests {
             ..context(false)
         };
         assert_eq!(ctx.quit().unwrap()["quitting"], true);
-        assert!(matches!(rx.try_recv(), Ok(VcpuEvent::Quit { .. })));
+        assert!(matches!(rx.try_recv(), Ok(RunEvent::Quit { .. })));
     }
 
     #[test]

@@ -6,13 +6,15 @@ use std::path::Path;
 use std::time::Instant;
 
 use guestmem::GuestRam;
+use kvm_ioctls::{Kvm, VcpuFd};
 
+use super::boot::{BootSetup, KernelKind, LinuxBootConfig, LinuxBootError};
 use super::decompress::{self, PayloadFormat};
 use super::e820::e820_map;
 use super::low_mem::{ACPI_GPA, CMDLINE_GPA, GDT_GPA, MP_TABLE_GPA, PML4_GPA, ZERO_PAGE_GPA};
+use super::machine::MachineInfo;
 use super::setup_header::SetupHeader;
-use super::{acpi, boot_tables, bzimage, elf_kernel, mptable, placement, zero_page};
-use super::{BootSetup, KernelKind, LinuxBootConfig, LinuxBootError, MachineInfo};
+use super::{acpi, boot_tables, bzimage, cpu, elf_kernel, mptable, placement, zero_page};
 
 /// `kernel_alignment` claimed for a bare vmlinux: the x86-64 default
 /// (CONFIG_PHYSICAL_ALIGN).
@@ -166,4 +168,20 @@ pub fn load(
         kind: kernel.kind,
         rsdp_gpa: acpi.rsdp_gpa,
     })
+}
+
+/// Sets up vCPU `index` for the boot that `setup` describes: the boot
+/// state on vCPU 0, firmware-like state on all.
+pub fn configure_vcpu(
+    kvm: &Kvm,
+    vcpu: &VcpuFd,
+    index: u32,
+    setup: &BootSetup,
+) -> Result<(), LinuxBootError> {
+    let entry = cpu::EntryPoint {
+        entry_gpa: setup.entry_gpa,
+        zero_page_gpa: setup.zero_page_gpa,
+    };
+    cpu::configure_vcpu(kvm, vcpu, index, entry)
+        .map_err(|source| LinuxBootError::Vcpu { index, source })
 }

@@ -15,15 +15,9 @@
 //! last KiB of base memory, which the e820 map reserves and where the kernel
 //! scans for the floating pointer.
 
-use super::acpi::checksum;
+use super::board::{checksum, ioapic_id, IOAPIC_GPA, IOAPIC_PINS, LAPIC_GPA, MAX_VCPUS};
 use super::low_mem::{MP_TABLE_GPA, MP_TABLE_MAX_BYTES};
 
-/// Where the kernel's LAPIC registers are (the architectural default).
-pub const LAPIC_GPA: u32 = 0xfee0_0000;
-/// Where KVM's in-kernel IOAPIC decodes its registers.
-pub const IOAPIC_GPA: u32 = 0xfec0_0000;
-/// Input pins of KVM's in-kernel IOAPIC (`KVM_IOAPIC_NUM_PINS`).
-pub const IOAPIC_PINS: u32 = 24;
 /// ISA interrupt lines, all routed to the IOAPIC pin of the same number.
 const ISA_IRQS: u32 = 16;
 /// The LAPIC version register KVM's in-kernel LAPIC reports (an integrated
@@ -129,15 +123,13 @@ fn interrupt_entry(
 /// virtio devices' interrupt lines, as one image to write at
 /// [`MP_TABLE_GPA`].
 pub fn build(vcpus: u32, virtio_irqs: &[u32]) -> Result<Vec<u8>, MpTableError> {
-    // APIC IDs are 8 bits, 0xff is the broadcast ID, and the IOAPIC takes
-    // the ID after the last vCPU.
-    if vcpus == 0 || vcpus > 254 {
+    if vcpus == 0 || vcpus > MAX_VCPUS {
         return Err(MpTableError::VcpuCount { vcpus });
     }
     if let Some(&irq) = virtio_irqs.iter().find(|irq| **irq >= IOAPIC_PINS) {
         return Err(MpTableError::IrqOutOfRange { irq });
     }
-    let ioapic_id = vcpus as u8;
+    let ioapic_id = ioapic_id(vcpus);
 
     let mut entries: Vec<u8> = Vec::new();
     let mut count: u16 = 0;

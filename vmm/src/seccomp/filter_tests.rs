@@ -19,9 +19,9 @@ impl Filters {
     fn of(kind: ThreadKind) -> Self {
         let marker = SeccompAction::Errno(REFUSED_ERRNO as u32);
         Filters([
-            super::clone3_filter().unwrap(),
-            super::refused_filter().unwrap(),
-            super::compile(kind, std::process::id(), marker).unwrap(),
+            super::filters::clone3_filter().unwrap(),
+            super::filters::refused_filter().unwrap(),
+            super::filters::compile(kind, std::process::id(), marker).unwrap(),
         ])
     }
 

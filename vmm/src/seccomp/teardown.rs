@@ -33,7 +33,7 @@ impl RamTeardown {
     /// Starts the thread (none without filters). Call before the main
     /// thread installs its filter: it forbids starting threads.
     pub fn start() -> Result<Self> {
-        if !super::enabled() {
+        if !super::filters::enabled() {
             return Ok(Self { thread: None });
         }
         let (ram_tx, ram_rx) = mpsc::sync_channel::<Arc<GuestRam>>(1);
@@ -41,7 +41,7 @@ impl RamTeardown {
         std::thread::Builder::new()
             .name("ram-teardown".into())
             .spawn(move || {
-                super::install_or_exit(ThreadKind::Teardown);
+                super::filters::install_or_exit(ThreadKind::Teardown);
                 // A run that failed before handing RAM over drops the
                 // sender: nothing to do then.
                 if let Ok(ram) = ram_rx.recv() {

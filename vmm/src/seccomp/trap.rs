@@ -9,17 +9,20 @@
 //! parks the offending thread for good (it never returns to the code that
 //! made the call): the run loop then ends the VM as after a failure, so
 //! the statistics and the status file are written, and the process exits
-//! with [`TRAPPED_STATUS`]. The end of the run happens on the main thread,
+//! with [`EXIT_TRAPPED`]. The end of the run happens on the main thread,
 //! so a trap there, on the watcher itself, or before the watcher exists
 //! ends the process at once, as does a SIGSYS that no filter raised.
 
 use std::cell::Cell;
 use std::io;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicU8, Ordering};
+use std::sync::OnceLock;
+
+use vmm_sys_util::eventfd::EventFd;
 
 use super::ioctls;
 use super::rules::{sys, syscall_name, ThreadKind};
-use super::TRAPPED_STATUS;
+use crate::exit::EXIT_TRAPPED;
 
 thread_local! {
     /// This thread's kind, for the message; const-initialized, so reading
@@ -36,6 +39,28 @@ static TRAPPED_CALL: AtomicI64 = AtomicI64::new(-1);
 static TRAPPED_KIND: AtomicU8 = AtomicU8::new(0);
 /// Its six arguments, as the filter saw them.
 static TRAPPED_ARGS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+/// The watcher's doorbell ([`super::watch`]), which the handler rings;
+/// set once, before any filter.
+static DOORBELL: OnceLock<EventFd> = OnceLock::new();
+
+/// Gives the handler the watcher's doorbell (a second one is dropped).
+pub(super) fn set_doorbell(doorbell: EventFd) {
+    let _ = DOORBELL.set(doorbell);
+}
+
+/// Whether the handler has a watcher's doorbell.
+pub(super) fn has_doorbell() -> bool {
+    DOORBELL.get().is_some()
+}
+
+/// Rings the watcher; false when there is no watcher. Async-signal-safe:
+/// an atomic load and a `write`.
+fn wake() -> bool {
+    match DOORBELL.get() {
+        Some(doorbell) => doorbell.write(1).is_ok(),
+        None => false,
+    }
+}
 
 /// A trapped call: its number, the kind of thread that made it and its
 /// arguments.
@@ -197,7 +222,7 @@ fn write_stderr(bytes: &[u8]) {
 fn exit_now() -> ! {
     // SAFETY: _exit is async-signal-safe and every filter allows
     // exit_group; it runs no destructor or handler that could block.
-    unsafe { libc::_exit(TRAPPED_STATUS) }
+    unsafe { libc::_exit(EXIT_TRAPPED) }
 }
 
 /// The arguments of the call that raised SIGSYS: a filter's trap skips
@@ -256,7 +281,7 @@ extern "C" fn on_sigsys(_signo: i32, info: *mut libc::siginfo_t, context: *mut l
     // SAFETY: gettid and getpid have no preconditions; every filter
     // allows both.
     let on_main_thread = unsafe { libc::gettid() == libc::getpid() };
-    if on_main_thread || WATCHER.with(Cell::get) || !super::watch::wake() {
+    if on_main_thread || WATCHER.with(Cell::get) || !wake() {
         exit_now();
     }
     // Parked: the code that made the call never runs on, and whatever it

@@ -1,20 +1,21 @@
 //! The thread that turns a trapped call into the end of the run: the
 //! SIGSYS handler ([`super::trap`]) cannot send on a channel, so it writes
 //! to an eventfd this thread reads; the thread sends the run loop a
-//! [`VcpuEvent::Forbidden`], so that the VM ends as after a failure (its
+//! [`RunEvent::Forbidden`], so that the VM ends as after a failure (its
 //! statistics and status file written), and ends the process itself if
 //! that end has not come within [`END_LIMIT`].
 
 use std::sync::mpsc::Sender;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::kind::ThreadKind;
-use super::{trap, TRAPPED_STATUS};
-use crate::vcpu::VcpuEvent;
+use super::trap;
+use crate::event::RunEvent;
+use crate::exit::EXIT_TRAPPED;
 
 /// How long the run may take to end after a trap before the process ends
 /// without it: a failed run stops its vCPUs within a second and waits for
@@ -22,29 +23,18 @@ use crate::vcpu::VcpuEvent;
 /// thread holds, say) takes longer.
 pub const END_LIMIT: Duration = Duration::from_secs(10);
 
-/// The handler's doorbell; made once, before any filter.
-static DOORBELL: OnceLock<EventFd> = OnceLock::new();
 /// Where the watcher sends the trap: the current run's event channel.
-static EVENTS: Mutex<Option<Sender<VcpuEvent>>> = Mutex::new(None);
+static EVENTS: Mutex<Option<Sender<RunEvent>>> = Mutex::new(None);
 
-/// Rings the watcher from the SIGSYS handler; false when there is no
-/// watcher. Async-signal-safe: an atomic load and a `write`.
-pub(super) fn wake() -> bool {
-    match DOORBELL.get() {
-        Some(doorbell) => doorbell.write(1).is_ok(),
-        None => false,
-    }
-}
-
-/// Sends a trapped call to `events` as [`VcpuEvent::Forbidden`]: starts
+/// Sends a trapped call to `events` as [`RunEvent::Forbidden`]: starts
 /// the watcher the first time (on the main thread, before its filter),
 /// and points it at this run's channel. Nothing without filters.
-pub fn forward_traps(events: Sender<VcpuEvent>) -> Result<()> {
-    if !super::enabled() {
+pub fn forward_traps(events: Sender<RunEvent>) -> Result<()> {
+    if !super::filters::enabled() {
         return Ok(());
     }
     *EVENTS.lock().unwrap_or_else(|p| p.into_inner()) = Some(events);
-    if DOORBELL.get().is_some() {
+    if trap::has_doorbell() {
         return Ok(());
     }
     let doorbell =
@@ -56,12 +46,12 @@ pub fn forward_traps(events: Sender<VcpuEvent>) -> Result<()> {
         .name("seccomp-trap".into())
         .spawn(move || {
             trap::set_watcher();
-            super::install_or_exit(ThreadKind::Device);
+            super::filters::install_or_exit(ThreadKind::Device);
             watch(&reader)
         })
         .context("cannot spawn the seccomp trap's thread")?;
     // A trap before this ends the process at once, from the handler.
-    let _ = DOORBELL.set(doorbell);
+    trap::set_doorbell(doorbell);
     Ok(())
 }
 
@@ -82,7 +72,7 @@ fn watch(doorbell: &EventFd) {
     trap::describe(&trapped, &mut message);
     let events = EVENTS.lock().unwrap_or_else(|p| p.into_inner()).clone();
     if let Some(events) = events {
-        let _ = events.send(VcpuEvent::Forbidden { message });
+        let _ = events.send(RunEvent::Forbidden { message });
     }
     std::thread::sleep(END_LIMIT);
     let line = format!(
@@ -93,6 +83,6 @@ fn watch(doorbell: &EventFd) {
     // nothing that could wait for the stuck end.
     unsafe {
         libc::write(2, line.as_ptr().cast(), line.len());
-        libc::_exit(TRAPPED_STATUS);
+        libc::_exit(EXIT_TRAPPED);
     }
 }

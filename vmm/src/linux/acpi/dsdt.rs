@@ -15,7 +15,7 @@
 
 use super::aml::{self, AmlError, Resource};
 use super::sdt::Table;
-use crate::linux::VirtioMmioDevice;
+use crate::linux::machine::VirtioMmioDevice;
 use devices::sleep_control::S5_SLEEP_TYPE;
 
 /// The console UART the DSDT describes: where `machine_devices.rs` puts it.

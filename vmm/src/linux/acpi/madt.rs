@@ -6,7 +6,7 @@
 //! LAPIC's LINT1.
 
 use super::sdt::Table;
-use crate::linux::mptable::{IOAPIC_GPA, LAPIC_GPA};
+use crate::linux::board::{ioapic_id, IOAPIC_GPA, LAPIC_GPA, MAX_VCPUS};
 
 /// MADT revision 5 (ACPI 6.2 and later).
 const REVISION: u8 = 5;
@@ -25,10 +25,6 @@ const INTI_CONFORMING: u16 = 0;
 /// LINT1, where the LAPICs take NMI (see `lapic.rs`).
 const NMI_LINT: u8 = 1;
 
-/// The most vCPUs the table describes: 8-bit APIC IDs, 0xff reserved, and
-/// the IOAPIC takes the ID after the last vCPU.
-pub const MAX_VCPUS: u32 = 254;
-
 /// The MADT for `vcpus` vCPUs (1..=[`MAX_VCPUS`], checked by the caller).
 pub fn build(vcpus: u32) -> Vec<u8> {
     assert!((1..=MAX_VCPUS).contains(&vcpus));
@@ -41,8 +37,7 @@ pub fn build(vcpus: u32) -> Vec<u8> {
         table.extend(&[TYPE_LOCAL_APIC, 8, index as u8, index as u8]);
         table.extend(&LOCAL_APIC_ENABLED.to_le_bytes());
     }
-    let ioapic_id = vcpus as u8;
-    table.extend(&[TYPE_IO_APIC, 12, ioapic_id, 0]);
+    table.extend(&[TYPE_IO_APIC, 12, ioapic_id(vcpus), 0]);
     table.extend(&IOAPIC_GPA.to_le_bytes());
     // The first GSI the IOAPIC serves.
     table.extend(&0u32.to_le_bytes());

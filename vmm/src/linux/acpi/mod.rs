@@ -15,11 +15,9 @@ mod fadt;
 mod madt;
 mod sdt;
 
+use super::board::MAX_VCPUS;
 use super::low_mem::{ACPI_GPA, ACPI_MAX_BYTES};
-use super::MachineInfo;
-
-pub use madt::MAX_VCPUS;
-pub use sdt::checksum;
+use super::machine::MachineInfo;
 
 /// Why the tables cannot describe the machine.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

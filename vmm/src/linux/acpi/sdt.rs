@@ -3,6 +3,8 @@
 //! the root tables themselves (RSDT with 32-bit, XSDT with 64-bit
 //! pointers).
 
+use crate::linux::board::checksum;
+
 /// OEM ID in every header.
 pub const OEM_ID: &[u8; 6] = b"HUGVMM";
 /// Creator ID (the "ASL compiler" field) in every header.
@@ -23,16 +25,6 @@ const RSDP_V1_BYTES: usize = 20;
 const RSDP_CHECKSUM_OFFSET: usize = 8;
 /// ... and the extended checksum all of it.
 const RSDP_EXT_CHECKSUM_OFFSET: usize = 32;
-
-/// The byte that makes `bytes` sum to zero when stored in a field that
-/// was zero while summing: the checksum of ACPI tables and of the MP
-/// table alike.
-pub fn checksum(bytes: &[u8]) -> u8 {
-    bytes
-        .iter()
-        .fold(0u8, |sum, b| sum.wrapping_add(*b))
-        .wrapping_neg()
-}
 
 /// A table under construction: header fields first, body appended, then
 /// [`Table::finish`] fills in the length and checksum.

@@ -3,7 +3,7 @@
 //! disassembled by it and the DSDT recompiled to the same AML.
 
 use super::*;
-use crate::linux::VirtioMmioDevice;
+use crate::linux::machine::VirtioMmioDevice;
 
 fn machine(vcpus: u32, devices: u32) -> MachineInfo {
     MachineInfo {

@@ -1,10 +1,10 @@
-//! Host terminal → guest serial console, for Linux guests run from a
-//! terminal.
+//! The host terminal hugevmm runs in, as the console input of a Linux
+//! guest.
 //!
 //! The terminal goes into raw mode (keys reach the guest as typed: Ctrl-C
 //! interrupts the guest's program, not hugevmm), and a thread moves what is
 //! typed into the UART's receive FIFO. Ctrl-A x ends the VM, as in QEMU.
-//! The terminal is restored when the returned [`ConsoleInput`] is dropped
+//! The terminal is restored when the returned [`HostTerminal`] is dropped
 //! (the end of the run, also on its error paths and on unwinding) and, as a
 //! last resort, at process exit.
 
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use devices::SerialPort;
 
-use crate::vcpu::VcpuEvent;
+use crate::event::RunEvent;
 
 /// The escape key: Ctrl-A.
 pub const ESCAPE: u8 = 0x01;
@@ -26,7 +26,7 @@ pub const ESCAPE: u8 = 0x01;
 /// growing the VMM's memory.
 const PENDING_MAX_BYTES: usize = 4096;
 /// How long the input thread waits for a key before it checks whether the
-/// run ended; bounds how long dropping [`ConsoleInput`] takes.
+/// run ended; bounds how long dropping [`HostTerminal`] takes.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 /// How soon it retries while the guest's FIFO is full.
 const FULL_FIFO_RETRY: Duration = Duration::from_millis(10);
@@ -38,9 +38,9 @@ const HELP: &str = concat!(
     "  Ctrl-A h       this help\n",
 );
 
-/// Why console input could not be set up.
+/// Why the terminal could not become the console input.
 #[derive(Debug, thiserror::Error)]
-pub enum ConsoleInputError {
+pub enum HostTerminalError {
     /// The terminal settings could not be read or changed.
     #[error("cannot put the terminal in raw mode ({step}): {error}")]
     Termios {
@@ -140,13 +140,13 @@ pub fn stdin_is_foreground_terminal() -> bool {
 }
 
 /// Puts fd 0 in raw input mode and remembers how to undo it.
-fn enter_raw_mode() -> Result<(), ConsoleInputError> {
+fn enter_raw_mode() -> Result<(), HostTerminalError> {
     // SAFETY: termios is plain integers and arrays; all zeros is a valid
     // value for tcgetattr to overwrite.
     let mut termios: libc::termios = unsafe { std::mem::zeroed() };
     // SAFETY: `termios` is a valid, writable termios struct.
     if unsafe { libc::tcgetattr(libc::STDIN_FILENO, &mut termios) } != 0 {
-        return Err(ConsoleInputError::Termios {
+        return Err(HostTerminalError::Termios {
             step: "tcgetattr",
             error: io::Error::last_os_error(),
         });
@@ -183,7 +183,7 @@ fn enter_raw_mode() -> Result<(), ConsoleInputError> {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        return Err(ConsoleInputError::Termios {
+        return Err(HostTerminalError::Termios {
             step: "tcsetattr",
             error,
         });
@@ -191,14 +191,14 @@ fn enter_raw_mode() -> Result<(), ConsoleInputError> {
     Ok(())
 }
 
-/// The running console input; dropping it stops the thread and restores
-/// the terminal.
-pub struct ConsoleInput {
+/// The terminal in raw mode and the thread feeding it to the guest;
+/// dropping it stops the thread and restores the terminal.
+pub struct HostTerminal {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl Drop for ConsoleInput {
+impl Drop for HostTerminal {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
@@ -211,12 +211,12 @@ impl Drop for ConsoleInput {
 
 /// Starts feeding the host terminal to `serial` if stdin is a terminal in
 /// the foreground (None otherwise: input from a pipe or file is not read,
-/// so scripted runs behave as before). Ctrl-A x sends `Quit` on
-/// `events`, which ends the run with status 0.
+/// and a scripted run's stdin is left to the script). Ctrl-A x sends
+/// `Quit` on `events`, which ends the run with status 0.
 pub fn start(
     serial: Arc<Mutex<SerialPort>>,
-    events: Sender<VcpuEvent>,
-) -> Result<Option<ConsoleInput>, ConsoleInputError> {
+    events: Sender<RunEvent>,
+) -> Result<Option<HostTerminal>, HostTerminalError> {
     if !stdin_is_foreground_terminal() {
         return Ok(None);
     }
@@ -235,11 +235,11 @@ pub fn start(
         Ok(thread) => thread,
         Err(error) => {
             restore_terminal();
-            return Err(ConsoleInputError::Thread(error));
+            return Err(HostTerminalError::Thread(error));
         }
     };
     eprintln!("hugevmm: console input from this terminal; Ctrl-A x quits, Ctrl-A h lists the keys");
-    Ok(Some(ConsoleInput {
+    Ok(Some(HostTerminal {
         stop,
         thread: Some(thread),
     }))
@@ -257,7 +257,7 @@ fn wait_readable(timeout: Duration) -> bool {
     rc > 0 && fd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0
 }
 
-fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<VcpuEvent>, stop: &AtomicBool) {
+fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<RunEvent>, stop: &AtomicBool) {
     let mut filter = EscapeFilter::default();
     let mut pending: Vec<u8> = Vec::new();
     let mut stdin_open = true;
@@ -289,7 +289,7 @@ fn input_loop(serial: &Mutex<SerialPort>, events: &Sender<VcpuEvent>, stop: &Ato
                     for command in filter.feed(&buf[..n as usize], &mut typed) {
                         match command {
                             ConsoleCommand::Quit => {
-                                let _ = events.send(VcpuEvent::Quit {
+                                let _ = events.send(RunEvent::Quit {
                                     how: "console quit (Ctrl-A x)",
                                 });
                                 return;
