@@ -91,7 +91,7 @@ pub enum Op {
         /// Pages.
         pages: u64,
     },
-    /// `set_mem_limit_bytes` to `units` units (`None`: no limit).
+    /// `set_mem_limit` to `units` units, at least one (`None`: no limit).
     SetLimit {
         /// Units held at most.
         units: Option<u64>,
@@ -713,9 +713,15 @@ impl Run<'_> {
                     true
                 }
                 Op::SetLimit { units } => {
+                    // A limit below one unit is one unit (the engine refuses 0).
+                    let limit = units.map(|u| {
+                        swap::engine::MemLimit::whole_units(u.max(1), unit_bytes)
+                            .expect("at least one unit")
+                    });
                     self.rig
                         .engine()
-                        .set_mem_limit_bytes(units.map(|u| u * unit_bytes));
+                        .set_mem_limit(limit)
+                        .expect("a limit of this engine's unit");
                     true
                 }
                 Op::Sync => self.sync(at),

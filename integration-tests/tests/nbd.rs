@@ -85,6 +85,42 @@ fn verify_at_4x_overcommit_on_nbdkit_memory_and_qemu_nbd() {
     let _ = std::fs::remove_file(&file);
 }
 
+/// An NBD store seals its pages unless told not to, and says so when told.
+#[test]
+fn an_nbd_store_is_sealed_unless_told_not_to() {
+    if skip_without_kvm("nbd sealed by default") {
+        return;
+    }
+    let Some(server) = NbdServer::nbdkit("nbd sealed by default", &["memory", "size=1G"]) else {
+        return;
+    };
+    let sealed = verify_on(server.uri(), &[]);
+    check_swapped_through(&sealed, "nbd, no --swap-encrypt");
+    assert_eq!(
+        sealed.stats.as_ref().unwrap().pointer("/swap/store/sealed"),
+        Some(&serde_json::Value::Bool(true)),
+        "an NBD store is sealed by default"
+    );
+    assert!(
+        !sealed.stderr.contains("plaintext"),
+        "no warning when sealed: {}",
+        sealed.stderr
+    );
+    let plain = verify_on(server.uri(), &["--swap-encrypt=false"]);
+    check_swapped_through(&plain, "nbd, --swap-encrypt=false");
+    assert_eq!(
+        plain.stats.as_ref().unwrap().pointer("/swap/store/sealed"),
+        Some(&serde_json::Value::Bool(false))
+    );
+    assert!(
+        plain
+            .stderr
+            .contains("in plaintext, protected only by a crc32"),
+        "the warning: {}",
+        plain.stderr
+    );
+}
+
 #[test]
 fn blkcheck_on_an_nbd_disk() {
     if skip_without_kvm("nbd blkcheck") {

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use swap::engine::SwapUnit;
+use swap::engine::{EngineConfig, MemLimit, SwapUnit};
 
 const MB: u64 = 1 << 20;
 const CHUNK: u64 = 2 * MB;
@@ -54,7 +54,15 @@ fn lowering_the_limit_at_run_time_evicts_in_the_background() {
         .join()
         .unwrap();
     assert_eq!(g.engine().stats().resident_bytes, 64 * MB);
-    g.engine().set_mem_limit_bytes(Some(20 * MB));
+    g.engine()
+        .set_mem_limit(Some(MemLimit::of_bytes(20 * MB, CHUNK).unwrap()))
+        .unwrap();
+    let other_unit = MemLimit::of_bytes(20 * MB, 4096).unwrap();
+    let refused = g.engine().set_mem_limit(Some(other_unit)).unwrap_err();
+    assert!(
+        refused.to_string().contains("checked for 4 KiB units"),
+        "{refused}"
+    );
     assert!(
         eventually(|| g.engine().stats().resident_bytes <= 20 * MB),
         "{:?}",
@@ -67,11 +75,39 @@ fn lowering_the_limit_at_run_time_evicts_in_the_background() {
         st.units_written
     );
     assert_eq!(st.mem_limit_bytes, Some(20 * MB));
-    g.engine().set_mem_limit_bytes(None);
+    g.engine().set_mem_limit(None).unwrap();
     std::thread::spawn(move || {
         (0..32).for_each(|c| assert!(all_equal(base + c * CHUNK, CHUNK, 0x11)))
     })
     .join()
     .unwrap();
     assert_eq!(g.engine().stats().resident_bytes, 64 * MB);
+}
+
+#[test]
+fn a_limit_that_is_not_whole_units_is_refused_not_rounded() {
+    let mem = guestmem::host::AnonMapping::new(16 * MB).unwrap();
+    let region = swap::engine::ManagedRegion {
+        host_base: mem.range().base(),
+        len_bytes: 16 * MB,
+        kind: swap::engine::MemoryKind::Anonymous,
+        gpa_ranges: vec![(GPA_BASE, 0, 16 * MB)],
+    };
+    let refused = swap::engine::SwapEngine::start(
+        region,
+        VecStore::new(CHUNK as usize),
+        EngineConfig {
+            mem_limit_bytes: Some(3 * MB),
+            ..config(SwapUnit::Huge2M)
+        },
+        Box::new(|_| {}),
+    )
+    .err()
+    .expect("3 MiB is not a whole number of 2 MiB chunks");
+    assert!(
+        refused
+            .to_string()
+            .contains("is not a multiple of the swap unit"),
+        "{refused}"
+    );
 }

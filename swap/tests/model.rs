@@ -2,8 +2,8 @@
 //! shuttle on the real unit table (`swap::chunk::ChunkTable`, built with
 //! shuttle's atomics and locks under `--features model-check`).
 //!
-//! Each thread runs the engine's steps for one unit as `engine/fault.rs`,
-//! `engine/evict.rs` and `engine/discard.rs` take them — the same named
+//! Each thread runs the engine's steps for one unit as `engine/restore.rs`,
+//! `engine/evict/unit.rs` and `engine/discard.rs` take them — the same named
 //! transitions, in the same order, with the same waits — on a model of
 //! what the kernel does around them: the guest mapping is a `Mutex<Option<u64>>`
 //! (`UFFDIO_MOVE` takes it away atomically, a guest access either finds it

@@ -12,7 +12,7 @@ use crate::payload::layout::MAX_VCPUS;
 use crate::run_options::{self, MemLimit, RunArgs, RunFlags};
 use crate::signals::StopSignals;
 use crate::stats;
-use crate::swap_setup::{self, SwapOptions};
+use crate::swap_setup::SwapOptions;
 use crate::vm::{self, Guest, Payload, RunConfig};
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -291,7 +291,7 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         (_, unit) => unit.unwrap_or_default(),
     };
     if let Some(MemLimit::Bytes(limit_bytes)) = args.flags.mem_limit {
-        swap_setup::check_mem_limit(limit_bytes, swap_unit.bytes(), args.vcpus, args.mem)
+        swap::engine::MemLimit::new(limit_bytes, swap_unit.bytes(), args.vcpus, args.mem)
             .context("invalid --mem-limit")?;
     }
     let balloon_target_pages = match args.flags.balloon_target {
@@ -352,6 +352,9 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         (true, Some(path)) => Some(swap::store::Sealer::from_key_file(path)?),
     }
     .map(std::sync::Arc::new);
+    if let Some(warning) = args.unsealed_remote_store_warning() {
+        eprintln!("hugevmm: warning: {warning}");
+    }
     let swap = engine.then(|| SwapOptions {
         mem_limit_bytes: args.flags.mem_limit.and_then(MemLimit::bytes),
         store: args.flags.swap_store.clone().unwrap_or(StoreSpec::Default),

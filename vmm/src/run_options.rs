@@ -237,7 +237,9 @@ pub struct RunFlags {
     /// (AES-256-GCM per 2 MiB slot or 4 KiB page, under a random per-run
     /// key, or a subkey of --swap-key-file): whoever reads the store reads
     /// no guest memory, whoever writes it cannot feed the guest forged
-    /// memory (docs/ENCRYPTION.md); --swap-encrypt=false turns off a file's.
+    /// memory (docs/ENCRYPTION.md). On by default for an NBD store;
+    /// --swap-encrypt=false turns it off (with a warning for NBD) or turns
+    /// off a file's.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap_encrypt: Option<bool>,
@@ -466,9 +468,30 @@ impl RunArgs {
         self.flags.pageout.unwrap_or(false)
     }
 
-    /// Whether swapped memory is sealed (`--swap-encrypt`).
+    /// Whether swapped memory is sealed: `--swap-encrypt`, on by default
+    /// when the store is an NBD export (the pages leave the host, and a
+    /// crc32 is no protection against whoever serves or carries them).
     pub fn swap_encrypt(&self) -> bool {
-        self.flags.swap_encrypt.unwrap_or(false)
+        self.flags
+            .swap_encrypt
+            .unwrap_or_else(|| self.swaps_to_nbd())
+    }
+
+    /// Whether the swap store is an NBD export.
+    pub fn swaps_to_nbd(&self) -> bool {
+        matches!(self.flags.swap_store, Some(StoreSpec::Nbd { .. }))
+    }
+
+    /// A warning for a remote store left unsealed on purpose
+    /// (`--swap-encrypt=false` on an NBD store).
+    pub fn unsealed_remote_store_warning(&self) -> Option<String> {
+        (self.swaps_to_nbd() && !self.swap_encrypt()).then(|| {
+            "--swap-encrypt=false on an NBD store: every swapped page goes to the NBD \
+             server in plaintext, protected only by a crc32 that the server or anyone on \
+             the path can recompute after changing the page (a write into guest memory); \
+             drop --swap-encrypt=false to seal the pages (AES-256-GCM, the default for NBD)"
+                .to_string()
+        })
     }
 
     /// Whether the threads get their seccomp filters (the default).

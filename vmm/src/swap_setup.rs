@@ -2,7 +2,7 @@
 
 use crate::event::RunEvent;
 use anyhow::{Context, Result};
-use guestmem::{format_size, Backing, GuestRam};
+use guestmem::{Backing, GuestRam};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
@@ -30,77 +30,6 @@ pub struct SwapOptions {
     pub prefetch: bool,
     /// The run's sealing key (`--swap-encrypt`); None: crc32 only.
     pub seal: Option<std::sync::Arc<swap::store::Sealer>>,
-}
-
-/// Why a memory limit is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MemLimitError {
-    /// Not a whole number of swap units.
-    #[error("{} is not a multiple of the swap unit ({}): give e.g. 256M", format_size(*limit_bytes), format_size(*unit_bytes))]
-    NotWholeUnits {
-        /// The limit asked for.
-        limit_bytes: u64,
-        /// The unit.
-        unit_bytes: u64,
-    },
-    /// More than the guest has.
-    #[error("{} is more than the guest's {} of RAM: the limit caps resident guest RAM, so give at most {} (or `none` / no --mem-limit for no cap)", format_size(*limit_bytes), format_size(*mem_bytes), format_size(*mem_bytes))]
-    AboveRam {
-        /// The limit asked for.
-        limit_bytes: u64,
-        /// Guest RAM.
-        mem_bytes: u64,
-    },
-    /// Too small for the guest to make progress.
-    #[error("{} is below the {} {vcpus} vCPU(s) need to make progress (8 MiB per vCPU + 8 MiB): one guest instruction can touch several chunks (code, data, stack, page tables), and a limit below that evicts one of them to restore another, for ever", format_size(*limit_bytes), format_size(*min_bytes))]
-    TooSmall {
-        /// The limit asked for.
-        limit_bytes: u64,
-        /// The smallest accepted.
-        min_bytes: u64,
-        /// vCPUs of the VM.
-        vcpus: u32,
-    },
-}
-
-/// The smallest memory limit accepted for `vcpus` vCPUs: four chunks per
-/// vCPU faulting at once plus four (measured: a 1-vCPU guest held to one
-/// or two chunks restores and evicts for ever without retiring an
-/// instruction).
-pub fn min_mem_limit_bytes(vcpus: u32) -> u64 {
-    guestmem::CHUNK_BYTES * (4 * u64::from(vcpus) + 4)
-}
-
-/// Checks a memory limit (`--mem-limit`, or the control socket's
-/// `mem-limit`) for a VM of `vcpus` vCPUs and `mem_bytes` of RAM swapping
-/// in `unit_bytes` units.
-pub fn check_mem_limit(
-    limit_bytes: u64,
-    unit_bytes: u64,
-    vcpus: u32,
-    mem_bytes: u64,
-) -> Result<(), MemLimitError> {
-    if limit_bytes > mem_bytes {
-        return Err(MemLimitError::AboveRam {
-            limit_bytes,
-            mem_bytes,
-        });
-    }
-    if limit_bytes.checked_rem(unit_bytes) != Some(0) {
-        return Err(MemLimitError::NotWholeUnits {
-            limit_bytes,
-            unit_bytes,
-        });
-    }
-    let min_bytes = min_mem_limit_bytes(vcpus);
-    if limit_bytes < min_bytes {
-        return Err(MemLimitError::TooSmall {
-            limit_bytes,
-            min_bytes,
-            vcpus,
-        });
-    }
-    Ok(())
 }
 
 /// A started engine, and what its store left for the main thread to do
@@ -235,34 +164,5 @@ pub fn store_need(
         mem_limit_bytes: options.mem_limit_bytes,
         unit_bytes: options.unit.bytes(),
         in_flight_units: config.parking_units_or_default() as u64,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn limits_must_be_whole_units_and_leave_room_to_progress() {
-        const GIB: u64 = 1 << 30;
-        let mib = 1 << 20;
-        assert_eq!(check_mem_limit(16 * mib, 2 * mib, 1, GIB), Ok(()));
-        assert_eq!(check_mem_limit(40 * mib, 2 * mib, 4, GIB), Ok(()));
-        assert!(matches!(
-            check_mem_limit(14 * mib, 2 * mib, 1, GIB),
-            Err(MemLimitError::TooSmall { min_bytes, .. }) if min_bytes == 16 * mib
-        ));
-        assert!(matches!(
-            check_mem_limit(39 * mib, 2 * mib, 4, GIB),
-            Err(MemLimitError::NotWholeUnits { .. })
-        ));
-        // The 4 KiB baseline takes any whole number of pages.
-        assert_eq!(check_mem_limit(16 * mib + 4096, 4096, 1, GIB), Ok(()));
-        // Not more than the guest has (`ctl mem-limit 1T` on a 1 GiB VM).
-        assert!(matches!(
-            check_mem_limit(1 << 40, 2 * mib, 1, GIB),
-            Err(MemLimitError::AboveRam { .. })
-        ));
-        assert_eq!(check_mem_limit(GIB, 2 * mib, 1, GIB), Ok(()));
     }
 }

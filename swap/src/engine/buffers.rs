@@ -166,7 +166,7 @@ impl BufferPool {
     }
 
     /// Advises the buffers `MADV_NOHUGEPAGE` (the `small_restore_buffers`
-    /// test knob): they fill with small pages and every restore takes the
+    /// test hook): they fill with small pages and every restore takes the
     /// small-page path.
     pub fn refuse_huge_pages(&self) -> std::io::Result<()> {
         self.range().advise_nohugepage(0, self.range().len())

@@ -40,13 +40,14 @@ mod install;
 mod lifecycle;
 pub mod limit;
 pub(crate) mod log_budget;
+mod mem_limit;
 mod outcome;
+pub mod parking;
 pub mod policy;
 mod prefetch;
 mod recycle;
 mod restore;
 mod split;
-pub mod parking;
 mod start;
 pub mod stats;
 pub mod thread_setup;
@@ -61,6 +62,7 @@ pub use error::SwapError;
 pub use evict::EvictReport;
 pub use hooks::{BufferKnobs, EngineHooks, NoHooks};
 pub use lifecycle::FatalHandler;
+pub use mem_limit::{MemLimit, MemLimitError};
 pub use stats::{
     CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, PrefetchStats,
     SplitStats, SwapStats,
@@ -83,12 +85,12 @@ use guestmem::host::PAGE_BYTES;
 use install::Installer;
 use lifecycle::Lifecycle;
 use limit::{Limiter, MakeRoom};
+use parking::Parking;
 use policy::Clock;
 use prefetch::Prefetcher;
 use recycle::{RestoreBuffers, RestoreBuffersParts};
 use restore::Restorer;
 use split::Splitter;
-use parking::Parking;
 use stats::Counters;
 
 /// The running engine: its components, and the threads that run them.
@@ -111,11 +113,6 @@ pub struct SwapEngine {
     collapser: Option<Arc<Collapser>>,
     discarder: Discarder,
     threads: Vec<JoinHandle<()>>,
-}
-
-/// The limit in pages for `bytes`: whole units, at least one.
-fn limit_pages(bytes: u64, unit_bytes: u64) -> u64 {
-    (bytes / unit_bytes).max(1) * (unit_bytes / PAGE_BYTES)
 }
 
 /// Sets the calling thread's nice value, best effort: without CAP_SYS_NICE
@@ -178,8 +175,13 @@ impl SwapEngine {
             }
             _ => config.hooks.clone(),
         };
+        let limit = config
+            .mem_limit_bytes
+            .map(|bytes| MemLimit::of_bytes(bytes, unit_bytes))
+            .transpose()
+            .map_err(|e| SwapError::Config(format!("memory limit: {e}")))?;
         let limiter = Arc::new(Limiter::new(
-            config.mem_limit_bytes.map(|b| limit_pages(b, unit_bytes)),
+            limit.map(|l| l.bytes() / PAGE_BYTES),
             unit_bytes / PAGE_BYTES,
         ));
         let parking = Arc::new(staging.parking);
@@ -534,9 +536,19 @@ impl SwapEngine {
             .map(|pages| pages.load(crate::chunk::PageRef { chunk, page }))
     }
 
-    /// Changes the memory limit at run time (`None`: no limit).
-    pub fn set_mem_limit_bytes(&self, bytes: Option<u64>) {
+    /// Changes the memory limit at run time (`None`: no limit). A limit
+    /// checked for another unit size is refused.
+    pub fn set_mem_limit(&self, limit: Option<MemLimit>) -> Result<(), SwapError> {
         let s = self;
+        if let Some(limit) = limit {
+            if limit.unit_bytes() != s.geo.unit_bytes {
+                return Err(SwapError::Config(format!(
+                    "a memory limit checked for {} units, but this engine swaps {} units",
+                    guestmem::format_size(limit.unit_bytes()),
+                    guestmem::format_size(s.geo.unit_bytes)
+                )));
+            }
+        }
         let shown = |pages: Option<u64>| {
             pages.map_or_else(
                 || "none".to_string(),
@@ -544,7 +556,7 @@ impl SwapEngine {
             )
         };
         let before = s.limiter.limit_pages();
-        let after = bytes.map(|b| limit_pages(b, s.geo.unit_bytes));
+        let after = limit.map(|l| l.bytes() / PAGE_BYTES);
         s.limiter.set_limit_pages(after);
         log::info!(
             "swap engine: memory limit {} -> {} ({} resident)",
@@ -552,6 +564,7 @@ impl SwapEngine {
             shown(after),
             guestmem::format_size(s.limiter.held_pages() * PAGE_BYTES)
         );
+        Ok(())
     }
 
     /// Per-state unit counts (not an atomic snapshot).

@@ -5,9 +5,9 @@
 
 use super::buffers::{BufferPool, PoolMode};
 use super::config::InstallMode;
-use super::parking::Parking;
 use super::config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 use super::error::SwapError;
+use super::parking::Parking;
 use crate::chunk::ChunkTable;
 use crate::store::SharedStore;
 use crate::uffd::{feature, mode, Uffd};

@@ -5,13 +5,12 @@
 use crate::balloon_handle::{target_pages, BalloonHandle};
 use crate::event::RunEvent;
 use crate::stats::{balloon_json, LiveSummary};
-use crate::swap_setup::check_mem_limit;
 use guestmem::{Backing, KvmStats, StageTwoPages, PAGE_BYTES};
 use serde_json::{json, Value};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use swap::engine::{SwapEngine, SwapStats};
+use swap::engine::{MemLimit, SwapEngine, SwapStats};
 
 use crate::balloon_handle::BalloonSnapshot;
 
@@ -200,11 +199,13 @@ impl ControlContext {
     /// `PUT /mem-limit`: changes the engine's cap; None lifts it.
     pub fn set_mem_limit(&self, limit_bytes: Option<u64>) -> Outcome {
         let engine = self.engine.as_ref().ok_or(Refusal::conflict(NO_ENGINE))?;
-        if let Some(bytes) = limit_bytes {
-            check_mem_limit(bytes, engine.unit_bytes(), self.vcpus, self.mem_bytes)
-                .map_err(|e| Refusal::bad_value(format!("mem_limit_bytes: {e}")))?;
-        }
-        engine.set_mem_limit_bytes(limit_bytes);
+        let limit = limit_bytes
+            .map(|bytes| MemLimit::new(bytes, engine.unit_bytes(), self.vcpus, self.mem_bytes))
+            .transpose()
+            .map_err(|e| Refusal::bad_value(format!("mem_limit_bytes: {e}")))?;
+        engine
+            .set_mem_limit(limit)
+            .map_err(|e| Refusal::bad_value(format!("mem_limit_bytes: {e}")))?;
         let stats = engine.stats();
         Ok(json!({
             "mem_limit_bytes": limit_bytes,
