@@ -26,7 +26,7 @@ pub mod lockfile;
 pub mod nbd;
 mod open;
 pub mod pin;
-mod sync;
+mod pread;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 mod uring;
@@ -185,7 +185,7 @@ pub struct BlockFile {
 enum Backend {
     /// io_uring: a pool of rings (`uring.rs`).
     Uring(RingPool),
-    /// `pread`/`pwrite` on the calling thread (`sync.rs`).
+    /// `pread`/`pwrite` on the calling thread (`pread.rs`).
     Sync,
     /// An NBD export (`nbd/`).
     Nbd(nbd::NbdClient),
@@ -205,7 +205,7 @@ impl Backend {
             // done with them.
             Backend::Uring(pool) => unsafe { pool.run(fd, tracker, pending) },
             // SAFETY: as above.
-            Backend::Sync => unsafe { sync::run_sync(fd, tracker, pending) },
+            Backend::Sync => unsafe { pread::run_sync(fd, tracker, pending) },
             // SAFETY: as above; the client does not return before every
             // request has its reply (or has been given up on).
             Backend::Nbd(client) => unsafe { client.run_batch(tracker, pending) },
