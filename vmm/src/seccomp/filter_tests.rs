@@ -329,3 +329,50 @@ fn fcntl_is_only_a_descriptor_check_on_device_and_teardown_threads() {
         assert!(dupfd.refused(), "{kind}: F_DUPFD gave {dupfd:?}");
     }
 }
+
+#[test]
+fn no_kind_may_poison_pages_and_sockets_take_only_hugevmm_s_options() {
+    // Length 0: a call the filter lets through does nothing.
+    let madvise = |advice: i32| call(libc::SYS_madvise, [0, 0, advice as u64, 0, 0, 0]);
+    let setsockopt = |level: i32, name: i32| {
+        call(
+            libc::SYS_setsockopt,
+            [u64::MAX, level as u64, name as u64, 0, 0, 0],
+        )
+    };
+    for kind in ThreadKind::ALL {
+        let [dontneed, collapse, hwpoison, soft_offline, nodelay, timeout, bind_device, mark] =
+            under_filter(kind, move || {
+                [
+                    madvise(libc::MADV_DONTNEED),
+                    madvise(libc::MADV_COLLAPSE),
+                    madvise(libc::MADV_HWPOISON),
+                    madvise(libc::MADV_SOFT_OFFLINE),
+                    setsockopt(libc::IPPROTO_TCP, libc::TCP_NODELAY),
+                    setsockopt(libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+                    setsockopt(libc::SOL_SOCKET, libc::SO_BINDTODEVICE),
+                    setsockopt(libc::SOL_SOCKET, libc::SO_MARK),
+                ]
+            });
+        assert!(
+            !dontneed.refused() && !collapse.refused(),
+            "{kind}: madvise(DONTNEED) gave {dontneed:?}, madvise(COLLAPSE) {collapse:?}"
+        );
+        assert!(
+            hwpoison.refused() && soft_offline.refused(),
+            "{kind}: madvise(HWPOISON) gave {hwpoison:?}, madvise(SOFT_OFFLINE) {soft_offline:?}"
+        );
+        assert!(
+            bind_device.refused() && mark.refused(),
+            "{kind}: setsockopt(SO_BINDTODEVICE) gave {bind_device:?}, SO_MARK {mark:?}"
+        );
+        let sets_options = rules::allowed(kind).calls.contains(&libc::SYS_setsockopt);
+        for (what, outcome) in [("TCP_NODELAY", nodelay), ("SO_RCVTIMEO", timeout)] {
+            assert_eq!(
+                !outcome.refused(),
+                sets_options,
+                "{kind}: setsockopt({what}) gave {outcome:?}"
+            );
+        }
+    }
+}

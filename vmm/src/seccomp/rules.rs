@@ -111,6 +111,10 @@ const COMMON: &[i64] = &[
     sys::writev,
 ];
 
+/// Calls in the kinds' lists whose arguments [`rules`] checks: listed as
+/// allowed (what the kind needs), compiled with conditions.
+const BY_ARGUMENT: &[i64] = &[sys::madvise, sys::setsockopt];
+
 /// Block I/O through `blockio` (stores and disks): io_uring submissions
 /// on rings made before the filters, or pread/pwrite, flushes; hole
 /// punching (hugetlb discards, store trims). On an NBD export requests go
@@ -364,6 +368,7 @@ pub fn rules(kind: ThreadKind, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = allowed
         .calls
         .iter()
+        .filter(|nr| !BY_ARGUMENT.contains(nr))
         .chain(REFUSED)
         .chain(&[sys::clone3])
         .map(|&nr| (nr, Vec::new()))
@@ -374,6 +379,35 @@ pub fn rules(kind: ThreadKind, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
             rules.entry(nr).or_insert(alternatives);
         }
     };
+    // madvise: any advice below MADV_HWPOISON (100). The ones above it,
+    // MADV_HWPOISON and MADV_SOFT_OFFLINE, act on physical pages for
+    // every process on the host (root has CAP_SYS_ADMIN); what glibc, std
+    // and the engine use (DONTNEED, FREE, HUGEPAGE, COLLAPSE, DONTDUMP,
+    // DONTFORK, ...) are all below.
+    if allowed.calls.contains(&sys::madvise) {
+        let below_hwpoison = SeccompCondition::new(
+            2,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Lt,
+            libc::MADV_HWPOISON as u64,
+        )
+        .expect("argument 2 is valid");
+        conditional(sys::madvise, vec![rule(vec![below_hwpoison])]);
+    }
+    // setsockopt: only the options hugevmm sets (std's socket timeouts,
+    // TCP_NODELAY on NBD connections), not SO_BINDTODEVICE, SO_MARK,
+    // IP options and the like.
+    if allowed.calls.contains(&sys::setsockopt) {
+        let option = |level: i32, name: i32| rule(vec![eq(1, level as u64), eq(2, name as u64)]);
+        conditional(
+            sys::setsockopt,
+            vec![
+                option(libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+                option(libc::SOL_SOCKET, libc::SO_SNDTIMEO),
+                option(libc::IPPROTO_TCP, libc::TCP_NODELAY),
+            ],
+        );
+    }
     let no_exec = || vec![rule(vec![masked(2, libc::PROT_EXEC as u64, 0)])];
     conditional(sys::mmap, no_exec());
     conditional(sys::mprotect, no_exec());
@@ -461,10 +495,6 @@ mod tests {
         ("getpid", "the trap handler; glibc's raise"),
         ("getrandom", "HashMap's keys"),
         ("gettid", "the trap handler; glibc's raise"),
-        (
-            "madvise",
-            "freed memory returned; balloon drops; thread stacks",
-        ),
         ("mremap", "glibc's realloc of large blocks"),
         ("munmap", "freed memory, ended threads' stacks"),
         ("nanosleep", "the trap handler parks the thread"),
@@ -514,7 +544,6 @@ mod tests {
         ("ppoll", "waiting on the socket and the stop eventfd"),
         ("fcntl", "the accepted socket's flags"),
         ("getsockname", "the accepted socket's address"),
-        ("setsockopt", "the accepted socket's options"),
         ("set_robust_list", "a new client thread's start (glibc)"),
         ("rseq", "a new client thread's start (glibc)"),
     ];
@@ -585,7 +614,6 @@ mod tests {
                 ("poll", "connect with a timeout"),
                 ("ppoll", "connect with a timeout"),
                 ("getsockopt", "SO_ERROR of a connect"),
-                ("setsockopt", "TCP_NODELAY, the handshake's timeout"),
                 ("shutdown", "a broken connection"),
                 ("fcntl", "the new socket's flags"),
             ]],
@@ -632,6 +660,7 @@ mod tests {
                 sys::tgkill,
                 sys::sendto,
                 sys::ioctl,
+                sys::madvise,
             ] {
                 let alternatives = rules.get(&nr).map_or(0, Vec::len);
                 assert!(
