@@ -81,6 +81,10 @@ impl RunSpec {
         }
         if self.encrypt {
             a.push("--swap-encrypt".into());
+        } else if self.store.starts_with("nbd") {
+            // NBD stores are sealed by default: a run without encryption
+            // says so.
+            a.push("--swap-encrypt=false".into());
         }
         if let (Some(ms), Some(path)) = (self.timeline_ms, timeline) {
             a.push("--stats-timeline".into());
@@ -105,6 +109,8 @@ impl RunSpec {
         }
         if self.encrypt {
             s += " --swap-encrypt";
+        } else if self.store.starts_with("nbd") {
+            s += " --swap-encrypt=false";
         }
         s
     }
