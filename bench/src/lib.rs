@@ -19,6 +19,9 @@
 //! - `linux` (opt-in, not in `all`): a stock Linux kernel with a busybox
 //!   tmpfs workload under a limit, per unit, nested in QEMU where this
 //!   host cannot run guest kernels.
+//! - `kernel-swap` (opt-in, not in `all`; root): the same workloads under
+//!   the engine and under the host kernel's own swap in a memory cgroup
+//!   of the engine's footprint (docs/KERNEL_BASELINE.md).
 //! - `report`: every suite whose figures README.md and docs/BENCHMARKS.md
 //!   publish, into one results file; `report --render FILE` rewrites the
 //!   docs' generated tables from such a file ([`render`]).
@@ -42,6 +45,7 @@ mod floor;
 mod hist;
 mod host_pageout;
 mod interrupt;
+mod kernel_swap;
 mod limits;
 mod linux;
 mod nbd;
@@ -83,7 +87,9 @@ pub enum Suite {
     Nbd,
     /// A Debian kernel with a busybox tmpfs workload under a limit, auto vs 4k vs 2m (nested in QEMU TCG on hosts without VMX/SVM; not in `all`).
     Linux,
-    /// All of the above but `linux` (limits first).
+    /// The host kernel's own swap as a baseline: each workload under the engine and, without it, in a memory cgroup of the engine's footprint with a host swap file, THP and 4k backing (root; not in `all`).
+    KernelSwap,
+    /// All of the above but `linux` and `kernel-swap` (limits first).
     All,
     /// The suites whose figures README.md and docs/BENCHMARKS.md publish (limits, swap-w-seq, pageout, fault-latency), into one results file; with --render FILE, rewrite the docs' tables from such a file instead.
     Report,
@@ -99,6 +105,7 @@ impl Suite {
             Suite::Encryption => "encryption",
             Suite::Nbd => "nbd",
             Suite::Linux => "linux",
+            Suite::KernelSwap => "kernel-swap",
             Suite::All => "all",
             Suite::Report => "report",
         }
@@ -411,6 +418,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Encryption => encryption::run(&mut ctx),
             Suite::Nbd => nbd::run(&mut ctx),
             Suite::Linux => linux::run(&mut ctx),
+            Suite::KernelSwap => kernel_swap::run(&mut ctx),
             Suite::All | Suite::Report => unreachable!("expanded above"),
         };
         if let Err(e) = result {

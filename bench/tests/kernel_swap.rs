@@ -1,0 +1,188 @@
+//! The `kernel-swap` suite end to end on a tiny workload (one round of a
+//! 64 MiB seqwrite): it prints a row per variant and leaves no swap file
+//! and no cgroup behind. It asserts no times. It needs root, KVM, a
+//! memory cgroup controller, mkswap/swapon and the release `hugevmm`
+//! beside the test's `hugevmm-bench` (`cargo build --release -p vmm`; a
+//! debug binary works too, named in HUGEVMM_BIN).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use test_resources::{skip, skip_without_kvm, Resource};
+
+const TEST: &str = "kernel_swap_tiny_rows_and_cleanup";
+
+/// Every cgroup directory of the suite under the memory controller.
+fn suite_cgroups() -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/memory"] {
+        if let Ok(entries) = std::fs::read_dir(root) {
+            for e in entries.flatten() {
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with("hugevmm-bench-")
+                {
+                    found.push(e.path());
+                }
+            }
+        }
+    }
+    found
+}
+
+fn swapon_show() -> String {
+    let out = Command::new("swapon")
+        .args(["--show", "--noheadings"])
+        .output()
+        .expect("run swapon --show");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The bench's swap files among `swapon --show`'s lines.
+fn bench_swap_files(show: &str) -> Vec<String> {
+    show.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|f| f.contains("hugevmm-bench-swap-"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The bench's swap files in the store directory.
+fn swap_files_in_store() -> Vec<PathBuf> {
+    std::fs::read_dir("/var/tmp")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with("hugevmm-bench-swap-")
+                })
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Why the host cannot run the suite, if it cannot.
+fn missing() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root (cgroups, swapon)".into());
+    }
+    let v2 = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+        .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"));
+    let v1 = Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists();
+    if !v1 && !v2 {
+        return Some("no memory cgroup controller (v1 or v2)".into());
+    }
+    if !test_resources::have_program("swapon") || !test_resources::have_program("mkswap") {
+        return Some("mkswap/swapon (util-linux) not found".into());
+    }
+    None
+}
+
+fn hugevmm() -> PathBuf {
+    if let Some(p) = std::env::var_os("HUGEVMM_BIN") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_BIN_EXE_hugevmm-bench")).with_file_name("hugevmm")
+}
+
+#[test]
+fn kernel_swap_tiny_rows_and_cleanup() {
+    if skip_without_kvm(TEST) {
+        return;
+    }
+    if let Some(why) = missing() {
+        // No resource names root plus a memory cgroup; Mount is the
+        // root-only one closest to it.
+        skip(TEST, Resource::Mount, why);
+        return;
+    }
+    let bin = hugevmm();
+    if !bin.is_file() {
+        skip(
+            TEST,
+            Resource::Kvm,
+            format!(
+                "{} does not exist: cargo build --release -p vmm",
+                bin.display()
+            ),
+        );
+        return;
+    }
+    let swaps_before = swapon_show();
+    let cgroups_before = suite_cgroups();
+    let files_before = swap_files_in_store();
+    let out = std::env::temp_dir().join(format!("hugevmm-bench-kswap-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let result = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))
+        .args(["kernel-swap", "--quick", "--out"])
+        .arg(&out)
+        .args(["--store-dir", "/var/tmp"])
+        .env("HUGEVMM_BIN", &bin)
+        .env("HUGEVMM_BENCH_KERNEL_SWAP_PLAN", "tiny")
+        .output()
+        .expect("run hugevmm-bench");
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        result.status.success(),
+        "kernel-swap failed: {}\n{stderr}\n{stdout}",
+        result.status
+    );
+    assert!(!stderr.contains("SKIP"), "the suite skipped:\n{stderr}");
+    for variant in ["hugevmm auto", "kernel, thp", "kernel, 4k"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(variant)),
+            "no `{variant}` row:\n{stdout}"
+        );
+    }
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("results.json")).expect("results.json"),
+    )
+    .expect("results.json parses");
+    let runs = json["kernel-swap"]["workloads"][0]["runs"]
+        .as_array()
+        .expect("kernel-swap.workloads[0].runs");
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    let engine = &runs[0];
+    assert_eq!(engine["variant"], "engine");
+    assert_eq!(engine["end"], "ok", "{engine}");
+    let footprint = engine["cgroup_peak_bytes"]
+        .as_u64()
+        .or(engine["rss_peak_bytes"].as_u64())
+        .expect("engine footprint");
+    assert!(footprint > 0);
+    for kernel in &runs[1..] {
+        assert_eq!(
+            kernel["limit_bytes"].as_u64(),
+            Some(footprint.div_ceil(4096) * 4096),
+            "the kernel runs get the engine's footprint: {kernel}"
+        );
+        assert!(
+            ["ok", "oom-killed", "timeout"].contains(&kernel["end"].as_str().unwrap_or("")),
+            "{kernel}"
+        );
+    }
+    // Only what this run added counts: another bench may be running.
+    let swaps_after = bench_swap_files(&swapon_show());
+    let swaps_new: Vec<&String> = swaps_after
+        .iter()
+        .filter(|s| !bench_swap_files(&swaps_before).contains(s))
+        .collect();
+    assert!(
+        swaps_new.is_empty(),
+        "a swap file of the bench is still on: {swaps_new:?}"
+    );
+    let left: Vec<PathBuf> = suite_cgroups()
+        .into_iter()
+        .filter(|c| !cgroups_before.contains(c))
+        .collect();
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
+    let files_new: Vec<PathBuf> = swap_files_in_store()
+        .into_iter()
+        .filter(|f| !files_before.contains(f))
+        .collect();
+    assert!(files_new.is_empty(), "swap files left: {files_new:?}");
+    let _ = std::fs::remove_dir_all(&out);
+}
