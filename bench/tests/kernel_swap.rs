@@ -93,9 +93,7 @@ fn kernel_swap_tiny_rows_and_cleanup() {
         return;
     }
     if let Some(why) = missing() {
-        // No resource names root plus a memory cgroup; Mount is the
-        // root-only one closest to it.
-        skip(TEST, Resource::Mount, why);
+        skip(TEST, Resource::MemcgSwap, why);
         return;
     }
     let bin = hugevmm();

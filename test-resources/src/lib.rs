@@ -74,11 +74,14 @@ pub enum Resource {
     /// Root and `setpriv(1)` (util-linux), to give files to and run
     /// commands as another user (`nobody`, uid 65534).
     OtherUser,
+    /// Root, a memory cgroup controller (v1 or v2) and `mkswap`/`swapon`
+    /// (util-linux), for the host kernel's swap as a baseline.
+    MemcgSwap,
 }
 
 impl Resource {
     /// Every resource, for `all` and for checking names.
-    pub const ALL: [Resource; 20] = [
+    pub const ALL: [Resource; 21] = [
         Resource::Kvm,
         Resource::Hugetlb,
         Resource::Kernel,
@@ -99,6 +102,7 @@ impl Resource {
         Resource::IoUring,
         Resource::Mlock,
         Resource::OtherUser,
+        Resource::MemcgSwap,
     ];
 
     /// The name used in `HUGEVMM_REQUIRE_RESOURCES` and in messages.
@@ -124,6 +128,7 @@ impl Resource {
             Resource::IoUring => "io-uring",
             Resource::Mlock => "mlock",
             Resource::OtherUser => "other-user",
+            Resource::MemcgSwap => "memcg-swap",
         }
     }
 }
