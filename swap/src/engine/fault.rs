@@ -190,9 +190,7 @@ impl FaultService {
                         }
                         continue;
                     }
-                    if s.limiter.claim(s.limiter.unit_pages(), &*s.room) {
-                        bump(&s.counters.evict_waits);
-                    }
+                    s.limiter.claim(s.limiter.unit_pages(), &*s.room);
                     let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                         s.limiter.release(s.limiter.unit_pages());
                         continue;

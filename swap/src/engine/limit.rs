@@ -150,26 +150,29 @@ pub(crate) trait MakeRoom: Send + Sync {
     fn nothing_in_flight(&self) -> bool;
     /// True when the engine stops (a claim then goes over the limit).
     fn stopping(&self) -> bool;
+    /// Notes a claim that found no room and waits for an eviction.
+    fn claim_waits(&self);
 }
 
 impl Limiter {
     /// Reserves `pages` of memory, asking `room` to evict first when at the
-    /// limit; returns true when it had to wait for an eviction.
-    pub(crate) fn claim(&self, pages: u64, room: &dyn MakeRoom) -> bool {
+    /// limit.
+    pub(crate) fn claim(&self, pages: u64, room: &dyn MakeRoom) {
         if self.try_reserve(pages) {
-            return false;
+            return;
         }
+        room.claim_waits();
         loop {
             let released = room.make_room(pages);
             if self.try_reserve(pages) {
-                return true;
+                return;
             }
             if (released == 0 && room.nothing_in_flight()) || room.stopping() {
                 // Nothing can be evicted (all pinned, or the limit is below
                 // what is in use by in-flight restores): go over rather
                 // than deadlock the guest.
                 self.force_reserve(pages);
-                return true;
+                return;
             }
             if released == 0 {
                 std::thread::yield_now();

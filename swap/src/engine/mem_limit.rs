@@ -2,10 +2,7 @@
 //! message whichever way it arrives (the command line, a config file, the
 //! API), and never rounded silently afterwards.
 
-use guestmem::format_size;
-
-/// Bytes of one 2 MiB chunk.
-const CHUNK_BYTES: u64 = 2 << 20;
+use guestmem::{format_size, CHUNK_BYTES};
 
 /// A memory limit that passed [`MemLimit::new`]: whole swap units, at most
 /// guest RAM, at least what the vCPUs need to make progress.

@@ -194,9 +194,7 @@ impl Splitter {
                 }
                 PageTag::Resident => return s.resident_page_fault(at, kind).map(Some),
                 PageTag::Absent | PageTag::Stored => {
-                    if s.limiter.claim(1, &*s.room) {
-                        bump(&s.counters.evict_waits);
-                    }
+                    s.limiter.claim(1, &*s.room);
                     let Ok(loading) = pages.begin_fault(at, state) else {
                         s.limiter.release(1);
                         continue;

@@ -55,7 +55,7 @@ use super::limit::{Limiter, MakeRoom};
 use super::parking::Parking;
 use super::policy::{EvictionPolicy, Victim};
 use super::recycle::RestoreBuffers;
-use super::stats::Counters;
+use super::stats::{bump, Counters};
 use crate::chunk::{ChunkTable, PageRef, PageTable, Tag, PAGES_PER_CHUNK};
 use crate::store::{SharedStore, SlotId};
 use crate::uffd::Uffd;
@@ -299,5 +299,9 @@ impl MakeRoom for EvictService {
 
     fn stopping(&self) -> bool {
         self.life.stopping()
+    }
+
+    fn claim_waits(&self) {
+        bump(&self.counters.evict_waits);
     }
 }
