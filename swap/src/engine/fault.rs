@@ -112,12 +112,13 @@ impl FaultService {
 
     /// What the policy makes of a chunk faulting back in `state` (stored or
     /// staged): the refault distance is the evictions since the chunk's.
-    fn refault(&self, state: UnitState, stream: bool) -> Refault {
+    fn refault(&self, chunk: usize, state: UnitState, stream: bool) -> Refault {
         if !self.granularity.active() {
             return Refault::Keep;
         }
         let now = self.counters.evictions.load(Ordering::Relaxed) as u16;
         let verdict = self.granularity.on_refault(RefaultEvent {
+            chunk,
             state,
             stream,
             distance_evictions: u64::from(now.wrapping_sub(state.evict_epoch())),
@@ -174,7 +175,7 @@ impl FaultService {
                     let refault = if forced || state.tag() != Tag::Stored {
                         Refault::Keep
                     } else {
-                        s.refault(state, stream)
+                        s.refault(unit, state, stream)
                     };
                     let split = match (forced, refault) {
                         (true, _) => Some(SplitReason::Forced),
@@ -219,7 +220,7 @@ impl FaultService {
                     let Ok(loading) = s.table.begin_fault(unit.into(), state) else {
                         continue;
                     };
-                    let refault = s.refault(state, stream);
+                    let refault = s.refault(unit, state, stream);
                     let outcome = s.restorer.hand_back(unit, refault.mark(loading))?;
                     if let Some(splitter) = &s.splitter {
                         if s.hooks.split_this_restore() {

@@ -276,7 +276,9 @@ impl SwapEngine {
             ))
         });
         let granularity: Arc<dyn GranularityPolicy> = if auto {
-            Arc::new(granularity::refault_distance::RefaultDistance::default())
+            Arc::new(granularity::refault_distance::RefaultDistance::new(
+                table.units(),
+            ))
         } else {
             Arc::new(Fixed)
         };

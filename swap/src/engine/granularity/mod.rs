@@ -14,6 +14,8 @@ use crate::chunk::{PageTable, UnitState};
 /// A chunk faulting back from the store or the parking area.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RefaultEvent {
+    /// The chunk.
+    pub chunk: usize,
     /// The chunk's word before the fault took it (stored or staged).
     pub state: UnitState,
     /// The fault continues a stream ([`GranularityPolicy::on_fault`]).

@@ -22,14 +22,23 @@
 //!
 //! Rules: a chunk that faults back from the store (or the parking area)
 //! with a short refault distance, not on a stream, for the second time in
-//! a row, is split; its cold
-//! pages then leave one by one and its hot pages come back alone. A split
-//! chunk with `DENSE_PAGES` resident pages is collapsed (its stored pages
-//! read in one I/O). Hysteresis: a chunk collapsed once needs a refault
-//! distance four times shorter to split again; each such re-split counts
-//! as a flip.
+//! a row, is split; its cold pages then leave one by one and its hot
+//! pages come back alone. A split chunk with `DENSE_PAGES` resident pages
+//! is collapsed (its stored pages read in one I/O).
+//!
+//! The cost of changing its mind is bounded per chunk, in the manner of
+//! ski rental: a split costs nothing up front (one page installed) and is
+//! never worse than the 4 KiB unit on that chunk, while a collapse bets
+//! 2 MiB of memory and a 2 MiB read that the chunk is dense. So a chunk
+//! the policy collapsed and then had to split again (a flip) needs twice
+//! the resident pages before its next collapse: 8, 16, ... 512. After
+//! `MAX_COLLAPSE_BACKOFF` flips it collapses only when every page is
+//! resident already (in place, no I/O), so a chunk flips at most that many
+//! times in its life, however its use alternates. Hysteresis on the split
+//! side as well: a chunk collapsed once needs a refault distance four
+//! times shorter to split again.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use super::{GranularityPolicy, Refault, RefaultEvent};
 use crate::chunk::{PageRef, PageTable, PageTag, PAGES_PER_CHUNK};
@@ -50,7 +59,13 @@ const STREAM_ENTRY_PAGES: usize = 16;
 /// then; a chunk with one or a few hot pages stays far below it.
 pub(crate) const DENSE_PAGES: u32 = 8;
 
-/// The policy's state: the streams seen.
+/// Flips after which a chunk collapses only with every page resident:
+/// `DENSE_PAGES << MAX_COLLAPSE_BACKOFF` is a whole chunk.
+pub(crate) const MAX_COLLAPSE_BACKOFF: u8 = 6;
+
+const _: () = assert!((DENSE_PAGES as usize) << MAX_COLLAPSE_BACKOFF == PAGES_PER_CHUNK);
+
+/// The policy's state: the streams seen, and each chunk's flips.
 pub(crate) struct RefaultDistance {
     /// The last chunk of each stream (`u64::MAX`: none).
     streams: [AtomicU64; STREAMS],
@@ -61,25 +76,48 @@ pub(crate) struct RefaultDistance {
     faults_seen: AtomicU64,
     /// CPUs this process may run on.
     cpus: usize,
+    /// Per chunk: how many times the policy split it again after
+    /// collapsing it, up to [`MAX_COLLAPSE_BACKOFF`]; each doubles the
+    /// resident pages its next collapse needs.
+    collapse_backoff: Box<[AtomicU8]>,
 }
 
 /// A stream is active while it moved on within this many faults: with
 /// `STREAMS` streams taking turns, each moves on every few faults.
 const ACTIVE_WINDOW_FAULTS: u64 = 4 * STREAMS as u64;
 
-impl Default for RefaultDistance {
-    fn default() -> RefaultDistance {
+impl RefaultDistance {
+    /// The policy for a table of `chunks` chunks.
+    pub fn new(chunks: usize) -> RefaultDistance {
         RefaultDistance {
             streams: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
             moved_at: std::array::from_fn(|_| AtomicU64::new(0)),
             next_stream: AtomicUsize::new(0),
             faults_seen: AtomicU64::new(0),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            collapse_backoff: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
         }
     }
-}
 
-impl RefaultDistance {
+    /// Resident pages from which the split chunk `chunk` is collapsed.
+    pub fn dense_pages(&self, chunk: usize) -> u32 {
+        let backoff = self
+            .collapse_backoff
+            .get(chunk)
+            .map_or(0, |b| b.load(Ordering::Relaxed));
+        DENSE_PAGES << backoff.min(MAX_COLLAPSE_BACKOFF)
+    }
+
+    /// Notes that the policy splits `chunk` again after collapsing it.
+    fn note_flip(&self, chunk: usize) {
+        if let Some(backoff) = self.collapse_backoff.get(chunk) {
+            // Races between fault threads on one chunk cannot happen: the
+            // thread that splits it holds the chunk.
+            let flips = backoff.load(Ordering::Relaxed);
+            backoff.store((flips + 1).min(MAX_COLLAPSE_BACKOFF), Ordering::Relaxed);
+        }
+    }
+
     /// Streams that moved on to a new chunk within the last
     /// [`ACTIVE_WINDOW_FAULTS`] faults.
     pub fn active_streams(&self) -> usize {
@@ -166,19 +204,23 @@ impl GranularityPolicy for RefaultDistance {
         if event.distance_evictions >= threshold {
             Refault::Long
         } else if state.short_refault() {
+            if state.collapsed() {
+                self.note_flip(event.chunk);
+            }
             Refault::Split
         } else {
             Refault::Short
         }
     }
 
-    /// Dense: `DENSE_PAGES` resident pages.
+    /// Dense: [`RefaultDistance::dense_pages`] resident pages.
     fn should_collapse(&self, chunk: usize, pages: &PageTable) -> bool {
+        let dense = self.dense_pages(chunk);
         let mut resident = 0;
         for page in 0..PAGES_PER_CHUNK {
             if pages.load(PageRef { chunk, page }).tag() == PageTag::Resident {
                 resident += 1;
-                if resident >= DENSE_PAGES {
+                if resident >= dense {
                     return true;
                 }
             }
@@ -194,10 +236,11 @@ impl GranularityPolicy for RefaultDistance {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::UnitState;
 
     #[test]
     fn consecutive_chunks_are_streams_and_scattered_ones_are_not() {
-        let g = RefaultDistance::default();
+        let g = RefaultDistance::new(0);
         assert!(!g.note_fault(10, 0), "a first fault starts a stream");
         assert!(g.note_fault(11, 0));
         assert!(g.note_fault(12, 3));
@@ -223,7 +266,7 @@ mod tests {
     fn prefetch_pays_while_no_more_streams_move_than_cpus() {
         let g = RefaultDistance {
             cpus: 2,
-            ..Default::default()
+            ..RefaultDistance::new(0)
         };
         // Scattered faults start streams that never move: none active.
         for chunk in [100, 300, 500, 700] {
@@ -252,5 +295,54 @@ mod tests {
         }
         assert_eq!(g.active_streams(), 1);
         assert!(g.prefetch_pays());
+    }
+
+    fn stored(collapsed: bool, short: bool) -> UnitState {
+        UnitState::ABSENT
+            .to(crate::chunk::Tag::Stored, 0)
+            .with_collapsed(collapsed)
+            .with_short_refault(short)
+    }
+
+    fn short_refault(chunk: usize, state: UnitState) -> RefaultEvent {
+        RefaultEvent {
+            chunk,
+            state,
+            stream: false,
+            distance_evictions: 1,
+            limit_chunks: Some(64),
+        }
+    }
+
+    #[test]
+    fn each_flip_doubles_the_density_a_collapse_needs_up_to_a_whole_chunk() {
+        let g = RefaultDistance::new(4);
+        assert_eq!(g.dense_pages(1), DENSE_PAGES);
+        // A first split (the chunk was never collapsed) is no flip.
+        assert_eq!(
+            g.on_refault(short_refault(1, stored(false, true))),
+            Refault::Split
+        );
+        assert_eq!(g.dense_pages(1), DENSE_PAGES);
+        let mut seen = vec![g.dense_pages(1)];
+        for _ in 0..10 {
+            assert_eq!(
+                g.on_refault(short_refault(1, stored(true, true))),
+                Refault::Split
+            );
+            seen.push(g.dense_pages(1));
+        }
+        assert_eq!(seen, [8, 16, 32, 64, 128, 256, 512, 512, 512, 512, 512]);
+        assert_eq!(
+            g.dense_pages(0),
+            DENSE_PAGES,
+            "other chunks keep their own count"
+        );
+        // Only a split verdict on a collapsed chunk is a flip.
+        assert_eq!(
+            g.on_refault(short_refault(2, stored(true, false))),
+            Refault::Short
+        );
+        assert_eq!(g.dense_pages(2), DENSE_PAGES);
     }
 }
