@@ -12,6 +12,11 @@
 //! - `fault-latency`: the distribution of fault service time per source
 //!   against the floor measured in the same run (seed 004: worst case, not
 //!   only the average).
+//! - `fault-4k` (not in `all`): where one 4 KiB store fault's time goes:
+//!   the guest-observed cost per fault, the engine's service time and the
+//!   rest, the bare userfault round trip, the service's parts (store
+//!   reads, install ioctls, the eviction's page writes one by one against
+//!   batched) and the CPU time and context switches per fault.
 //! - `encryption`: seqwrite on the file store with `--swap-encrypt` on and
 //!   off, interleaved, beside the cipher's own throughput.
 //! - `nbd`: seqwrite on an NBD store over loopback against fio's nbd
@@ -38,6 +43,7 @@
 #![deny(missing_docs)]
 
 mod encryption;
+mod fault_4k;
 mod fault_latency;
 mod figures;
 mod fio;
@@ -91,6 +97,9 @@ pub enum Suite {
     KernelSwap,
     /// All of the above but `linux` and `kernel-swap` (limits first).
     All,
+    /// Where one 4 KiB store fault's time goes: guest-observed cost, engine service, userfault round trip, store reads, installs, eviction writes, CPU and context switches per fault (not in `all`).
+    #[value(name = "fault-4k")]
+    Fault4k,
     /// The suites whose figures README.md and docs/BENCHMARKS.md publish (limits, swap-w-seq, pageout, fault-latency), into one results file; with --render FILE, rewrite the docs' tables from such a file instead.
     Report,
 }
@@ -101,6 +110,7 @@ impl Suite {
             Suite::SwapWSeq => "swap-w-seq",
             Suite::Pageout => "pageout",
             Suite::FaultLatency => "fault-latency",
+            Suite::Fault4k => "fault-4k",
             Suite::Limits => "limits",
             Suite::Encryption => "encryption",
             Suite::Nbd => "nbd",
@@ -415,6 +425,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::SwapWSeq => swap_w_seq::run(&mut ctx),
             Suite::Pageout => pageout::run(&mut ctx),
             Suite::FaultLatency => fault_latency::run(&mut ctx),
+            Suite::Fault4k => fault_4k::run(&mut ctx),
             Suite::Encryption => encryption::run(&mut ctx),
             Suite::Nbd => nbd::run(&mut ctx),
             Suite::Linux => linux::run(&mut ctx),
