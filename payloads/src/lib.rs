@@ -66,6 +66,35 @@ static BUILTINS: &[Builtin] = &[
          must fit in free RAM; exit 1 on a wrong hot word"
     ),
     builtin!(
+        "kv",
+        "key-value store under a YCSB-B-like load: a heap=SIZE heap (default \
+         512M; with its version table of 4 bytes per object, within free RAM) \
+         of object=BYTES objects (a power of two from 64 to 4096, default 1024) \
+         placed by a hash permutation, so hot objects sit in every 2 MiB chunk; \
+         a load writes them all, then ops=N operations per vCPU (0 to 10^12, \
+         default 5000000) pick keys by Zipf-like popularity (theta=X, 0 to 2, \
+         default 0.99: on 2 vCPUs with the defaults about 63 % of operations \
+         touch the hottest 1 % of objects, 81 % the hottest 10 %); reads=PERCENT \
+         (0 to 100, default 95) of them read and check the whole object, the \
+         rest bump its version and rewrite it; check=0|1 (default 1) checks \
+         every object at the end; exit 1 on a mismatch, naming key, slot and \
+         expected and found version (lose=N, default 0: vCPU 0 loses its Nth \
+         update, to see the checks fail; seed=N, default 1)"
+    ),
+    builtin!(
+        "phases",
+        "a hot set that moves and changes size: phases=N phases (1 to 10^6, \
+         default 6) of ops=N random 4 KiB page touches per vCPU each (0 to \
+         10^12, default 2000000) in a heap=SIZE heap (default 512M, at least \
+         4M per vCPU; with its generation table of 4 bytes per page, within \
+         free RAM); phase p's set, by p mod 6, in sixteenths of the heap: \
+         small [0,1), large [0,4), moved [12,13), scattered (one page in 64 of \
+         the whole heap, 8 in every 2 MiB chunk), small-again [0,1), \
+         large-moved [8,12); every touch checks the page's last generation and \
+         writes the next, each phase ends checking all its pages; exit 1 on a \
+         mismatch (seed=N, default 1)"
+    ),
+    builtin!(
         "verify",
         "data integrity: vCPUs interleave 4 KiB pages inside 2 MiB chunks, write \
          and check generations in scrambled orders, exit 1 on a mismatch \

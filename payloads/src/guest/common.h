@@ -77,4 +77,89 @@ static inline uint64_t pass_key(uint64_t p)
     return p * 0x9e3779b97f4a7c15ull;
 }
 
+/*
+ * A pseudo-random permutation of [0, n): a 4-round Feistel network on the
+ * smallest even number of bits covering n, with cycle walking (re-encrypt
+ * until the value is below n). Each Feistel round is invertible, so this is
+ * a bijection for any n; the domain is < 4n, so few walks are needed.
+ */
+struct perm {
+    uint64_t n;
+    unsigned half; /* bits per Feistel half */
+    uint64_t mask; /* (1 << half) - 1 */
+    uint64_t keys[4];
+};
+
+static inline void perm_init(struct perm *p, uint64_t n, uint64_t key)
+{
+    unsigned bits = 2;
+    while (bits < 62 && (1ull << bits) < n)
+        bits += 2;
+    p->n = n;
+    p->half = bits / 2;
+    p->mask = (1ull << p->half) - 1;
+    for (unsigned r = 0; r < 4; r++)
+        p->keys[r] = mix64(key + r + 1);
+}
+
+static inline uint64_t perm_at(const struct perm *p, uint64_t i)
+{
+    uint64_t x = i;
+    do {
+        uint64_t l = x >> p->half, r = x & p->mask;
+        for (unsigned k = 0; k < 4; k++) {
+            uint64_t t = l ^ (mix64(r ^ p->keys[k]) & p->mask);
+            l = r;
+            r = t;
+        }
+        x = (l << p->half) | r;
+    } while (x >= p->n);
+    return x;
+}
+
+/*
+ * The inverse of perm_at: perm_inv(p, perm_at(p, i)) == i. The rounds run
+ * backwards; walking backwards from a value below n passes the same
+ * out-of-range values the forward walk passed, so it stops at i.
+ */
+static inline uint64_t perm_inv(const struct perm *p, uint64_t y)
+{
+    uint64_t x = y;
+    do {
+        uint64_t l = x >> p->half, r = x & p->mask;
+        for (unsigned k = 4; k-- > 0;) {
+            uint64_t t = r ^ (mix64(l ^ p->keys[k]) & p->mask);
+            r = l;
+            l = t;
+        }
+        x = (l << p->half) | r;
+    } while (x >= p->n);
+    return x;
+}
+
+/* splitmix64: a per-vCPU generator whose state lives on the caller's
+ * stack (globals are shared by all vCPUs). */
+static inline uint64_t splitmix_next(uint64_t *state)
+{
+    *state += 0x9e3779b97f4a7c15ull;
+    return mix64(*state);
+}
+
+/*
+ * The free-space offset at which a working set of need_bytes starts on a
+ * 2 MiB-aligned guest address, so that its 2 MiB pieces are the VMM's
+ * chunks (free ranges other than the first start and end on 2 MiB
+ * boundaries); 0 when the aligned placement does not fit.
+ */
+static inline uint64_t chunk_lead(const struct hvmm_boot_info *info,
+                                  uint64_t need_bytes, uint64_t free_bytes)
+{
+    const uint64_t chunk = 2ull << 20;
+    uint64_t first_free = info->range_count ? info->ranges[0].start : 0;
+    uint64_t lead = ((first_free + chunk - 1) & ~(chunk - 1)) - first_free;
+    if (lead > free_bytes || need_bytes > free_bytes - lead)
+        return 0;
+    return lead;
+}
+
 #endif /* PAYLOADS_COMMON_H */

@@ -40,46 +40,6 @@
 static const uint64_t word_offsets[] = { 0, PAGE_SIZE / 2, PAGE_SIZE - 8 };
 #define NWORDS (sizeof(word_offsets) / sizeof(word_offsets[0]))
 
-/*
- * A pseudo-random permutation of [0, n): a 4-round Feistel network on the
- * smallest even number of bits covering n, with cycle walking (re-encrypt
- * until the value is below n). Each Feistel round is invertible, so this is
- * a bijection for any n; the domain is < 4n, so few walks are needed.
- */
-struct perm {
-    uint64_t n;
-    unsigned half; /* bits per Feistel half */
-    uint64_t mask; /* (1 << half) - 1 */
-    uint64_t keys[4];
-};
-
-static void perm_init(struct perm *p, uint64_t n, uint64_t key)
-{
-    unsigned bits = 2;
-    while (bits < 62 && (1ull << bits) < n)
-        bits += 2;
-    p->n = n;
-    p->half = bits / 2;
-    p->mask = (1ull << p->half) - 1;
-    for (unsigned r = 0; r < 4; r++)
-        p->keys[r] = mix64(key + r + 1);
-}
-
-static uint64_t perm_at(const struct perm *p, uint64_t i)
-{
-    uint64_t x = i;
-    do {
-        uint64_t l = x >> p->half, r = x & p->mask;
-        for (unsigned k = 0; k < 4; k++) {
-            uint64_t t = l ^ (mix64(r ^ p->keys[k]) & p->mask);
-            l = r;
-            r = t;
-        }
-        x = (l << p->half) | r;
-    } while (x >= p->n);
-    return x;
-}
-
 /* The key of generation g (0 stands for "never written"). */
 static uint64_t gen_key(uint64_t seed, uint64_t g)
 {
