@@ -130,25 +130,26 @@ impl Plan {
 // Samples and their statistics
 // ---------------------------------------------------------------------
 
-/// Samples (µs) of one part, with the round each came from.
+/// Samples of one part (µs, unless a per-fault count), with the round
+/// each came from.
 #[derive(Default, Clone)]
 struct Samples {
-    values_us: Vec<f64>,
+    values: Vec<f64>,
     rounds: Vec<usize>,
 }
 
 impl Samples {
-    fn push(&mut self, round: usize, us: f64) {
-        self.values_us.push(us);
+    fn push(&mut self, round: usize, value: f64) {
+        self.values.push(value);
         self.rounds.push(round);
     }
 
     fn median(&self) -> f64 {
-        median(&self.values_us).unwrap_or(0.0)
+        median(&self.values).unwrap_or(0.0)
     }
 
     fn p99(&self) -> f64 {
-        sample_quantile(&self.values_us, 0.99)
+        sample_quantile(&self.values, 0.99)
     }
 
     /// Min and max of the per-round medians.
@@ -158,7 +159,7 @@ impl Samples {
         let last = self.rounds.iter().copied().max().unwrap_or(0);
         for r in 0..=last {
             let v: Vec<f64> = self
-                .values_us
+                .values
                 .iter()
                 .zip(&self.rounds)
                 .filter(|(_, &round)| round == r)
@@ -189,6 +190,38 @@ fn us_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e6
 }
 
+/// CPU time of the calling thread, ns.
+fn thread_cpu_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Wall time and the calling thread's CPU time of one operation: a store
+/// read that waits for the disk and one that spins look alike by wall time
+/// alone.
+#[derive(Default, Clone)]
+struct Timed {
+    wall: Samples,
+    cpu: Samples,
+}
+
+impl Timed {
+    /// Times `op`, dividing both figures by `per` (pages per operation).
+    fn time<T>(&mut self, round: usize, per: usize, op: impl FnOnce() -> T) -> T {
+        let (t, cpu) = (Instant::now(), thread_cpu_ns());
+        let out = op();
+        let cpu_us = (thread_cpu_ns() - cpu) as f64 / 1e3;
+        self.wall.push(round, us_since(t) / per as f64);
+        self.cpu.push(round, cpu_us / per as f64);
+        out
+    }
+}
+
 /// Mean of an engine histogram, µs: bucket midpoints (buckets are at most
 /// 12.5 % wide), the last one capped at the maximum.
 fn hist_mean_us(h: &Hist) -> f64 {
@@ -217,14 +250,15 @@ fn permutation(n: usize, seed: u64) -> Vec<usize> {
     v
 }
 
-/// `(voluntary, involuntary, major faults)` of the calling thread so far.
-fn thread_usage() -> (i64, i64, i64) {
+/// `(voluntary, involuntary)` context switches of the calling thread so
+/// far.
+fn thread_usage() -> (i64, i64) {
     // SAFETY: rusage is plain data; getrusage fills it and cannot fail for
     // RUSAGE_THREAD with a valid pointer.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable rusage.
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    (ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_majflt)
+    (ru.ru_nvcsw, ru.ru_nivcsw)
 }
 
 // ---------------------------------------------------------------------
@@ -507,9 +541,32 @@ struct VmRun {
     round: usize,
     /// Whether the warm-up ended by the rule (else by its cap).
     steady: bool,
+    /// The first answer of the API (the boot is over).
+    first: VmSample,
     samples: Vec<VmSample>,
     stats: Value,
     raw_stats: String,
+}
+
+impl VmRun {
+    /// From the first API answer to the end of the run, per fault served
+    /// (store, staging, zero): the guest's time per vCPU and the engine's
+    /// mean service time, µs. Both cover the same faults (but the boot's
+    /// few), so their difference is what the service leaves out.
+    fn whole_run(&self, vcpus: u32) -> Option<(f64, f64)> {
+        let end = |path: &str| super::runner::num(&self.stats, &format!("/swap/{path}"));
+        let served = end("faults/store") + end("faults/staging") + end("faults/zero");
+        let faults = served - self.first.served();
+        let span_s = super::runner::num(&self.stats, "/elapsed_s") - self.first.t_s;
+        let (mut sum_us, mut count) = (0.0, 0u64);
+        for source in ["store", "staging", "zero"] {
+            let h = Hist::from_json(&self.stats["swap"]["fault_latency_by_source_us"][source]);
+            sum_us += hist_mean_us(&h) * h.count() as f64;
+            count += h.count();
+        }
+        (faults > 0.0 && count > 0)
+            .then(|| (span_s * 1e6 * vcpus as f64 / faults, sum_us / count as f64))
+    }
 }
 
 /// Figures of a run's window (first to last sample).
@@ -632,7 +689,7 @@ fn run_vm(ctx: &mut Ctx, plan: &Plan, v: &VmVariant, round: usize) -> Result<VmR
 
     // The socket appears once the VM is built.
     let started = Instant::now();
-    let mut last = loop {
+    let first = loop {
         interrupt::check()?;
         if let Some(status) = vm.exited() {
             bail!(
@@ -655,6 +712,7 @@ fn run_vm(ctx: &mut Ctx, plan: &Plan, v: &VmVariant, round: usize) -> Result<VmR
     // two samples in a row: randwrite's random touches leave a tail of
     // untouched pages); the zero run until its first thousand faults (the
     // boot is over).
+    let mut last = first.clone();
     let mut steady = false;
     let mut quiet_polls = 0;
     while started.elapsed().as_secs_f64() < plan.warmup_cap_s {
@@ -680,7 +738,7 @@ fn run_vm(ctx: &mut Ctx, plan: &Plan, v: &VmVariant, round: usize) -> Result<VmR
         }
     }
 
-    let mut samples = vec![last];
+    let mut samples = vec![last.clone()];
     let window_start = Instant::now();
     let mut next = window_start;
     while window_start.elapsed().as_secs_f64() < plan.window_s {
@@ -724,6 +782,7 @@ fn run_vm(ctx: &mut Ctx, plan: &Plan, v: &VmVariant, round: usize) -> Result<VmR
         variant: VM_VARIANTS.iter().position(|x| x.key == v.key).unwrap_or(0),
         round,
         steady,
+        first,
         samples,
         stats,
         raw_stats: format!("runs/{name}.json"),
@@ -771,6 +830,8 @@ struct RoundTrip {
     /// Context switches per fault: writer voluntary, writer involuntary,
     /// server voluntary, server involuntary.
     switches: [Samples; 4],
+    /// CPU time per fault, µs: writer, server.
+    cpu: [Samples; 2],
 }
 
 /// A region registered MISSING with a userfaultfd of its own, small pages.
@@ -841,7 +902,7 @@ fn round_trips(
     let uffd = &reg.uffd;
     let (writer, served) = std::thread::scope(|scope| {
         let server = scope.spawn(move || {
-            let before = thread_usage();
+            let before = (thread_usage(), thread_cpu_ns());
             let mut records: Vec<[u64; 4]> = Vec::with_capacity(n);
             let mut events = Vec::with_capacity(8);
             let mut error: Option<String> = None;
@@ -910,10 +971,10 @@ fn round_trips(
                 // next writes fault as plain memory.
                 let _ = uffd.unregister(r.base(), r.len());
             }
-            let after = thread_usage();
+            let after = (thread_usage(), thread_cpu_ns());
             (records, error, before, after)
         });
-        let before = thread_usage();
+        let before = (thread_usage(), thread_cpu_ns());
         let mut times = Vec::with_capacity(n);
         for i in 0..n {
             let t0 = ns();
@@ -922,7 +983,7 @@ fn round_trips(
             unsafe { std::ptr::write_volatile((r.base() + i as u64 * PAGE) as *mut u8, 1) };
             times.push((t0, ns()));
         }
-        let after = thread_usage();
+        let after = (thread_usage(), thread_cpu_ns());
         let served = server.join();
         ((times, before, after), served)
     });
@@ -942,10 +1003,13 @@ fn round_trips(
         out.resume.push(round, us(*wake, *t1));
     }
     let per = |a: i64, b: i64| (b - a) as f64 / n as f64;
-    out.switches[0].push(round, per(w_before.0, w_after.0));
-    out.switches[1].push(round, per(w_before.1, w_after.1));
-    out.switches[2].push(round, per(s_before.0, s_after.0));
-    out.switches[3].push(round, per(s_before.1, s_after.1));
+    out.switches[0].push(round, per(w_before.0 .0, w_after.0 .0));
+    out.switches[1].push(round, per(w_before.0 .1, w_after.0 .1));
+    out.switches[2].push(round, per(s_before.0 .0, s_after.0 .0));
+    out.switches[3].push(round, per(s_before.0 .1, s_after.0 .1));
+    let cpu_us = |a: u64, b: u64| (b - a) as f64 / 1e3 / n as f64;
+    out.cpu[0].push(round, cpu_us(w_before.1, w_after.1));
+    out.cpu[1].push(round, cpu_us(s_before.1, s_after.1));
     r.discard(0, r.len())?;
     src.discard(0, src.len())?;
     Ok(())
@@ -1045,11 +1109,11 @@ fn ioctl_round(
 /// Store reads and writes of 4 KiB pages.
 #[derive(Default, Clone)]
 struct StoreParts {
-    read_file: Samples,
-    read_lz4: Samples,
-    write_one: Samples,
-    write_64_separate: Samples,
-    write_64_one: Samples,
+    read_file: Timed,
+    read_lz4: Timed,
+    write_one: Timed,
+    write_64_separate: Timed,
+    write_64_one: Timed,
 }
 
 /// The stores of the store parts, written full once.
@@ -1113,16 +1177,12 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
     let mut buf = blockio::AlignedBuf::new(PAGE as usize, 4096);
     let order = permutation(STORE_SLOTS, round as u64 + 7);
     for &i in order.iter().take(plan.ops) {
-        let t = Instant::now();
-        s.file4k
-            .read(s.slots4k[i], 1 << 32, &mut buf)
+        out.read_file
+            .time(round, 1, || s.file4k.read(s.slots4k[i], 1 << 32, &mut buf))
             .context("4 KiB file store read")?;
-        out.read_file.push(round, us_since(t));
-        let t = Instant::now();
-        s.lz4
-            .read(s.lz4_slots[i], 1 << 32, &mut buf)
+        out.read_lz4
+            .time(round, 1, || s.lz4.read(s.lz4_slots[i], 1 << 32, &mut buf))
             .context("4 KiB mem:lz4 read")?;
-        out.read_lz4.push(round, us_since(t));
     }
     // Writes go where the store has room after long use: slots freed at
     // random (lowest free first is the allocator's rule, so a write takes
@@ -1139,9 +1199,7 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                             gpa: (1 << 32) + v as u64 * PAGE,
                             data: page(k),
                         }];
-                        let t = Instant::now();
-                        let r = s.file4k.write_batch(&req);
-                        out.write_one.push(round, us_since(t));
+                        let r = out.write_one.time(round, 1, || s.file4k.write_batch(&req));
                         s.slots4k[v] = r
                             .into_iter()
                             .next()
@@ -1162,10 +1220,9 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                             data: page(k),
                         })
                         .collect();
-                    let t = Instant::now();
-                    let results = s.file4k.write_batch(&reqs);
-                    out.write_64_separate
-                        .push(round, us_since(t) / BATCH_PAGES as f64);
+                    let results = out
+                        .write_64_separate
+                        .time(round, BATCH_PAGES, || s.file4k.write_batch(&reqs));
                     for (&v, r) in picked.iter().zip(results) {
                         s.slots4k[v] = r.context("4 KiB batch write")?;
                     }
@@ -1178,10 +1235,9 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                         gpa: 1 << 32,
                         data: &s.pattern[..big],
                     }];
-                    let t = Instant::now();
-                    let r = s.file256k.write_batch(&req);
-                    out.write_64_one
-                        .push(round, us_since(t) / BATCH_PAGES as f64);
+                    let r = out
+                        .write_64_one
+                        .time(round, BATCH_PAGES, || s.file256k.write_batch(&req));
                     s.slots256k[v] = r
                         .into_iter()
                         .next()
@@ -1200,6 +1256,8 @@ struct KernelSwapIn {
     touch: Samples,
     /// Per round: major faults per touch.
     majflt_per_touch: Samples,
+    /// Per round: the touches' total time over the major faults, µs.
+    per_major_fault: Samples,
 }
 
 /// The kernel probe's source (written for this bench): write MIB of
@@ -1388,17 +1446,21 @@ fn kernel_round(
         .and_then(|l| l.strip_prefix("majflt="))
         .and_then(|v| v.trim().parse().ok())
         .context("the swap-in probe printed no majflt= line")?;
-    let mut n = 0;
+    let (mut n, mut total_us) = (0, 0.0);
     for l in lines {
         if let Ok(us) = l.trim().parse::<f64>() {
             out.touch.push(round, us);
             n += 1;
+            total_us += us;
         }
     }
     if n == 0 {
         bail!("the swap-in probe printed no times");
     }
     out.majflt_per_touch.push(round, majflt / n as f64);
+    if majflt > 0.0 {
+        out.per_major_fault.push(round, total_us / majflt);
+    }
     Ok(())
 }
 
@@ -1506,11 +1568,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
                     match store_round(&mut stores, &plan, round, &mut m.stores) {
                         Ok(()) => ctx.progress.done(&format!(
                             "read file {:.1} us, lz4 {:.1} us; write 1 {:.1} us, 64 separate {:.1} us/page, 64 as one {:.1} us/page",
-                            m.stores.read_file.median(),
-                            m.stores.read_lz4.median(),
-                            m.stores.write_one.median(),
-                            m.stores.write_64_separate.median(),
-                            m.stores.write_64_one.median()
+                            m.stores.read_file.wall.median(),
+                            m.stores.read_lz4.wall.median(),
+                            m.stores.write_one.wall.median(),
+                            m.stores.write_64_separate.wall.median(),
+                            m.stores.write_64_one.wall.median()
                         )),
                         Err(e) => {
                             ctx.progress.failed(&format!("{e:#}"));
@@ -1602,7 +1664,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "variant": key,
             "metrics": metrics.iter().map(|(name, s)| {
                 let (lo, hi) = s.spread();
-                (name.to_string(), json!({"median": s.median(), "min": lo, "max": hi, "rounds": s.values_us.len()}))
+                (name.to_string(), json!({"median": s.median(), "min": lo, "max": hi, "rounds": s.values.len()}))
             }).collect::<serde_json::Map<String, Value>>(),
         })).collect::<Vec<Value>>(),
         "kernel_swap_in_through_kvm_us_from_issue_33": KERNEL_KVM_US_FROM_ISSUE_33,
@@ -1660,6 +1722,10 @@ struct Row {
     samples: Samples,
     /// From a histogram of the engine's: p50, p99, count.
     hist: Option<(f64, f64, u64)>,
+    /// The measuring thread's CPU time of the same operations.
+    cpu: Option<Samples>,
+    /// Min-max of other per-round figures than the samples' medians.
+    spread: Option<(f64, f64)>,
     how: &'static str,
 }
 
@@ -1670,8 +1736,20 @@ impl Row {
             part: part.into(),
             samples: samples.clone(),
             hist: None,
+            cpu: None,
+            spread: None,
             how,
         }
+    }
+
+    fn spread(&self) -> (f64, f64) {
+        self.spread.unwrap_or_else(|| self.samples.spread())
+    }
+
+    fn timed(key: &str, part: &str, t: &Timed, how: &'static str) -> Row {
+        let mut row = Row::new(key, part, &t.wall, how);
+        row.cpu = Some(t.cpu.clone());
+        row
     }
 
     fn median(&self) -> f64 {
@@ -1683,12 +1761,11 @@ impl Row {
     }
 
     fn n(&self) -> u64 {
-        self.hist
-            .map_or(self.samples.values_us.len() as u64, |h| h.2)
+        self.hist.map_or(self.samples.values.len() as u64, |h| h.2)
     }
 
     fn json(&self) -> Value {
-        let (lo, hi) = self.samples.spread();
+        let (lo, hi) = self.spread();
         json!({
             "key": self.key,
             "part": self.part,
@@ -1696,6 +1773,7 @@ impl Row {
             "p99_us": self.p99(),
             "spread_us": [lo, hi],
             "n": self.n(),
+            "cpu_median_us": self.cpu.as_ref().map(Samples::median),
             "how": self.how,
         })
     }
@@ -1708,10 +1786,11 @@ fn runs_of<'a>(m: &'a Measured, key: &str) -> Vec<&'a VmRun> {
         .collect()
 }
 
-/// The VM rows of one variant: guest-observed per fault (intervals), the
-/// engine's service time (its histogram, all rounds merged), and the
-/// remainder (per round: guest-observed mean per vCPU minus the mean
-/// service time of the window's mix of sources).
+/// The VM rows of one variant: guest-observed per fault (per sample
+/// interval of the steady window), the engine's service time (its
+/// histogram, the rounds merged) and, over the whole run because the
+/// engine's histograms cover the whole run, the mean service time and the
+/// remainder ([`VmRun::whole_run`]).
 fn vm_rows(m: &Measured, key: &str, what: &str, out: &mut Vec<Row>) {
     let runs = runs_of(m, key);
     if runs.is_empty() {
@@ -1723,49 +1802,58 @@ fn vm_rows(m: &Measured, key: &str, what: &str, out: &mut Vec<Row>) {
     let mut guest_vcpu = Samples::default();
     let mut remainder = Samples::default();
     let mut service = Samples::default();
+    let mut service_mean = Samples::default();
     let mut merged = Hist::default();
+    let mut window_means = Samples::default();
     for r in &runs {
         let Some(w) = window(r, v.vcpus) else {
             continue;
         };
+        window_means.push(r.round, w.wall_s * 1e6 / w.served);
         for &us in &w.interval_us {
             guest.push(r.round, us);
             guest_vcpu.push(r.round, us * v.vcpus as f64);
         }
-        let h = |s: &str| Hist::from_json(&r.stats["swap"]["fault_latency_by_source_us"][s]);
-        let main = h(source);
+        let main = Hist::from_json(&r.stats["swap"]["fault_latency_by_source_us"][source]);
         merged.merge(&main);
         service.push(r.round, main.quantile_us(0.5) as f64);
-        let mix_mean = (w.store * hist_mean_us(&h("store"))
-            + w.staging * hist_mean_us(&h("staging"))
-            + w.zero * hist_mean_us(&h("zero")))
-            / w.served;
-        remainder.push(
-            r.round,
-            w.wall_s * 1e6 * v.vcpus as f64 / w.served - mix_mean,
-        );
+        if let Some((guest_us, service_us)) = r.whole_run(v.vcpus) {
+            service_mean.push(r.round, service_us);
+            remainder.push(r.round, guest_us - service_us);
+        }
     }
     let k = key.replace('-', "_");
+    let per_interval = "wall / faults served, per sample interval; spread: per-run windows";
+    // The spread is that of the runs' whole windows: an interval's figure
+    // is a mean over its faults already.
+    let (lo, hi) = window_means.spread();
     if v.vcpus > 1 {
-        out.push(Row::new(
+        let n = v.vcpus as f64;
+        let mut per_vcpu = Row::new(
             &format!("guest_{k}"),
             &format!("guest: per fault per vCPU, {what}"),
             &guest_vcpu,
-            "vCPUs x wall time / faults served, per sample interval",
-        ));
-        out.push(Row::new(
+            "vCPUs x wall / faults served, per sample interval",
+        );
+        per_vcpu.spread = Some((lo * n, hi * n));
+        out.push(per_vcpu);
+        let mut wall = Row::new(
             &format!("guest_wall_{k}"),
             &format!("guest: wall time per fault, {what}"),
             &guest,
-            "wall time / faults served, per sample interval",
-        ));
+            per_interval,
+        );
+        wall.spread = Some((lo, hi));
+        out.push(wall);
     } else {
-        out.push(Row::new(
+        let mut row = Row::new(
             &format!("guest_{k}"),
             &format!("guest: per fault, {what}"),
             &guest,
-            "wall time / faults served, per sample interval",
-        ));
+            per_interval,
+        );
+        row.spread = Some((lo, hi));
+        out.push(row);
     }
     let mut row = Row::new(
         &format!("service_{k}"),
@@ -1780,10 +1868,20 @@ fn vm_rows(m: &Measured, key: &str, what: &str, out: &mut Vec<Row>) {
     ));
     out.push(row);
     out.push(Row::new(
+        &format!("service_mean_{k}"),
+        "  engine service, mean over the whole run's faults",
+        &service_mean,
+        "per run, all sources; bucket midpoints",
+    ));
+    out.push(Row::new(
         &format!("remainder_{k}"),
-        "  remainder: guest - service (KVM exit, notification, wake, vCPU return)",
+        if v.vcpus > 1 {
+            "  remainder: guest per vCPU - service mean (with waits behind the other vCPU)"
+        } else {
+            "  remainder: guest - service mean (KVM exit, notification, wake, vCPU return)"
+        },
         &remainder,
-        "per run: guest per vCPU - mean service of the window's mix",
+        "per run: vCPUs x wall / faults - service mean, boot to end",
     ));
 }
 
@@ -1796,55 +1894,71 @@ fn rows(m: &Measured) -> Vec<Row> {
     vm_rows(m, "zero-1v", "zero faults, no limit, no I/O", &mut out);
     let rt_how = "two threads of the bench, no KVM";
     for (i, how) in INSTALLS.iter().enumerate() {
+        let rt = &m.rt[i];
+        let name = how.name();
         out.push(Row::new(
-            &format!("rt_{}", how.name()),
+            &format!("rt_{name}"),
             &format!(
                 "bare userfault round trip, served by {}",
-                how.name().to_uppercase()
+                name.to_uppercase()
             ),
-            &m.rt[i].total,
+            &rt.total,
             rt_how,
         ));
+        if *how == Install::Copy {
+            out.push(Row::new(
+                "rt_notify",
+                "  write -> server's poll returns (fault, message, server wake-up)",
+                &rt.notify,
+                "one clock for both threads",
+            ));
+            out.push(Row::new(
+                "rt_read",
+                "  uffd read of the message",
+                &rt.read,
+                "read(2) of the uffd",
+            ));
+            out.push(Row::new(
+                "rt_install",
+                "  install (UFFDIO_COPY, not waking)",
+                &rt.install,
+                "",
+            ));
+            out.push(Row::new(
+                "rt_wake",
+                "  UFFDIO_WAKE, writer waiting",
+                &rt.wake,
+                "",
+            ));
+            out.push(Row::new(
+                "rt_resume",
+                "  wake returned -> write returns",
+                &rt.resume,
+                "negative: the writer ran first",
+            ));
+        } else {
+            out.push(Row::new(
+                &format!("rt_install_{name}"),
+                &format!("  install (UFFDIO_{}, not waking)", name.to_uppercase()),
+                &rt.install,
+                "",
+            ));
+            out.push(Row::new(
+                &format!("rt_resume_{name}"),
+                "  wake returned -> write returns",
+                &rt.resume,
+                "",
+            ));
+        }
     }
-    let c = &m.rt[1];
-    out.push(Row::new(
-        "rt_notify",
-        "  write -> server's poll returns (fault, message, server wake-up)",
-        &c.notify,
-        "COPY round trips, one clock for both threads",
-    ));
-    out.push(Row::new(
-        "rt_read",
-        "  uffd read of the message",
-        &c.read,
-        "read(2) of the uffd",
-    ));
-    out.push(Row::new(
-        "rt_install",
-        "  install (UFFDIO_COPY, not waking)",
-        &c.install,
-        "COPY round trips",
-    ));
-    out.push(Row::new(
-        "rt_wake",
-        "  UFFDIO_WAKE, writer waiting",
-        &c.wake,
-        "COPY round trips",
-    ));
-    out.push(Row::new(
-        "rt_resume",
-        "  wake returned -> write returns",
-        &c.resume,
-        "COPY round trips (negative: the writer ran first)",
-    ));
     let s = &m.stores;
-    out.push(Row::new(
+    out.push(Row::timed(
         "read_file",
         "store read 4 KiB, file (O_DIRECT, crc32)",
         &s.read_file,
         "FileStore::read, random slots of 16 MiB, idle disk",
     ));
-    out.push(Row::new(
+    out.push(Row::timed(
         "read_lz4",
         "store read 4 KiB, mem:lz4 (decompress, crc32)",
         &s.read_lz4,
@@ -1887,30 +2001,37 @@ fn rows(m: &Measured) -> Vec<Row> {
         &io.move_out,
         "UFFDIO_MOVE, no KVM mapping to invalidate",
     ));
-    out.push(Row::new(
+    out.push(Row::timed(
         "write_1",
         "eviction: write one page per write",
         &s.write_one,
         "FileStore::write_batch of 1, slot freed at random",
     ));
-    out.push(Row::new(
+    out.push(Row::timed(
         "write_64_separate",
         "eviction: 64 pages as 64 writes, one submission (per page)",
         &s.write_64_separate,
         "FileStore::write_batch of 64 scattered slots (the engine's way)",
     ));
-    out.push(Row::new(
+    out.push(Row::timed(
         "write_64_one",
         "eviction: 64 pages as one 256 KiB write (per page)",
         &s.write_64_one,
         "FileStore::write_batch of one 256 KiB unit (log-structured)",
     ));
-    if !m.kernel.touch.values_us.is_empty() {
+    let k = &m.kernel;
+    if !k.touch.values.is_empty() {
         out.push(Row::new(
             "kernel_swap_in",
             "kernel swap-in of a page, host process (per touch)",
-            &m.kernel.touch,
+            &k.touch,
             "memory cgroup of the limit, swap file, random writes, no KVM",
+        ));
+        out.push(Row::new(
+            "kernel_per_major_fault",
+            "  mean per major fault (all touches' time / major faults)",
+            &k.per_major_fault,
+            "per round",
         ));
     }
     let mut issue = Samples::default();
@@ -1925,7 +2046,7 @@ fn rows(m: &Measured) -> Vec<Row> {
     out.push(row);
     // Parts that could not be measured here (said once as a SKIP) have no
     // samples.
-    out.retain(|r| r.hist.is_some() || !r.samples.values_us.is_empty());
+    out.retain(|r| r.hist.is_some() || !r.samples.values.is_empty());
     out
 }
 
@@ -2002,12 +2123,12 @@ fn tables(
 ) {
     let mut t = Table::new(
         "fault-4k: where a 4 KiB store fault's time goes (us)",
-        &["part", "median", "p99", "spread", "n", "how"],
+        &["part", "median", "p99", "spread", "n", "cpu", "how"],
     );
     for row in rows {
-        let (lo, hi) = row.samples.spread();
+        let (lo, hi) = row.spread();
         // One value (the figure from issue 33) has no spread.
-        let spread = if row.samples.values_us.len() <= 1 {
+        let spread = if row.samples.values.len() <= 1 {
             String::new()
         } else {
             format!("{}-{}", fmt_us(lo), fmt_us(hi))
@@ -2018,6 +2139,10 @@ fn tables(
             fmt_us(row.p99()),
             spread,
             row.n().to_string(),
+            row.cpu
+                .as_ref()
+                .map(|c| fmt_us(c.median()))
+                .unwrap_or_default(),
             row.how.into(),
         ]);
         for (metric, v) in [("p50_us", row.median()), ("p99_us", row.p99())] {
@@ -2027,7 +2152,7 @@ fn tables(
         }
     }
     t.note(&format!(
-        "{} rounds ({} plan), variants alternated, order rotating; spread: min-max of the per-round medians",
+        "{} rounds ({} plan), variants alternated, order rotating; spread: min-max of the per-round medians (guest rows: of the per-run windows' wall time per fault)",
         plan.rounds, plan.name
     ));
     t.note(&format!(
@@ -2040,18 +2165,20 @@ fn tables(
         load.1,
         std::thread::available_parallelism().map_or(0, |n| n.get())
     ));
-    t.note("service: the engine's histogram (bucket upper edges, <= 12.5 % wide), from the fault thread taking up the message to the wake; remainder uses bucket-midpoint means");
+    t.note("service: the engine's histogram (bucket upper edges, <= 12.5 % wide), from the fault thread taking up the message to the wake; its mean and the remainder (guest per vCPU minus it) cover the whole run from the first API answer, warm-up included, since the histograms do: bucket-midpoint means");
     let rt = &m.rt[1];
-    if !rt.switches[0].values_us.is_empty() {
+    if !rt.switches[0].values.is_empty() {
         t.note(&format!(
-            "bare round trip, context switches per fault: writer {:.2} voluntary + {:.2} involuntary, server {:.2} + {:.2}",
+            "bare round trip (COPY), per fault: writer {:.2} voluntary + {:.2} involuntary context switches and {:.1} us CPU, server {:.2} + {:.2} and {:.1} us CPU",
             rt.switches[0].median(),
             rt.switches[1].median(),
+            rt.cpu[0].median(),
             rt.switches[2].median(),
-            rt.switches[3].median()
+            rt.switches[3].median(),
+            rt.cpu[1].median()
         ));
     }
-    if !m.kernel.touch.values_us.is_empty() {
+    if !m.kernel.touch.values.is_empty() {
         t.note(&format!(
             "kernel swap-in: a process of its own writes {} in a memory cgroup of {} (swap file on --store-dir), then times random 4 KiB writes: {:.2} major faults per touch (the others found the page resident or read ahead){}",
             plan.rand.2,
