@@ -24,9 +24,10 @@
 //! - `linux` (opt-in, not in `all`): a stock Linux kernel with a busybox
 //!   tmpfs workload under a limit, per unit, nested in QEMU where this
 //!   host cannot run guest kernels.
-//! - `kernel-swap` (opt-in, not in `all`; root): the same workloads under
-//!   the engine and under the host kernel's own swap in a memory cgroup
-//!   of the engine's footprint (docs/KERNEL_BASELINE.md).
+//! - `workloads` (alias `kernel-swap`; opt-in, not in `all`; root): six
+//!   workloads (seqwrite, randwrite, mixed, verify, key-value, phases)
+//!   under the engine's three units and under the host kernel's own swap
+//!   in a memory cgroup of auto's footprint (docs/KERNEL_BASELINE.md).
 //! - `report`: every suite whose figures README.md and docs/BENCHMARKS.md
 //!   publish, into one results file; `report --render FILE` rewrites the
 //!   docs' generated tables from such a file ([`render`]).
@@ -51,7 +52,6 @@ mod floor;
 mod hist;
 mod host_pageout;
 mod interrupt;
-mod kernel_swap;
 mod limits;
 mod linux;
 mod nbd;
@@ -63,6 +63,7 @@ pub mod render;
 mod report;
 mod runner;
 mod swap_w_seq;
+mod workloads;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -93,9 +94,10 @@ pub enum Suite {
     Nbd,
     /// A Debian kernel with a busybox tmpfs workload under a limit, auto vs 4k vs 2m (nested in QEMU TCG on hosts without VMX/SVM; not in `all`).
     Linux,
-    /// The host kernel's own swap as a baseline: each workload under the engine and, without it, in a memory cgroup of the engine's footprint with a host swap file, THP and 4k backing (root; not in `all`).
-    KernelSwap,
-    /// All of the above but `linux` and `kernel-swap` (limits first).
+    /// The workload suite against the host kernel's own swap: seqwrite, randwrite, mixed, verify, key-value and phases under the engine's auto, 2m and 4k units and, without the engine, in a memory cgroup of auto's footprint with a host swap file, THP and 4k backing (root; not in `all`).
+    #[value(alias = "kernel-swap")]
+    Workloads,
+    /// All of the above but `linux` and `workloads` (limits first).
     All,
     /// Where one 4 KiB store fault's time goes: guest-observed cost, engine service, userfault round trip, store reads, installs, eviction writes, CPU and context switches per fault (not in `all`).
     #[value(name = "fault-4k")]
@@ -115,7 +117,7 @@ impl Suite {
             Suite::Encryption => "encryption",
             Suite::Nbd => "nbd",
             Suite::Linux => "linux",
-            Suite::KernelSwap => "kernel-swap",
+            Suite::Workloads => "workloads",
             Suite::All => "all",
             Suite::Report => "report",
         }
@@ -429,7 +431,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Encryption => encryption::run(&mut ctx),
             Suite::Nbd => nbd::run(&mut ctx),
             Suite::Linux => linux::run(&mut ctx),
-            Suite::KernelSwap => kernel_swap::run(&mut ctx),
+            Suite::Workloads => workloads::run(&mut ctx),
             Suite::All | Suite::Report => unreachable!("expanded above"),
         };
         if let Err(e) = result {

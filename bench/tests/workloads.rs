@@ -1,5 +1,6 @@
-//! The `kernel-swap` suite end to end on a tiny workload (one round of a
-//! 64 MiB seqwrite): it prints a row per variant and leaves no swap file
+//! The `workloads` suite end to end on a tiny workload (one round of a
+//! 64 MiB seqwrite): it prints a row per variant and the aims row, gives
+//! the kernel runs auto's footprint, and leaves no swap file
 //! and no cgroup behind. It asserts no times. It needs root, KVM, a
 //! memory cgroup controller, mkswap/swapon and the release `hugevmm`
 //! beside the test's `hugevmm-bench` (`cargo build --release -p vmm`; a
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use test_resources::{skip, skip_without_kvm, Resource};
 
-const TEST: &str = "kernel_swap_tiny_rows_and_cleanup";
+const TEST: &str = "workloads_tiny_rows_and_cleanup";
 
 /// Every cgroup directory of the suite under the memory controller.
 fn suite_cgroups() -> Vec<PathBuf> {
@@ -88,7 +89,7 @@ fn hugevmm() -> PathBuf {
 }
 
 #[test]
-fn kernel_swap_tiny_rows_and_cleanup() {
+fn workloads_tiny_rows_and_cleanup() {
     if skip_without_kvm(TEST) {
         return;
     }
@@ -114,22 +115,29 @@ fn kernel_swap_tiny_rows_and_cleanup() {
     let out = std::env::temp_dir().join(format!("hugevmm-bench-kswap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let result = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))
-        .args(["kernel-swap", "--quick", "--out"])
+        .args(["workloads", "--quick", "--out"])
         .arg(&out)
         .args(["--store-dir", "/var/tmp"])
         .env("HUGEVMM_BIN", &bin)
-        .env("HUGEVMM_BENCH_KERNEL_SWAP_PLAN", "tiny")
+        .env("HUGEVMM_BENCH_WORKLOADS_PLAN", "tiny")
         .output()
         .expect("run hugevmm-bench");
     let stdout = String::from_utf8_lossy(&result.stdout);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(
         result.status.success(),
-        "kernel-swap failed: {}\n{stderr}\n{stdout}",
+        "workloads failed: {}\n{stderr}\n{stdout}",
         result.status
     );
     assert!(!stderr.contains("SKIP"), "the suite skipped:\n{stderr}");
-    for variant in ["hugevmm auto", "kernel, thp", "kernel, 4k"] {
+    for variant in [
+        "hugevmm auto",
+        "hugevmm 2m",
+        "hugevmm 4k",
+        "kernel, thp",
+        "kernel, 4k",
+        "seqwrite (tiny)",
+    ] {
         assert!(
             stdout.lines().any(|l| l.starts_with(variant)),
             "no `{variant}` row:\n{stdout}"
@@ -139,23 +147,31 @@ fn kernel_swap_tiny_rows_and_cleanup() {
         &std::fs::read_to_string(out.join("results.json")).expect("results.json"),
     )
     .expect("results.json parses");
-    let runs = json["kernel-swap"]["workloads"][0]["runs"]
+    let runs = json["workloads"]["workloads"][0]["runs"]
         .as_array()
-        .expect("kernel-swap.workloads[0].runs");
-    assert_eq!(runs.len(), 3, "{runs:?}");
+        .expect("workloads.workloads[0].runs");
+    assert_eq!(runs.len(), 5, "{runs:?}");
     let engine = &runs[0];
-    assert_eq!(engine["variant"], "engine");
+    assert_eq!(engine["variant"], "auto");
+    for (run, unit) in runs[1..3].iter().zip(["2m", "4k"]) {
+        assert_eq!(run["variant"], unit);
+        assert_eq!(run["end"], "ok", "{run}");
+        assert!(
+            run["store_faults"].as_f64().unwrap_or(0.0) > 0.0,
+            "the {unit} run used its store: {run}"
+        );
+    }
     assert_eq!(engine["end"], "ok", "{engine}");
     let footprint = engine["cgroup_peak_bytes"]
         .as_u64()
         .or(engine["rss_peak_bytes"].as_u64())
         .expect("engine footprint");
     assert!(footprint > 0);
-    for kernel in &runs[1..] {
+    for kernel in &runs[3..] {
         assert_eq!(
             kernel["limit_bytes"].as_u64(),
             Some(footprint.div_ceil(4096) * 4096),
-            "the kernel runs get the engine's footprint: {kernel}"
+            "the kernel runs get auto's footprint: {kernel}"
         );
         assert!(
             ["ok", "oom-killed", "timeout"].contains(&kernel["end"].as_str().unwrap_or("")),
