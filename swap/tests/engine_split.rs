@@ -325,3 +325,79 @@ fn a_store_error_on_a_split_chunks_page_names_the_page() {
     g.engine.take().unwrap().shutdown();
     toucher.join().unwrap();
 }
+
+/// Two threads faulting on the same page give the engine two messages for
+/// it; the second finds the page resident. A fault on a resident page
+/// must own the page while it resolves the message, or an eviction that
+/// moves the page out in between leaves the fault thread installing a
+/// zero page over it: the guest then reads zeros, and the store copy
+/// comes back over later writes. Readers here only read (every page holds
+/// its first write), so any other value is that bug; the evictions keep
+/// moving the same pages out under them.
+#[test]
+fn a_page_read_by_two_threads_at_once_survives_evictions_under_them() {
+    let chunks = 2;
+    for (name, store) in stores(chunks) {
+        let g = start_guest(chunks * CHUNK, store, config(SwapUnit::Huge2M));
+        let e = g.engine();
+        write_all(&g, 0..chunks * PAGES, 0);
+        e.split_range(0, chunks * CHUNK).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = g.base();
+        // Four readers walk the same pages in the same order, so that
+        // they fault on a page together.
+        let readers: Vec<_> = (0..4)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    let mut reads = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for page in 0..chunks * PAGES {
+                            let seen = get(base + page * PAGE_BYTES);
+                            assert_eq!(seen, value(page, 0), "page {page} after {reads} reads");
+                            reads += 1;
+                        }
+                    }
+                    reads
+                })
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let mut passes = 0;
+        while started.elapsed() < std::time::Duration::from_secs(3)
+            && !readers.iter().any(|r| r.is_finished())
+        {
+            for chunk in 0..chunks {
+                drop(e.evict_range(chunk * CHUNK, CHUNK).unwrap());
+            }
+            passes += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        // A reader blocked for good (its page stuck after a fatal error)
+        // fails the test instead of hanging it.
+        let waited = std::time::Instant::now();
+        while !readers.iter().all(|r| r.is_finished()) {
+            assert!(
+                waited.elapsed() < std::time::Duration::from_secs(20),
+                "{name}: readers still blocked 20 s after the evictions stopped; fatal: {:?}",
+                g.fatal_messages()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+        assert!(
+            g.fatal_messages().is_empty(),
+            "{name}: {:?}",
+            g.fatal_messages()
+        );
+        e.evict_all().unwrap();
+        check_all(&g, 0..chunks * PAGES, 0);
+        let st = e.stats();
+        println!(
+            "{name}: {passes} eviction passes, {reads} reads, stale faults {}, page evictions {}",
+            st.stale_faults, st.split.page_evictions
+        );
+        assert!(st.split.page_evictions > 0, "{name}");
+        assert!(g.fatal_messages().is_empty(), "{name}");
+    }
+}

@@ -148,6 +148,12 @@ pub enum PageTransition {
     DiscardStored,
     /// Resident → Resident with the CLOCK bit changed.
     Reference,
+    /// Resident → Loading: a fault thread takes a resident page to resolve
+    /// a message for it (a duplicate, a write-protect fault, a hole), so
+    /// that no evictor moves it out meanwhile.
+    BeginResidentFault,
+    /// Loading → Resident: that fault thread is done with the page.
+    EndResidentFault,
     /// Absent/Resident/Stored → Locked: the chunk owner takes the page to
     /// merge the chunk back.
     Lock,
@@ -158,7 +164,7 @@ pub enum PageTransition {
 
 impl PageTransition {
     /// Every page transition, for the tests that walk the table.
-    pub const ALL: [PageTransition; 11] = [
+    pub const ALL: [PageTransition; 13] = [
         PageTransition::BeginZeroFill,
         PageTransition::BeginRead,
         PageTransition::FinishRestore,
@@ -168,6 +174,8 @@ impl PageTransition {
         PageTransition::SettleWritten,
         PageTransition::DiscardStored,
         PageTransition::Reference,
+        PageTransition::BeginResidentFault,
+        PageTransition::EndResidentFault,
         PageTransition::Lock,
         PageTransition::Unlock,
     ];
@@ -185,6 +193,8 @@ impl PageTransition {
             PageTransition::SettleWritten => (&[Evicting], Some(Stored)),
             PageTransition::DiscardStored => (&[Stored], Some(Absent)),
             PageTransition::Reference => (&[Resident], None),
+            PageTransition::BeginResidentFault => (&[Resident], Some(Loading)),
+            PageTransition::EndResidentFault => (&[Loading], Some(Resident)),
             PageTransition::Lock => (&[Absent, Resident, Stored], Some(Locked)),
             PageTransition::Unlock => (&[Locked], None),
         }
@@ -427,6 +437,26 @@ impl PageTable {
             .expect("only the owner changes a loading page");
     }
 
+    /// A fault thread takes a resident page (see
+    /// [`PageTransition::BeginResidentFault`]); returns the `Loading` state.
+    pub fn begin_resident_fault(
+        &self,
+        at: PageRef,
+        resident: PageState,
+    ) -> Result<PageState, PageState> {
+        let loading = resident.to(PageTag::Loading);
+        self.take(at, PageTransition::BeginResidentFault, resident, loading)
+            .map(|()| loading)
+    }
+
+    /// The fault thread that took a resident page gives it back, referenced
+    /// (it was just accessed).
+    pub fn end_resident_fault(&self, at: PageRef, loading: PageState) {
+        let resident = loading.to(PageTag::Resident).with_referenced(true);
+        self.take(at, PageTransition::EndResidentFault, loading, resident)
+            .expect("only the owner changes a loading page");
+    }
+
     /// An evictor takes a resident page; returns the `Evicting` state.
     pub fn begin_evict(&self, at: PageRef, resident: PageState) -> Result<PageState, PageState> {
         let evicting = resident.to(PageTag::Evicting).with_referenced(false);
@@ -610,6 +640,8 @@ mod tests {
                 | (SettleWritten, Evicting, Stored)
                 | (DiscardStored, Stored, Absent)
                 | (Reference, Resident, Resident)
+                | (BeginResidentFault, Resident, Loading)
+                | (EndResidentFault, Loading, Resident)
                 | (Lock, Absent | Resident | Stored, Locked)
                 | (Unlock, Locked, Absent | Resident | Stored)
         )
@@ -627,7 +659,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(legal, 15);
+        assert_eq!(legal, 17);
     }
 
     #[test]

@@ -192,7 +192,16 @@ impl Splitter {
                         return Ok(Some(Outcome::Blocked));
                     }
                 }
-                PageTag::Resident => return s.resident_page_fault(at, kind).map(Some),
+                PageTag::Resident => {
+                    // Owned while the message is resolved: an evictor that
+                    // moved the page out between this load and the zero
+                    // install below would leave a zero page over content
+                    // it is writing to the store.
+                    let Ok(owned) = pages.begin_resident_fault(at, state) else {
+                        continue;
+                    };
+                    return s.resident_page_fault(at, owned, kind).map(Some);
+                }
                 PageTag::Absent | PageTag::Stored => {
                     s.limiter.claim(1, &*s.room);
                     let Ok(loading) = pages.begin_fault(at, state) else {
@@ -257,10 +266,17 @@ impl Splitter {
         s.installer.wake_page(at, Some(source))
     }
 
-    /// A fault on a page that is resident: a message another thread already
-    /// served, a write-protect fault left from before the chunk split (it was
+    /// A fault on a page that is resident, which this thread holds
+    /// `Loading` (`owned`) so that it stays mapped or stays a hole until the
+    /// message is resolved: a message another thread already served, a
+    /// write-protect fault left from before the chunk split (it was
     /// unprotected whole then), or a real hole (reads as zero).
-    fn resident_page_fault(&self, at: PageRef, kind: FaultKind) -> Result<Outcome, SwapError> {
+    fn resident_page_fault(
+        &self,
+        at: PageRef,
+        owned: PageState,
+        kind: FaultKind,
+    ) -> Result<Outcome, SwapError> {
         let s = self;
         let result = match kind {
             FaultKind::WriteProtect => s.installer.unprotect_page(at),
@@ -273,6 +289,7 @@ impl Splitter {
             },
             FaultKind::Minor => Ok(()),
         };
+        s.pages.end_resident_fault(at, owned);
         result.map_err(|e| {
             SwapError::unit_uffd(
                 format!(
