@@ -176,7 +176,20 @@ impl Model {
                         PageTag::Loading | PageTag::Evicting => {
                             pages.wait_settled(at, &|| false);
                         }
-                        PageTag::Resident => return,
+                        PageTag::Resident => {
+                            // As `Splitter::page_fault`: the message is
+                            // resolved with the page owned, so no evictor
+                            // moves it out meanwhile; a hole (nothing
+                            // mapped) reads as zero, a mapped page is left
+                            // as it is (the kernel's EEXIST).
+                            if let Ok(owned) = pages.begin_resident_fault(at, ps) {
+                                if self.memory[p].lock().unwrap().is_none() {
+                                    self.install(p, 0);
+                                }
+                                pages.end_resident_fault(at, owned);
+                                return;
+                            }
+                        }
                         PageTag::Absent | PageTag::Stored => {
                             if let Ok(loading) = pages.begin_fault(at, ps) {
                                 let v = if ps.tag() == PageTag::Stored {
@@ -353,6 +366,30 @@ fn a_fault_on_page_a_while_page_b_is_evicted_loses_nothing() {
         reader.join().unwrap();
         assert_eq!(model.read(A), 3);
         assert_eq!(model.read(B), 1);
+    });
+}
+
+/// Two readers fault on the same stored page: one restores it, the
+/// other's message finds it resident, while an evictor moves it out and
+/// back. Without the resident fault owning the page, the second reader's
+/// zero install lands in the slot the evictor just emptied (engine
+/// before 99e5016).
+#[test]
+fn a_duplicate_fault_on_a_page_an_evictor_moves_out_reads_its_content() {
+    check(|| {
+        let model = Model::split(Some((false, 5)), None);
+        let readers: Vec<_> = (0..2)
+            .map(|_| spawn(&model, |m| assert_eq!(m.read(A), 5)))
+            .collect();
+        let evictor = spawn(&model, |m| {
+            m.evict_page(A);
+            m.evict_page(A);
+        });
+        for r in readers {
+            r.join().unwrap();
+        }
+        evictor.join().unwrap();
+        assert_eq!(model.read(A), 5);
     });
 }
 
