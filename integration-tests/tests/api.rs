@@ -436,6 +436,17 @@ fn the_api_matches_its_document_under_a_swapping_guest() {
         &json!({ "outcome": "verified" }),
         "/swap/split/collapses_verified",
     );
+    for (of, pointer) in [
+        ("unit", "/swap/activations"),
+        ("page", "/swap/split/page_activations"),
+    ] {
+        window(
+            "hugevmm_swap_activations",
+            "hugevmm_swap_activations_total",
+            &json!({ "of": of }),
+            pointer,
+        );
+    }
     window(
         "hugevmm_swap_page_evictions",
         "hugevmm_swap_page_evictions_total",

@@ -264,6 +264,7 @@ fn swap_json(s: &SwapStats, detail: bool) -> Value {
         "wp_faults": s.wp_faults,
         "evictions": s.evictions,
         "evict_waits": s.evict_waits,
+        "activations": s.activations,
         "clean_drops": s.clean_drops,
         "zero_chunks": s.zero_chunks,
         "units_written": s.units_written,
@@ -401,6 +402,7 @@ fn split_json(split: &swap::engine::SplitStats) -> Value {
         "page_evictions": split.page_evictions,
         "pages_written": split.pages_written,
         "pages_zero": split.pages_zero,
+        "page_activations": split.page_activations,
     })
 }
 

@@ -19,8 +19,12 @@
 //! 4 bits per page (3 of state, 1 CLOCK bit): 256 B per split chunk, in
 //! groups of 16 chunks (one 4 KiB allocation) made when the group's first
 //! chunk splits and kept (reused by the group's chunks) until the engine
-//! stops. The group directory costs 8 B per 16 chunks of the guest
-//! (0.5 B per chunk), allocated or not.
+//! stops. Beside them, the access signal's metadata (`engine::access`),
+//! advisory and outside the protocol: per page a 32-bit eviction stamp
+//! and its CLOCK chances (5 B), per chunk the page hand (2 B); 40 KiB more
+//! per group, 2.5 KiB per split chunk (0.12 % of its 2 MiB). The group
+//! directory costs 8 B per 16 chunks of the guest (0.5 B per chunk),
+//! allocated or not.
 
 use std::sync::atomic::AtomicPtr;
 use std::time::Duration;
@@ -268,9 +272,24 @@ fn checked(transition: PageTransition, at: PageRef, from: PageState, to: PageSta
     }
 }
 
-/// The page states of 16 chunks: one 4 KiB allocation.
+/// The page states of 16 chunks (one 4 KiB allocation), and their access
+/// metadata.
 struct Group {
     words: [AtomicU64; GROUP_CHUNKS * WORDS_PER_CHUNK],
+    access: Box<GroupAccess>,
+}
+
+/// The access signal's metadata of a group's pages: plain atomics, not the
+/// model checker's, as nothing is ordered by them (a lost update costs a
+/// page one CLOCK pass, never content).
+struct GroupAccess {
+    /// Per page: the page-eviction count when it was last evicted, plus
+    /// one (0: not evicted since its chunk split).
+    stamps: [std::sync::atomic::AtomicU32; GROUP_CHUNKS * PAGES_PER_CHUNK],
+    /// Per page: CLOCK passes left before it may be picked unreferenced.
+    chances: [std::sync::atomic::AtomicU8; GROUP_CHUNKS * PAGES_PER_CHUNK],
+    /// Per chunk: the page the CLOCK hand looks at next.
+    hands: [std::sync::atomic::AtomicU16; GROUP_CHUNKS],
 }
 
 /// Every nibble `Locked`.
@@ -280,6 +299,25 @@ impl Group {
     fn new() -> Group {
         Group {
             words: std::array::from_fn(|_| AtomicU64::new(ALL_LOCKED)),
+            access: GroupAccess::new(),
+        }
+    }
+}
+
+impl GroupAccess {
+    /// All zero, built on the heap (40 KiB would be a large stack frame
+    /// on the fault threads).
+    fn new() -> Box<GroupAccess> {
+        // SAFETY: the atomics of GroupAccess are integers with no invalid
+        // bit pattern, so all zero bytes are a valid value; the layout is
+        // GroupAccess's own and non-zero-sized.
+        unsafe {
+            let layout = std::alloc::Layout::new::<GroupAccess>();
+            let raw = std::alloc::alloc_zeroed(layout).cast::<GroupAccess>();
+            if raw.is_null() {
+                std::alloc::handle_alloc_error(layout);
+            }
+            Box::from_raw(raw)
         }
     }
 }
@@ -326,7 +364,8 @@ impl PageTable {
     /// Bytes of page metadata: the directory and the allocated groups.
     pub fn metadata_bytes(&self) -> u64 {
         let directory = (self.groups.len() * std::mem::size_of::<AtomicPtr<Group>>()) as u64;
-        let per_group = (GROUP_CHUNKS * WORDS_PER_CHUNK * 8) as u64;
+        let per_group =
+            (GROUP_CHUNKS * WORDS_PER_CHUNK * 8 + std::mem::size_of::<GroupAccess>()) as u64;
         directory + self.groups_allocated.load(Ordering::Relaxed) * per_group
     }
 
@@ -490,11 +529,81 @@ impl PageTable {
         }
     }
 
+    /// The access metadata of `at`'s page, and its index there.
+    fn access(&self, at: PageRef) -> Option<(&GroupAccess, usize)> {
+        let group = self.group(at.chunk)?;
+        Some((
+            &group.access,
+            (at.chunk % GROUP_CHUNKS) * PAGES_PER_CHUNK + at.page,
+        ))
+    }
+
+    /// Stamps a page its evictor holds `Evicting` with the page-eviction
+    /// count `evictions` (see `engine::access`).
+    pub fn stamp_eviction(&self, at: PageRef, evictions: u64) {
+        if let Some((access, i)) = self.access(at) {
+            // 0 means "never": a count whose low bits wrap to it skips to 1.
+            let stamp = (evictions as u32).wrapping_add(1).max(1);
+            access.stamps[i].store(stamp, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Page evictions since `at` was evicted, at a count of `evictions`
+    /// now (modulo 2^32), or `None` if it was not evicted since its chunk
+    /// split.
+    pub fn evictions_since(&self, at: PageRef, evictions: u64) -> Option<u64> {
+        let (access, i) = self.access(at)?;
+        let stamp = access.stamps[i].load(std::sync::atomic::Ordering::Relaxed);
+        let now = (evictions as u32).wrapping_add(1).max(1);
+        (stamp != 0).then(|| u64::from(now.wrapping_sub(stamp)))
+    }
+
+    /// Gives a page `chances` CLOCK passes before it may be picked
+    /// unreferenced.
+    pub fn set_chances(&self, at: PageRef, chances: u8) {
+        if let Some((access, i)) = self.access(at) {
+            access.chances[i].store(chances, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// One pass of the CLOCK hand over an unreferenced resident page: true
+    /// if it had a chance left (now one fewer) and stays.
+    pub fn spend_chance(&self, at: PageRef) -> bool {
+        let Some((access, i)) = self.access(at) else {
+            return false;
+        };
+        use std::sync::atomic::Ordering::Relaxed;
+        access.chances[i]
+            .fetch_update(Relaxed, Relaxed, |c| c.checked_sub(1))
+            .is_ok()
+    }
+
+    /// The page of `chunk` the CLOCK hand looks at next.
+    pub fn hand(&self, chunk: usize) -> usize {
+        self.group(chunk).map_or(0, |g| {
+            usize::from(
+                g.access.hands[chunk % GROUP_CHUNKS].load(std::sync::atomic::Ordering::Relaxed),
+            ) % PAGES_PER_CHUNK
+        })
+    }
+
+    /// Moves `chunk`'s page hand to `page`.
+    pub fn set_hand(&self, chunk: usize, page: usize) {
+        if let Some(group) = self.group(chunk) {
+            group.access.hands[chunk % GROUP_CHUNKS].store(
+                (page % PAGES_PER_CHUNK) as u16,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+    }
+
     /// The chunk owner gives every page of its chunk its first state
-    /// (all were `Locked`): the split.
+    /// (all were `Locked`): the split. The pages' access metadata starts
+    /// afresh (a stamp from an earlier split says nothing now).
     pub fn unlock_all(&self, chunk: usize, state_of: &dyn Fn(usize) -> PageState) {
         for page in 0..PAGES_PER_CHUNK {
             let at = PageRef { chunk, page };
+            self.stamp_fresh(at);
             self.take(
                 at,
                 PageTransition::Unlock,
@@ -529,6 +638,17 @@ impl PageTable {
             }
         }
         Some(before)
+    }
+
+    /// Clears a page's access metadata.
+    fn stamp_fresh(&self, at: PageRef) {
+        // Called while the chunk owner holds the page locked, so no
+        // eviction or fault can stamp it at the same time; the group is
+        // usually there already (allocated with the chunk's words).
+        let group = self.group_or_new(at.chunk);
+        let i = (at.chunk % GROUP_CHUNKS) * PAGES_PER_CHUNK + at.page;
+        group.access.stamps[i].store(0, std::sync::atomic::Ordering::Relaxed);
+        group.access.chances[i].store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Unlocks the first `states.len()` pages of a chunk back to `states`.
@@ -696,8 +816,13 @@ mod tests {
         );
         assert_eq!(table.count_tags(chunk), [256, 1, 255, 0, 0, 0]);
         assert_eq!(table.count_tags(chunk + 1), [0, 0, 0, 0, 0, 512]);
-        // Three groups of directory (8 B each), one group allocated.
-        assert_eq!(table.metadata_bytes(), 3 * 8 + 4096);
+        // Three groups of directory (8 B each), one group allocated: its
+        // words (16 chunks of 256 B) and its access tables (per page a
+        // 4-byte stamp and a chance byte, per chunk a 2-byte hand).
+        assert_eq!(
+            table.metadata_bytes(),
+            3 * 8 + 4096 + 16 * 512 * (4 + 1) + 16 * 2
+        );
         let before = table.lock_all(chunk, &|| false).unwrap();
         assert_eq!(before[3].tag(), PageTag::Resident);
         assert_eq!(table.count_tags(chunk)[5], 512);

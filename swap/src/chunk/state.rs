@@ -63,6 +63,8 @@ const PREFETCHED: u64 = 1 << 12;
 const EPOCH_SHIFT: u32 = 13;
 const EPOCH_MASK: u64 = 0xffff << EPOCH_SHIFT;
 const SHORT_REFAULT: u64 = 1 << 29;
+const CHANCES_SHIFT: u32 = 30;
+const CHANCES_MASK: u64 = 0b11 << CHANCES_SHIFT;
 const INDEX_SHIFT: u32 = 32;
 
 /// One unit's packed state: tag, flags and a 32-bit index (store slot or
@@ -88,6 +90,9 @@ impl std::fmt::Debug for UnitState {
             if self.0 & bit != 0 {
                 write!(f, " {name}")?;
             }
+        }
+        if self.chances() > 0 {
+            write!(f, " chances={}", self.chances())?;
         }
         write!(f, ")")
     }
@@ -210,6 +215,24 @@ impl UnitState {
     /// This state with eviction epoch `epoch`.
     pub fn with_evict_epoch(self, epoch: u16) -> UnitState {
         UnitState((self.0 & !EPOCH_MASK) | (u64::from(epoch) << EPOCH_SHIFT))
+    }
+
+    /// Extra passes of the CLOCK hand a resident unit survives without
+    /// being referenced (0 to [`UnitState::MAX_CHANCES`]): given when it
+    /// faulted back soon after its eviction, the access signal the
+    /// engine has without accessed bits (see `engine::policy`).
+    pub fn chances(self) -> u8 {
+        ((self.0 & CHANCES_MASK) >> CHANCES_SHIFT) as u8
+    }
+
+    /// The most [`UnitState::chances`] a unit holds (two bits).
+    pub const MAX_CHANCES: u8 = 3;
+
+    /// This state with `chances` extra passes (at most
+    /// [`UnitState::MAX_CHANCES`]).
+    pub fn with_chances(self, chances: u8) -> UnitState {
+        let chances = u64::from(chances.min(Self::MAX_CHANCES));
+        UnitState((self.0 & !CHANCES_MASK) | (chances << CHANCES_SHIFT))
     }
 
     /// Raw bits (for tests and debugging).

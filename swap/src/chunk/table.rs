@@ -295,6 +295,7 @@ impl ChunkTable {
             .to(Tag::Evicting, resident.index())
             .with_referenced(false)
             .with_prefetched(false)
+            .with_chances(0)
             .with_evict_epoch(epoch);
         self.take(at, Transition::BeginEvict, resident, evicting)
             .map(|()| evicting)
@@ -541,6 +542,23 @@ impl ChunkTable {
                 state.with_referenced(on),
             );
         }
+    }
+
+    /// One pass of the CLOCK hand over an unreferenced `Resident` unit:
+    /// true if it had a chance left (now one fewer) and stays. Advisory,
+    /// as [`ChunkTable::set_referenced`]: a lost race keeps the chance.
+    pub fn spend_chance(&self, unit: usize) -> bool {
+        let state = self.load(unit);
+        if state.tag() != Tag::Resident || state.chances() == 0 {
+            return false;
+        }
+        let _ = self.take(
+            UnitRef::unit(unit),
+            Transition::Reference,
+            state,
+            state.with_chances(state.chances() - 1),
+        );
+        true
     }
 
     /// Records the content hash of a unit's stored copy.

@@ -25,6 +25,7 @@
 //! unit). The unit state machine and who may take which transition is in
 //! [`crate::chunk`].
 
+mod access;
 pub mod buffers;
 mod collapse;
 pub mod config;

@@ -1,18 +1,19 @@
 //! Which resident units to evict: a policy seam with one implementation,
-//! CLOCK over the referenced bit. A split chunk offers its pages one by
-//! one: the hand sweeps them with the same second-chance rule (a page's
-//! CLOCK bit is set when it is restored).
+//! CLOCK over the referenced bit and the chances the access signal gives
+//! ([`super::access`]). A split chunk offers its pages one by one: its
+//! own page hand sweeps them with the same rule.
 //!
-//! The referenced bit is set when a unit is restored (a fault on a unit
-//! that was evicted shortly before marks it hot: staged eviction doubles as
-//! an access sample) and on its first write after a restore (the
-//! write-protect fault). The engine sees no other accesses: reading
-//! hardware accessed bits would need page-table scans that split nothing
-//! but cost a walk per epoch; left for later.
+//! The referenced bit is set when a unit (or page) is restored and on a
+//! unit's first write after a restore (the write-protect fault): the hand
+//! clears it and passes on. A unit (or page) that faulted back soon after
+//! its eviction holds chances besides: each pass over it unreferenced
+//! spends one. Only an unreferenced unit without chances is picked. The
+//! engine sees no other accesses (no accessed bits on this kernel; see
+//! docs/GRANULARITY.md).
 
 use std::sync::Mutex;
 
-use crate::chunk::{ChunkTable, PageRef, PageTag, Tag, PAGES_PER_CHUNK};
+use crate::chunk::{ChunkTable, PageRef, PageTag, Tag, UnitState, PAGES_PER_CHUNK};
 
 /// One eviction candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,8 +54,8 @@ impl EvictionPolicy for Clock {
         }
         let mut hand = self.hand.lock().unwrap_or_else(|e| e.into_inner());
         let mut picked = 0;
-        // Two sweeps: the first may only clear bits.
-        for _ in 0..2 * units {
+        // Enough sweeps to clear every bit and spend every chance.
+        for _ in 0..(2 + usize::from(UnitState::MAX_CHANCES)) * units {
             let unit = *hand;
             *hand = (*hand + 1) % units;
             let state = table.load(unit);
@@ -64,6 +65,8 @@ impl EvictionPolicy for Clock {
                 continue;
             } else if state.referenced() {
                 table.set_referenced(unit, false);
+                continue;
+            } else if table.spend_chance(unit) {
                 continue;
             } else {
                 out.push(Victim::Unit(unit));
@@ -76,13 +79,16 @@ impl EvictionPolicy for Clock {
     }
 }
 
-/// Second chance over a split chunk's pages; returns the pages picked.
+/// One turn of a split chunk's page hand (from where it stopped last):
+/// second chance and chances over its pages; returns the pages picked.
 fn pick_pages(table: &ChunkTable, chunk: usize, want_pages: u64, out: &mut Vec<Victim>) -> u64 {
     let Some(pages) = table.pages() else {
         return 0;
     };
     let mut picked = 0;
-    for page in 0..PAGES_PER_CHUNK {
+    let start = pages.hand(chunk);
+    for step in 0..PAGES_PER_CHUNK {
+        let page = (start + step) % PAGES_PER_CHUNK;
         let at = PageRef { chunk, page };
         let state = pages.load(at);
         if state.tag() != PageTag::Resident {
@@ -92,10 +98,14 @@ fn pick_pages(table: &ChunkTable, chunk: usize, want_pages: u64, out: &mut Vec<V
             pages.set_referenced(at, false);
             continue;
         }
+        if pages.spend_chance(at) {
+            continue;
+        }
         out.push(Victim::Page(at));
         picked += 1;
         if picked >= want_pages {
-            break;
+            pages.set_hand(chunk, page + 1);
+            return picked;
         }
     }
     picked

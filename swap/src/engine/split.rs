@@ -24,8 +24,10 @@
 //! shared zero page (`UFFDIO_ZEROPAGE`): `MADV_COLLAPSE` refuses a range
 //! holding the zero page.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::access;
 use super::error::SwapError;
 use super::geometry::Geometry;
 use super::granularity::SplitReason;
@@ -262,6 +264,19 @@ impl Splitter {
         let copied = s.installer.install_page(at, src);
         drop(read_buf);
         copied.map_err(|e| SwapError::unit_uffd(format!("install the {}", name()), e))?;
+        let chances = if from == PageTag::Stored {
+            let evictions = s.counters.page_evictions.load(Ordering::Relaxed);
+            access::page_chances(
+                pages.evictions_since(at, evictions),
+                s.limiter.limit_pages(),
+            )
+        } else {
+            0
+        };
+        if chances > 0 {
+            bump(&s.counters.page_activations);
+        }
+        pages.set_chances(at, chances);
         pages.finish_restore(at, loading);
         s.installer.wake_page(at, Some(source))
     }

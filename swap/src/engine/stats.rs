@@ -247,6 +247,9 @@ pub struct SplitStats {
     pub pages_written: u64,
     /// Of those, found all zero and dropped.
     pub pages_zero: u64,
+    /// Pages that faulted back from the store soon after their eviction
+    /// and were given extra CLOCK passes (see `engine::policy`).
+    pub page_activations: u64,
 }
 
 /// Sequential prefetch (`--swap-unit auto`, see `engine::prefetch`).
@@ -277,6 +280,9 @@ pub struct SwapStats {
     pub split: SplitStats,
     /// Units taken away from the guest (any outcome).
     pub evictions: u64,
+    /// Units that faulted back soon after their eviction and were given
+    /// extra CLOCK passes (see `engine::policy`).
+    pub activations: u64,
     /// Evicted units whose store copy was still valid (no write).
     pub clean_drops: u64,
     /// Evicted units found all zero (no write, become absent).
@@ -385,6 +391,8 @@ pub(crate) struct Counters {
     pub page_faults_zero: AtomicU64,
     pub page_faults_store: AtomicU64,
     pub page_evictions: AtomicU64,
+    pub activations: AtomicU64,
+    pub page_activations: AtomicU64,
     pub pages_written: AtomicU64,
     pub pages_zero: AtomicU64,
     latency: AtomicHistogram,
@@ -456,6 +464,7 @@ impl Counters {
                 zero: get(&self.faults_zero),
             },
             evictions: get(&self.evictions),
+            activations: get(&self.activations),
             clean_drops: get(&self.clean_drops),
             zero_chunks: get(&self.zero_chunks),
             units_written: get(&self.units_written),
@@ -498,6 +507,7 @@ impl Counters {
                 page_evictions: get(&self.page_evictions),
                 pages_written: get(&self.pages_written),
                 pages_zero: get(&self.pages_zero),
+                page_activations: get(&self.page_activations),
                 ..SplitStats::default()
             },
             ..SwapStats::default()

@@ -317,7 +317,7 @@ impl Collector for Figures {
                 .gauge(e, limit)?;
             }
             gauge("swap_unit", "The swap unit.", Some(Unit::Bytes)).gauge(e, swap.unit_bytes)?;
-            split_metrics(e, &swap.split, &swap.prefetch)?;
+            split_metrics(e, &swap.split, &swap.prefetch, swap.activations)?;
             store_metrics(e, &swap.store)?;
             gauge(
                 "swap_metadata",
@@ -442,6 +442,7 @@ fn split_metrics(
     e: &mut DescriptorEncoder,
     split: &swap::engine::SplitStats,
     prefetch: &swap::engine::PrefetchStats,
+    unit_activations: u64,
 ) -> std::fmt::Result {
     let labelled = |e: &mut DescriptorEncoder,
                     name: &str,
@@ -527,6 +528,14 @@ fn split_metrics(
         MetricType::Counter,
         "result",
         &[("written", split.pages_written), ("zero", split.pages_zero)],
+    )?;
+    labelled(
+        e,
+        "swap_activations",
+        "Refaults soon after their eviction that earned extra CLOCK passes: of whole units, or of pages of split chunks.",
+        MetricType::Counter,
+        "of",
+        &[("unit", unit_activations), ("page", split.page_activations)],
     )
 }
 

@@ -51,6 +51,12 @@ impl Evictor<'_> {
                 break evicting;
             }
         };
+        pages.stamp_eviction(
+            at,
+            s.counters
+                .page_evictions
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
         bump(&s.counters.page_evictions);
         let (p, index) = match self.page_parking() {
             Ok(place) => place,

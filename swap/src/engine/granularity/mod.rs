@@ -37,8 +37,9 @@ pub(crate) trait GranularityPolicy: Send + Sync {
     /// What a refault tells: keep, mark, or split the chunk.
     fn on_refault(&self, event: RefaultEvent) -> Refault;
     /// Whether the split chunk `chunk` (its pages in `pages`) should be
-    /// collapsed back into one huge mapping now.
-    fn should_collapse(&self, chunk: usize, pages: &PageTable) -> bool;
+    /// collapsed back into one huge mapping now, after a fault restored
+    /// its page `page`.
+    fn should_collapse(&self, chunk: usize, page: usize, pages: &PageTable) -> bool;
     /// Whether prefetching a stream's next chunk pays now.
     fn prefetch_pays(&self) -> bool;
 }
@@ -59,7 +60,7 @@ impl GranularityPolicy for Fixed {
         Refault::Keep
     }
 
-    fn should_collapse(&self, _chunk: usize, _pages: &PageTable) -> bool {
+    fn should_collapse(&self, _chunk: usize, _page: usize, _pages: &PageTable) -> bool {
         false
     }
 
@@ -84,7 +85,8 @@ pub enum SplitReason {
 pub enum CollapseReason {
     /// `--force-split-every`.
     Forced = 0,
-    /// `DENSE_PAGES` pages resident.
+    /// A burst of page faults on the chunk
+    /// (`refault_distance::DENSE_BURST_FAULTS`, doubled per flip).
     Dense = 1,
     /// `SwapEngine::collapse_range`.
     Requested = 2,
