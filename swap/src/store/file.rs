@@ -171,7 +171,9 @@ impl FileStore {
             path: path.to_owned(),
             source,
         };
-        let existing = match std::fs::metadata(path) {
+        // The name itself, not what a link points to: a link is followed
+        // below only to a block device.
+        let existing = match std::fs::symlink_metadata(path) {
             Ok(meta) => Some(meta),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(open_err(e).into()),
@@ -197,7 +199,23 @@ impl FileStore {
                     Err(e) => return Err(open_err(e).into()),
                 }
             }
-            Some(meta) => {
+            Some(named) => {
+                let link = named.file_type().is_symlink();
+                let symlink_error = || StoreOpenError::Symlink {
+                    path: path.to_owned(),
+                    target: std::fs::read_link(path).map_or_else(
+                        |_| "an unreadable target".to_string(),
+                        |t| t.display().to_string(),
+                    ),
+                };
+                let meta = if link {
+                    match std::fs::metadata(path) {
+                        Ok(target) if target.file_type().is_block_device() => target,
+                        _ => return Err(symlink_error()),
+                    }
+                } else {
+                    named
+                };
                 let kind = meta.file_type();
                 let what = if kind.is_file() {
                     format!("regular file of {} bytes", meta.len())
@@ -226,8 +244,27 @@ impl FileStore {
                 let raw = OpenOptions::new()
                     .read(true)
                     .write(true)
+                    .custom_flags(if link { 0 } else { libc::O_NOFOLLOW })
                     .open(path)
-                    .map_err(open_err)?;
+                    .map_err(|e| {
+                        if e.raw_os_error() == Some(libc::ELOOP) {
+                            // Replaced by a link since the check.
+                            symlink_error()
+                        } else {
+                            open_err(e).into()
+                        }
+                    })?;
+                // What was opened must be what was checked: a file put in
+                // its place in between is not the one the user named.
+                use std::os::unix::fs::MetadataExt;
+                let opened = raw.metadata().map_err(open_err)?;
+                if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
+                    return Err(StoreOpenError::Exists {
+                        path: path.to_owned(),
+                        what: "file that another took the place of while the store was opening it"
+                            .into(),
+                    });
+                }
                 (raw, false)
             }
         };
@@ -1269,6 +1306,45 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_symlink_to_a_file_is_refused_even_with_overwrite_and_its_target_kept() {
+        let (target, content) = existing("link-target", MIB2 + 3);
+        let link = test_dir().join(format!(".filestore-link-{}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let results: Vec<_> = [false, true]
+            .into_iter()
+            .map(|overwrite| {
+                FileStore::create_with(
+                    &link,
+                    MIB2,
+                    4 * MIB2 as u64,
+                    FileOptions { overwrite },
+                    &BlockOptions::default(),
+                )
+                .map(|_| ())
+            })
+            .collect();
+        let kept = std::fs::read(&target).unwrap();
+        // A link to nothing is refused the same way, not created through.
+        std::fs::remove_file(&target).unwrap();
+        let dangling = FileStore::create(&link, MIB2, 4 * MIB2 as u64).map(|_| ());
+        let created_through = target.exists();
+        std::fs::remove_file(&link).unwrap();
+        let _ = std::fs::remove_file(&target);
+        for result in results.into_iter().chain([dangling]) {
+            let err = result.unwrap_err();
+            let text = err.to_string();
+            assert!(matches!(err, StoreOpenError::Symlink { .. }), "{text}");
+            assert!(text.contains(&target.display().to_string()), "{text}");
+        }
+        assert!(
+            kept == content,
+            "the link's target must be kept byte for byte"
+        );
+        assert!(!created_through, "nothing created where a link points");
     }
 
     #[test]

@@ -45,6 +45,17 @@ pub enum StoreOpenError {
         /// What it is, e.g. `directory`.
         what: &'static str,
     },
+    /// `file:PATH` is a symbolic link to something other than a block
+    /// device: the store would truncate and overwrite whatever the link
+    /// points to when it opens, which whoever can write the link's
+    /// directory could change.
+    #[error("--swap-store file:{} is a symbolic link to {target}; a store follows a link only to a block device (a link to a file can be pointed anywhere before the store truncates what it names): give {target} itself", path.display())]
+    Symlink {
+        /// The path.
+        path: PathBuf,
+        /// Where the link points (as read, or `an unreadable target`).
+        target: String,
+    },
     /// `--swap-encrypt` was asked for a store kind that does not seal.
     #[error("swap store {store} cannot seal what it keeps, so --swap-encrypt cannot be used with it; use a file:, default or mem: store")]
     CannotSeal {
