@@ -18,6 +18,7 @@ pub mod engine;
 pub mod input;
 pub mod kernel_image;
 pub mod mem_store;
+pub mod nbd_handshake;
 pub mod payload_elf;
 pub mod seeds;
 pub mod store_spec;
@@ -76,6 +77,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "engine",
         run: engine::run,
+    },
+    Target {
+        name: "nbd_handshake",
+        run: nbd_handshake::run,
     },
     Target {
         name: "api_request",

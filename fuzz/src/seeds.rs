@@ -43,6 +43,29 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
             .into_iter()
             .map(|(name, payload)| (name.to_string(), [&[2u8][..], &payload].concat()))
             .collect(),
+        "nbd_handshake" => {
+            use crate::nbd_handshake::{option_reply, server_bytes};
+            let error = option_reply((1 << 31) | 6, b"no such export");
+            named(vec![
+                ("good", server_bytes(8 << 30, Some([512, 4096, 32 << 20]), &[])),
+                ("no-block-sizes", server_bytes(1 << 30, None, &[])),
+                (
+                    "name-and-description",
+                    server_bytes(
+                        1 << 30,
+                        None,
+                        &[option_reply(3, b"\x00\x01swap"), option_reply(3, b"\x00\x02a disk")],
+                    ),
+                ),
+                ("unknown-export", {
+                    let mut b = server_bytes(0, None, &[]);
+                    // Greeting and flags (18 bytes), then the refusal.
+                    b.truncate(18);
+                    b.extend(error);
+                    b
+                }),
+            ])
+        }
         "store_spec" => named(
             [
                 "default",

@@ -303,8 +303,40 @@ fn read_u64(s: &mut impl Read) -> io::Result<u64> {
     Ok(u64::from_be_bytes(b))
 }
 
+/// The client's side of the handshake against `server_bytes`, all that a
+/// server sends, with everything the client sends discarded: the entry of
+/// the `nbd_handshake` fuzz target (fuzz/src/nbd_handshake.rs), which
+/// plays a hostile or broken server. The error is the message a user
+/// would see.
+#[doc(hidden)]
+pub fn negotiate_replayed(server_bytes: &[u8], export: &str) -> Result<ExportInfo, String> {
+    struct Replayed<'a> {
+        from_server: &'a [u8],
+    }
+    impl Read for Replayed<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.from_server.read(buf)
+        }
+    }
+    impl Write for Replayed<'_> {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+    negotiate(
+        &mut Replayed {
+            from_server: server_bytes,
+        },
+        export,
+    )
+    .map_err(|e| e.message)
+}
+
 /// The fixed-newstyle negotiation up to transmission.
-fn negotiate(s: &mut Timed<'_>, export: &str) -> Result<ExportInfo, AttemptError> {
+fn negotiate(s: &mut (impl Read + Write), export: &str) -> Result<ExportInfo, AttemptError> {
     let io = |what: &'static str| move |e: io::Error| AttemptError::io(what, e);
     let magic = read_u64(s).map_err(io("reading the server's greeting"))?;
     if magic != NBDMAGIC {

@@ -27,6 +27,8 @@ pub(crate) mod handshake;
 mod uri;
 
 pub use conn::{clients_reconnecting, set_reader_thread_setup, NbdClient};
+#[doc(hidden)]
+pub use handshake::negotiate_replayed;
 pub use handshake::ExportInfo;
 pub use uri::{NbdAddress, NbdUri, NbdUriError, DEFAULT_PORT, NBD_URI_FORMS};
 
