@@ -466,13 +466,13 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
             text.push('\n');
         }
         if let Err(e) = out.replace_with(&text) {
-            eprintln!("hugevmm: error: {}", error_text(&e));
+            eprintln!("hugevmm: error: {}", error_text::one_line(&e));
         }
     }
     if let Some(out) = outputs.stats_json {
         let json = serde_json::to_string_pretty(&summary.to_json()).expect("stats serialize");
         if let Err(e) = out.replace_with(&(json + "\n")) {
-            eprintln!("hugevmm: error: {}", error_text(&e));
+            eprintln!("hugevmm: error: {}", error_text::one_line(&e));
         }
     }
     Ok(RunEnd {
@@ -482,29 +482,9 @@ fn run_checked(args: &RunArgs) -> Result<RunEnd> {
     })
 }
 
-/// An error and its causes on one line, each cause once. Many errors
-/// already say their cause (thiserror's `{source}` in the message), which
-/// `{:#}` would print a second time ("... (os error 2); check that it
-/// exists ...: No such file or directory (os error 2)"); a cause whose
-/// text the line holds already is left out.
-pub fn error_text(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let part = cause.to_string();
-        if text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
-}
-
 /// A configuration error as the run's end.
 fn config_end(e: anyhow::Error) -> RunEnd {
-    let text = error_text(&e);
+    let text = error_text::one_line(&e);
     eprintln!("hugevmm: error: {text}");
     RunEnd {
         status: EXIT_CONFIG,
@@ -539,7 +519,7 @@ fn run_command(flags: RunFlags, refused: Option<anyhow::Error>) -> i32 {
     if let Some(file) = status_file {
         let written = file.and_then(|f| f.replace_with(&end.status_file_text()));
         if let Err(e) = written {
-            eprintln!("hugevmm: error: {}", error_text(&e));
+            eprintln!("hugevmm: error: {}", error_text::one_line(&e));
         }
     }
     end.status
@@ -613,7 +593,7 @@ pub fn main(logging: Result<(), String>) -> i32 {
     match result {
         Ok(status) => status,
         Err(e) => {
-            eprintln!("hugevmm: error: {}", error_text(&e));
+            eprintln!("hugevmm: error: {}", error_text::one_line(&e));
             1
         }
     }
@@ -628,8 +608,6 @@ naming the range, and exits 2.";
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     #[derive(Debug, thiserror::Error)]
     #[error("cannot open x: {source}; check that it exists")]
     struct SaysItsCause {
@@ -642,7 +620,7 @@ mod tests {
             source: std::io::Error::from_raw_os_error(libc::ENOENT),
         });
         assert_eq!(
-            error_text(&e),
+            error_text::one_line(&e),
             "cannot open x: No such file or directory (os error 2); check that it exists"
         );
         // Causes the message does not say are kept, in order.
@@ -650,7 +628,7 @@ mod tests {
             .context("reading the key")
             .context("invalid --swap-key-file");
         assert_eq!(
-            error_text(&e),
+            error_text::one_line(&e),
             "invalid --swap-key-file: reading the key: Permission denied (os error 13)"
         );
     }
