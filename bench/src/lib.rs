@@ -102,7 +102,7 @@ pub enum Suite {
     /// Where one 4 KiB store fault's time goes: guest-observed cost, engine service, userfault round trip, store reads, installs, eviction writes, CPU and context switches per fault (not in `all`).
     #[value(name = "fault-4k")]
     Fault4k,
-    /// The suites whose figures README.md and docs/BENCHMARKS.md publish (limits, swap-w-seq, pageout, fault-latency), into one results file; with --render FILE, rewrite the docs' tables from such a file instead.
+    /// The suites whose figures README.md and docs/BENCHMARKS.md publish (limits, swap-w-seq, pageout, fault-latency), into one results file; with --render FILE, rewrite the docs' tables from such a file instead (or docs/KERNEL_BASELINE.md's from a `workloads` results file).
     Report,
 }
 
@@ -159,7 +159,8 @@ pub struct BenchArgs {
     pub no_prime: bool,
     /// With `report` only: run nothing, and rewrite the generated tables
     /// of README.md and docs/BENCHMARKS.md (found in the current
-    /// directory, the repository's top) from this results file.
+    /// directory, the repository's top) from this results file, or those
+    /// of docs/KERNEL_BASELINE.md from a `workloads` results file.
     #[arg(long, value_name = "RESULTS_FILE")]
     pub render: Option<PathBuf>,
 }
@@ -477,6 +478,14 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             "hugevmm bench: the docs' tables from this run are in {}; to publish them: cp {} docs/results/{}.json && hugevmm bench report --render docs/results/{}.json",
             published.display(),
             json_path.display(),
+            mode.name(),
+            mode.name()
+        );
+    }
+    if args.suite == Suite::Workloads && ctx.report.failures.is_empty() {
+        eprintln!(
+            "hugevmm bench: to publish this run's tables in docs/KERNEL_BASELINE.md: cp {} docs/results/workloads-{}.json && hugevmm bench report --render docs/results/workloads-{}.json",
+            ctx.out_dir.join("results.json").display(),
             mode.name(),
             mode.name()
         );

@@ -1,7 +1,10 @@
 //! The docs' result tables, rendered from a results file.
 //!
 //! README.md and docs/BENCHMARKS.md hold each generated table between two
-//! markers, `<!-- results:NAME begin -->` and `<!-- results:NAME end -->`.
+//! markers, `<!-- results:NAME begin -->` and `<!-- results:NAME end -->`,
+//! rendered from a results file of `hugevmm bench report`;
+//! docs/KERNEL_BASELINE.md holds the `workloads` block, rendered from a
+//! results file of `hugevmm bench workloads` (one with a `workloads` key).
 //! [`write_docs`] (`hugevmm bench report --render FILE`) rewrites what
 //! lies between them from a results file; [`stale_docs`] says which
 //! blocks differ from what the file renders to (the bench crate's test
@@ -17,8 +20,9 @@ use super::figures;
 use super::hist::median;
 use super::report::{Aim, Headline};
 
-/// The docs that carry generated blocks (paths from the repository's top
-/// directory) and the blocks each carries, in order.
+/// The docs that carry blocks of a `hugevmm bench report` results file
+/// (paths from the repository's top directory) and the blocks each
+/// carries, in order.
 pub const DOCS: [(&str, &[&str]); 2] = [
     ("README.md", &["summary", "figures", "fio", "swap-w-seq"]),
     (
@@ -34,6 +38,20 @@ pub const DOCS: [(&str, &[&str]); 2] = [
         ],
     ),
 ];
+
+/// The doc that carries the block of a `hugevmm bench workloads` results
+/// file, and its block.
+pub const WORKLOADS_DOCS: [(&str, &[&str]); 1] = [("docs/KERNEL_BASELINE.md", &["workloads"])];
+
+/// The docs a results file renders into: a workloads suite's file (it has
+/// a `workloads` key) renders its own block, any other the report's.
+pub fn docs_of(results: &Value) -> &'static [(&'static str, &'static [&'static str])] {
+    if results.get("workloads").is_some() {
+        &WORKLOADS_DOCS
+    } else {
+        &DOCS
+    }
+}
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -57,7 +75,8 @@ pub fn block(results: &Value, name: &str) -> Result<String> {
         "pageout" => pageout(results),
         "fault-latency" => fault_latency(results),
         "limits" => limits(results),
-        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, limits)"),
+        "workloads" => workloads(results)?,
+        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, limits, workloads)"),
     })
 }
 
@@ -96,7 +115,7 @@ pub fn write_docs(repo: &Path, results_path: &Path) -> Result<Vec<PathBuf>> {
     let mut rendered = Vec::new();
     // Everything is rendered before anything is written: a bad marker in
     // the second doc leaves the first unchanged too.
-    for (doc, names) in DOCS {
+    for &(doc, names) in docs_of(&results) {
         let path = repo.join(doc);
         let text = std::fs::read_to_string(&path).with_context(|| {
             format!(
@@ -123,7 +142,7 @@ pub fn write_docs(repo: &Path, results_path: &Path) -> Result<Vec<PathBuf>> {
 pub fn stale_docs(repo: &Path, results_path: &Path) -> Result<Vec<String>> {
     let results = read_results(results_path)?;
     let mut stale = Vec::new();
-    for (doc, names) in DOCS {
+    for &(doc, names) in docs_of(&results) {
         let path = repo.join(doc);
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
@@ -606,6 +625,18 @@ fn fault_latency(r: &Value) -> String {
     );
     s += "\nMilliseconds, one run per row; service time from the fault thread taking up the message to the wake of the vCPU; percentiles are bucket upper edges (<= 12.5% wide). Floor: the engine's own pieces (store read, THP fill, UFFDIO_MOVE) timed in the bench process in the same invocation. Staging and zero faults have no p99/floor: their time is mostly other waits (a staged chunk's write in flight, an eviction at the limit).\n";
     s
+}
+
+/// The workloads suite's tables, as its run printed them: one per
+/// workload, then the aims table.
+fn workloads(r: &Value) -> Result<String> {
+    let suite = r
+        .get("workloads")
+        .context("this results file has no workloads suite (hugevmm bench workloads writes one)")?;
+    Ok(super::workloads::tables_from_json(suite)?
+        .iter()
+        .map(super::report::Table::markdown)
+        .collect())
 }
 
 fn limits(r: &Value) -> String {

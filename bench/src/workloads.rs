@@ -75,15 +75,16 @@ const KERNEL_HEADROOM: [f64; 4] = [1.0, 1.25, 1.5, 2.0];
 /// The prefix of every cgroup directory the suite creates.
 pub const CGROUP_PREFIX: &str = "hugevmm-bench-";
 
-/// One guest workload.
-struct Workload {
+/// One guest workload: the plan's own (`'static`), or one read back from a
+/// results file to render its tables.
+struct Workload<'a> {
     /// Table label.
-    name: &'static str,
-    payload: &'static str,
-    args: &'static str,
-    mem: &'static str,
+    name: &'a str,
+    payload: &'a str,
+    args: &'a str,
+    mem: &'a str,
     /// The engine run's `--mem-limit`.
-    mem_limit: &'static str,
+    mem_limit: &'a str,
     /// `--timeout`: a thrashing run ends as a time bound, not a hang.
     timeout_s: u32,
     /// Aim for the kernel's better time over auto's.
@@ -95,10 +96,10 @@ struct Workload {
 /// Aim for auto's flips per split, on every workload.
 const FLIPS_PER_SPLIT_AIM: f64 = 0.01;
 
-impl Workload {
+impl<'a> Workload<'a> {
     /// A workload with the suite's default aims (beat the kernel, stay
     /// within 0.9 of the better fixed unit); sizes and time bound follow.
-    const fn new(name: &'static str, payload: &'static str, args: &'static str) -> Workload {
+    const fn new(name: &'a str, payload: &'a str, args: &'a str) -> Workload<'a> {
         Workload {
             name,
             payload,
@@ -112,7 +113,7 @@ impl Workload {
     }
 
     /// Guest RAM and the engine runs' `--mem-limit`.
-    const fn sized(self, mem: &'static str, mem_limit: &'static str) -> Workload {
+    const fn sized(self, mem: &'a str, mem_limit: &'a str) -> Workload<'a> {
         Workload {
             mem,
             mem_limit,
@@ -120,23 +121,50 @@ impl Workload {
         }
     }
 
-    const fn timeout(self, timeout_s: u32) -> Workload {
+    const fn timeout(self, timeout_s: u32) -> Workload<'a> {
         Workload { timeout_s, ..self }
     }
 
-    const fn aims(self, kernel_aim: f64, fixed_aim: f64) -> Workload {
+    const fn aims(self, kernel_aim: f64, fixed_aim: f64) -> Workload<'a> {
         Workload {
             kernel_aim,
             fixed_aim,
             ..self
         }
     }
+
+    /// The workload of one entry of a results file's `workloads` list.
+    fn from_json(v: &'a Value) -> Result<Workload<'a>> {
+        let text = |key: &str| {
+            v[key]
+                .as_str()
+                .with_context(|| format!("a workload without {key:?}: {v}"))
+        };
+        let aim = |key: &str| {
+            v["aims"][key]
+                .as_f64()
+                .with_context(|| format!("a workload without aims.{key}: {v}"))
+        };
+        Ok(Workload {
+            name: text("workload")?,
+            payload: text("payload")?,
+            args: text("payload_args")?,
+            mem: text("mem")?,
+            mem_limit: text("engine_mem_limit")?,
+            timeout_s: v["timeout_s"]
+                .as_u64()
+                .and_then(|t| u32::try_from(t).ok())
+                .with_context(|| format!("a workload without timeout_s: {v}"))?,
+            kernel_aim: aim("kernel_over_auto")?,
+            fixed_aim: aim("fixed_over_auto")?,
+        })
+    }
 }
 
 struct Plan {
     vcpus: u32,
     rounds: usize,
-    workloads: Vec<Workload>,
+    workloads: Vec<Workload<'static>>,
 }
 
 fn plan(mode: Mode) -> Plan {
@@ -273,7 +301,7 @@ impl Variant {
         }
     }
 
-    fn args(self, w: &Workload, vcpus: u32) -> Vec<String> {
+    fn args(self, w: &Workload<'_>, vcpus: u32) -> Vec<String> {
         let mut a: Vec<String> = vec![
             "run".into(),
             "--payload".into(),
@@ -560,6 +588,51 @@ impl Outcome {
             "command": self.command,
         })
     }
+
+    /// The run [`Outcome::json`] wrote. A file from before the ladder of
+    /// limits has no `headroom`: its kernel runs all had auto's footprint.
+    fn from_json(v: &Value) -> Result<Outcome> {
+        let key = v["variant"].as_str().unwrap_or("");
+        let variant = Variant::ALL
+            .into_iter()
+            .find(|x| x.key() == key)
+            .with_context(|| format!("a run of an unknown variant {key:?}: {v}"))?;
+        let end = match v["end"].as_str() {
+            Some("ok") => End::Ok,
+            Some("oom-killed") => End::Oom,
+            Some("timeout") => End::Timeout,
+            Some("failed") => End::Failed(v["failure"].as_str().unwrap_or("").to_string()),
+            other => bail!("a run that ended as {other:?}: {v}"),
+        };
+        let round = v["round"]
+            .as_u64()
+            .filter(|&r| r >= 1)
+            .with_context(|| format!("a run without a round (1-based): {v}"))?;
+        let count = |k: &str| v[k].as_f64().unwrap_or(0.0);
+        Ok(Outcome {
+            variant,
+            round: (round - 1) as usize,
+            end,
+            wall_s: v["wall_s"]
+                .as_f64()
+                .with_context(|| format!("a run without wall_s: {v}"))?,
+            elapsed_s: v["elapsed_s"].as_f64(),
+            rss_peak_bytes: v["rss_peak_bytes"].as_u64().unwrap_or(0),
+            cgroup_peak_bytes: v["cgroup_peak_bytes"].as_u64(),
+            limit_bytes: v["limit_bytes"].as_u64(),
+            headroom: v["headroom"].as_f64().unwrap_or(1.0),
+            store_faults: count("store_faults"),
+            page_store_faults: count("page_store_faults"),
+            evictions: count("evictions"),
+            page_evictions: count("page_evictions"),
+            splits: count("splits"),
+            collapses: count("collapses"),
+            flips: count("flips"),
+            swap_ins: v["swap_ins"].as_u64().unwrap_or(0),
+            swap_outs: v["swap_outs"].as_u64().unwrap_or(0),
+            command: v["command"].as_str().unwrap_or("").to_string(),
+        })
+    }
 }
 
 fn command_text(args: &[String], limit_bytes: Option<u64>) -> String {
@@ -584,7 +657,7 @@ fn command_text(args: &[String], limit_bytes: Option<u64>) -> String {
 /// rusage.
 fn run_once(
     ctx: &Ctx,
-    w: &Workload,
+    w: &Workload<'_>,
     vcpus: u32,
     variant: Variant,
     round: usize,
@@ -768,7 +841,6 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     };
     let zswap = zswap_enabled();
     let mut workloads_json = Vec::new();
-    let mut aims = aims_table(&p);
     for w in &p.workloads {
         if payloads::find(w.payload).is_none() {
             ctx.skip(
@@ -779,8 +851,6 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         }
         let outcomes = run_workload(ctx, &controller, &p, w)?;
         let limit_bytes = outcomes.iter().filter_map(|o| o.limit_bytes).max();
-        ctx.report.tables.push(table(&p, w, &outcomes, zswap));
-        aims_row(&mut aims, w, &outcomes);
         for o in &outcomes {
             if o.end == End::Ok {
                 ctx.report.csv(
@@ -808,21 +878,59 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "runs": outcomes.iter().map(Outcome::json).collect::<Vec<_>>(),
         }));
     }
-    ctx.report.tables.push(aims);
-    ctx.report.set(
-        "workloads",
-        json!({
-            "cgroup": match controller.hierarchy { Hierarchy::V1 => "v1", Hierarchy::V2 => "v2" },
-            "swap_file": swap.path().display().to_string(),
-            "swap_file_bytes": swap_bytes,
-            "zswap": zswap,
-            "rounds": p.rounds,
-            "footprint": "auto run's cgroup peak charge (memory.max_usage_in_bytes / memory.peak); ru_maxrss from wait4 beside it",
-            "workloads": workloads_json,
-        }),
-    );
+    let suite = json!({
+        "cgroup": match controller.hierarchy { Hierarchy::V1 => "v1", Hierarchy::V2 => "v2" },
+        "swap_file": swap.path().display().to_string(),
+        "swap_file_bytes": swap_bytes,
+        "zswap": zswap,
+        "rounds": p.rounds,
+        "footprint": "auto run's cgroup peak charge (memory.max_usage_in_bytes / memory.peak); ru_maxrss from wait4 beside it",
+        "workloads": workloads_json,
+    });
+    // Read back, as `report --render` reads the committed file: what this
+    // run prints is what the docs publish from its results file.
+    ctx.report.tables.extend(tables_from_json(&suite)?);
+    ctx.report.set("workloads", suite);
     drop(swap);
     Ok(())
+}
+
+/// The suite's tables, one per workload and the aims table, from the
+/// `workloads` object of a results file (`results.json`'s `workloads`
+/// key): what a run prints and what docs/KERNEL_BASELINE.md publishes
+/// (`hugevmm bench report --render docs/results/workloads-quick.json`).
+pub fn tables_from_json(suite: &Value) -> Result<Vec<Table>> {
+    let rounds = suite["rounds"]
+        .as_u64()
+        .context("the workloads object has no rounds")? as usize;
+    let zswap = suite["zswap"].as_bool().unwrap_or(false);
+    let list = suite["workloads"]
+        .as_array()
+        .context("the workloads object has no workloads list")?;
+    let mut tables = Vec::new();
+    let mut aims = None;
+    for entry in list {
+        let w = Workload::from_json(entry)?;
+        let vcpus = entry["vcpus"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .with_context(|| format!("workload {} has no vcpus", w.name))?;
+        let outcomes = entry["runs"]
+            .as_array()
+            .with_context(|| format!("workload {} has no runs", w.name))?
+            .iter()
+            .map(Outcome::from_json)
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("in workload {}", w.name))?;
+        tables.push(table(vcpus, rounds, &w, &outcomes, zswap));
+        aims_row(
+            aims.get_or_insert_with(|| aims_table(vcpus, rounds)),
+            &w,
+            &outcomes,
+        );
+    }
+    tables.extend(aims);
+    Ok(tables)
 }
 
 /// The rounds of one workload; round r runs the variants in order, odd
@@ -832,7 +940,7 @@ fn run_workload(
     ctx: &mut Ctx,
     controller: &Controller,
     p: &Plan,
-    w: &Workload,
+    w: &Workload<'_>,
 ) -> Result<Vec<Outcome>> {
     let mut outcomes: Vec<Outcome> = Vec::new();
     // Per kernel variant: the ladder step its last round finished at.
@@ -917,7 +1025,7 @@ fn run_workload(
 }
 
 /// Prints how one run ended; a failure goes into the report.
-fn report_outcome(ctx: &mut Ctx, w: &Workload, variant: Variant, round: usize, o: &Outcome) {
+fn report_outcome(ctx: &mut Ctx, w: &Workload<'_>, variant: Variant, round: usize, o: &Outcome) {
     match &o.end {
         End::Ok => ctx.progress.done(&format!(
             "{:.2} s, footprint {} MiB (RSS peak {} MiB), {}",
@@ -1053,11 +1161,11 @@ fn ratio_cell(
     }
 }
 
-fn aims_table(p: &Plan) -> Table {
+fn aims_table(vcpus: u32, rounds: usize) -> Table {
     let mut t = Table::new(
         &format!(
             "workloads: the aims of issue 33, {} vCPUs, {} rounds alternated (ratios: median over rounds of that round's wall-time ratio)",
-            p.vcpus, p.rounds
+            vcpus, rounds
         ),
         &[
             "workload",
@@ -1074,7 +1182,7 @@ fn aims_table(p: &Plan) -> Table {
     t
 }
 
-fn aims_row(t: &mut Table, w: &Workload, outcomes: &[Outcome]) {
+fn aims_row(t: &mut Table, w: &Workload<'_>, outcomes: &[Outcome]) {
     let (kernel, kernel_r, kernel_bound) = ratio_cell(outcomes, &Variant::KERNEL, w.timeout_s);
     let (fixed, fixed_r, fixed_bound) = ratio_cell(outcomes, &Variant::FIXED, w.timeout_s);
     let flips = median(&flips_per_split(outcomes));
@@ -1142,7 +1250,7 @@ fn aims_row(t: &mut Table, w: &Workload, outcomes: &[Outcome]) {
     ]);
 }
 
-fn table(p: &Plan, w: &Workload, outcomes: &[Outcome], zswap: bool) -> Table {
+fn table(vcpus: u32, rounds: usize, w: &Workload<'_>, outcomes: &[Outcome], zswap: bool) -> Table {
     let limit = outcomes
         .iter()
         .filter(|o| o.headroom == 1.0)
@@ -1154,11 +1262,11 @@ fn table(p: &Plan, w: &Workload, outcomes: &[Outcome], zswap: bool) -> Table {
             w.name,
             w.payload,
             w.args,
-            p.vcpus,
+            vcpus,
             w.mem,
             w.mem_limit,
             limit.map(|l| format!(" ({} MiB)", mib(l))).unwrap_or_default(),
-            p.rounds
+            rounds
         ),
         &[
             "variant",
@@ -1312,6 +1420,89 @@ mod tests {
         let (cell, _, bound) = ratio_cell(&runs[..2], &Variant::FIXED, 30);
         assert!(!bound);
         assert_eq!(cell, "1.25");
+    }
+
+    #[test]
+    fn a_run_read_back_from_its_json_is_the_same_run() {
+        let mut run = outcome(Variant::Kernel4k, 1, End::Failed("cgroup gone".into()), 2.5);
+        run.headroom = 1.25;
+        run.limit_bytes = Some(1 << 20);
+        run.cgroup_peak_bytes = Some(3 << 20);
+        run.elapsed_s = Some(1.5);
+        run.swap_outs = 7;
+        run.flips = 3.0;
+        let back = Outcome::from_json(&run.json()).unwrap();
+        assert_eq!(back.json(), run.json());
+        assert_eq!(back.end, run.end);
+        // A file from before the ladder: every kernel run had 1x.
+        let mut old = run.json();
+        old.as_object_mut().unwrap().remove("headroom");
+        assert_eq!(Outcome::from_json(&old).unwrap().headroom, 1.0);
+        let mut bad = run.json();
+        bad["variant"] = json!("kernel-zram");
+        let err = Outcome::from_json(&bad).unwrap_err().to_string();
+        assert!(err.contains("kernel-zram"), "{err}");
+    }
+
+    #[test]
+    fn the_tables_are_a_function_of_the_results_file() {
+        let mut kernel = outcome(Variant::KernelThp, 0, End::Oom, 0.5);
+        kernel.limit_bytes = Some(100 << 20);
+        let mut kernel_more = outcome(Variant::KernelThp, 0, End::Ok, 3.0);
+        kernel_more.headroom = 1.25;
+        kernel_more.limit_bytes = Some(125 << 20);
+        kernel_more.swap_outs = 10;
+        let runs = [
+            outcome(Variant::Auto, 0, End::Ok, 2.0),
+            outcome(Variant::FourK, 0, End::Ok, 2.5),
+            kernel,
+            kernel_more,
+        ];
+        let suite = json!({
+            "rounds": 1,
+            "zswap": false,
+            "workloads": [{
+                "workload": "kv", "payload": "kv", "payload_args": "ops=1",
+                "vcpus": 2, "mem": "512M", "engine_mem_limit": "96M",
+                "timeout_s": 30,
+                "aims": {"kernel_over_auto": 1.0, "fixed_over_auto": 0.9, "flips_per_split": 0.01},
+                "runs": runs.iter().map(Outcome::json).collect::<Vec<_>>(),
+            }],
+        });
+        let tables = tables_from_json(&suite).unwrap();
+        assert_eq!(tables.len(), 2, "one per workload and the aims table");
+        let md: Vec<String> = tables.iter().map(Table::markdown).collect();
+        assert!(
+            md[0].contains("workloads: kv (`kv ops=1`), 2 vCPUs, 512M guest"),
+            "{}",
+            md[0]
+        );
+        assert!(md[0].contains("| kernel, thp | 3.00 |"), "{}", md[0]);
+        assert!(
+            md[0].contains("| 1.25x |"),
+            "the limit it needed: {}",
+            md[0]
+        );
+        assert!(
+            md[1].contains("| kv | 1.50 (kernel at up to 1.25x auto's footprint) |"),
+            "{}",
+            md[1]
+        );
+        assert_eq!(
+            tables_from_json(&suite)
+                .unwrap()
+                .iter()
+                .map(Table::markdown)
+                .collect::<Vec<_>>(),
+            md
+        );
+        let mut broken = suite.clone();
+        broken["workloads"][0]["runs"][1]["end"] = json!("vanished");
+        let err = format!("{:#}", tables_from_json(&broken).unwrap_err());
+        assert!(
+            err.contains("in workload kv") && err.contains("vanished"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! committed results file renders to, and that file's headline figures
 //! are the ones its own runs give. To update both after a new run:
 //! `cp bench-results/results.json docs/results/quick.json &&
-//! hugevmm bench report --render docs/results/quick.json`.
+//! hugevmm bench report --render docs/results/quick.json`. The same holds
+//! for docs/KERNEL_BASELINE.md and the committed run of `hugevmm bench
+//! workloads` (docs/results/workloads-quick.json).
 
 use std::path::{Path, PathBuf};
 
@@ -48,4 +50,16 @@ fn the_committed_headline_is_what_its_runs_give() {
             "the committed run has no {key}: it must cover the published suites"
         );
     }
+}
+
+#[test]
+fn the_kernel_baseline_tables_are_rendered_from_the_committed_workloads_run() {
+    let committed = repo().join("docs/results/workloads-quick.json");
+    let stale = bench::render::stale_docs(&repo(), &committed).unwrap();
+    assert!(
+        stale.is_empty(),
+        "these tables differ from {}: {}; run `hugevmm bench report --render docs/results/workloads-quick.json` from the repository's top directory",
+        committed.display(),
+        stale.join(", ")
+    );
 }
