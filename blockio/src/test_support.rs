@@ -307,10 +307,10 @@ impl NbdServer {
             // before it can serve (qemu-nbd resets such early connections)
             // is not ready yet.
             let uri: crate::nbd::NbdUri = self.uri.parse().expect("our own URI parses");
-            let ready = uri
-                .resolve()
-                .ok()
-                .is_some_and(|addrs| crate::nbd::handshake::connect(&uri, &addrs).is_ok());
+            let ready = uri.resolve().ok().is_some_and(|addrs| {
+                crate::nbd::handshake::connect(&uri, &addrs, crate::nbd::DEFAULT_RECONNECT_TIMEOUT)
+                    .is_ok()
+            });
             if ready {
                 return;
             }

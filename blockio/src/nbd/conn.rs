@@ -292,7 +292,8 @@ impl NbdClient {
         let tcp_addrs = uri
             .resolve()
             .map_err(|e| format!("cannot resolve the host name: {e}"))?;
-        let (stream, export) = handshake::connect(uri, &tcp_addrs).map_err(|e| e.message)?;
+        let (stream, export) =
+            handshake::connect(uri, &tcp_addrs, reconnect_timeout).map_err(|e| e.message)?;
         let reader_stream = stream
             .try_clone()
             .map_err(|e| format!("cannot duplicate the socket: {e}"))?;
@@ -700,7 +701,12 @@ impl Shared {
             if Instant::now() >= deadline {
                 break;
             }
-            match handshake::connect_by(&self.uri, &self.tcp_addrs, deadline) {
+            match handshake::connect_by(
+                &self.uri,
+                &self.tcp_addrs,
+                deadline,
+                self.reconnect_timeout,
+            ) {
                 Ok((stream, info)) if info.size_bytes == self.export.size_bytes => {
                     return Some(stream)
                 }

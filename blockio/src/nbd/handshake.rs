@@ -154,6 +154,40 @@ impl Write for Stream {
     }
 }
 
+/// How many unanswered keepalive probes drop a connection.
+const KEEPALIVE_PROBES: u32 = 4;
+
+/// Makes the kernel drop the TCP connection `s` once its peer has not
+/// answered for about `after` (`,timeout=`), so that no thread waits on a
+/// dead server host forever:
+///
+/// - `TCP_USER_TIMEOUT`: data sent and not acknowledged for `after` ends
+///   the connection with ETIMEDOUT. Without it a writer whose send buffer
+///   filled before the host died waits in `send` for the kernel's
+///   retransmission limit, about 15 minutes; the reader's own silence
+///   check cannot reach a thread blocked there.
+/// - keepalive: an idle connection (every request acknowledged, replies
+///   awaited) is probed every fifth of `after`; [`KEEPALIVE_PROBES`]
+///   unanswered probes end it, so a host that died after acknowledging
+///   the requests is noticed in about `after` too.
+///
+/// The reader then reconnects or fails the requests, naming the server,
+/// as for any dropped connection.
+pub(crate) fn bound_dead_peer(s: &TcpStream, after: Duration) -> Result<(), AttemptError> {
+    let probe_every = (after / (KEEPALIVE_PROBES + 1)).max(Duration::from_secs(1));
+    let socket = socket2::SockRef::from(s);
+    socket
+        .set_tcp_user_timeout(Some(after.max(Duration::from_millis(1))))
+        .map_err(|e| AttemptError::io("setsockopt(TCP_USER_TIMEOUT)", e))?;
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(probe_every)
+        .with_interval(probe_every)
+        .with_retries(KEEPALIVE_PROBES);
+    socket
+        .set_tcp_keepalive(&keepalive)
+        .map_err(|e| AttemptError::io("setsockopt(SO_KEEPALIVE, TCP_KEEP*)", e))
+}
+
 /// Why a connection attempt failed: the text for messages, and whether
 /// trying again can help (a refused connection can, an unknown export
 /// cannot).
@@ -179,12 +213,20 @@ impl AttemptError {
 }
 
 /// Connects to the server of `uri` (at `tcp_addrs`, resolved at open) and
-/// negotiates its export, within [`ATTEMPT_TIMEOUT`].
+/// negotiates its export, within [`ATTEMPT_TIMEOUT`]. A TCP connection
+/// whose peer stops answering is dropped by the kernel after
+/// `dead_peer_after` ([`bound_dead_peer`]).
 pub(crate) fn connect(
     uri: &NbdUri,
     tcp_addrs: &[SocketAddr],
+    dead_peer_after: Duration,
 ) -> Result<(Stream, ExportInfo), AttemptError> {
-    connect_by(uri, tcp_addrs, Instant::now() + ATTEMPT_TIMEOUT)
+    connect_by(
+        uri,
+        tcp_addrs,
+        Instant::now() + ATTEMPT_TIMEOUT,
+        dead_peer_after,
+    )
 }
 
 /// [`connect`], given up at `deadline` (or [`ATTEMPT_TIMEOUT`] from now,
@@ -193,6 +235,7 @@ pub(crate) fn connect_by(
     uri: &NbdUri,
     tcp_addrs: &[SocketAddr],
     deadline: Instant,
+    dead_peer_after: Duration,
 ) -> Result<(Stream, ExportInfo), AttemptError> {
     let started = Instant::now();
     let deadline = deadline.min(started + ATTEMPT_TIMEOUT);
@@ -222,6 +265,7 @@ pub(crate) fn connect_by(
             // wait: Nagle's algorithm would hold them back.
             s.set_nodelay(true)
                 .map_err(|e| AttemptError::io("setsockopt(TCP_NODELAY)", e))?;
+            bound_dead_peer(&s, dead_peer_after)?;
             Stream::Tcp(s)
         }
     };

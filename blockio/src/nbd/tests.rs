@@ -60,6 +60,32 @@ fn a_tcp_server_is_reached_too() {
 }
 
 #[test]
+fn a_tcp_connection_is_dropped_by_the_kernel_once_its_server_stops_answering() {
+    let Some(server) = NbdServer::nbdkit_tcp("nbd tcp keepalive", &["memory", "size=8M"]) else {
+        return;
+    };
+    let uri: NbdUri = server.uri().parse().expect("the server's URI parses");
+    let addrs = uri.resolve().expect("the server's address resolves");
+    let timeout = Duration::from_secs(10);
+    let (stream, _) = handshake::connect(&uri, &addrs, timeout)
+        .unwrap_or_else(|e| panic!("connect {}: {}", server.uri(), e.message));
+    let handshake::Stream::Tcp(tcp) = &stream else {
+        panic!("{} gave a Unix socket", server.uri());
+    };
+    let socket = socket2::SockRef::from(tcp);
+    // Unacknowledged data for the timeout ends the connection ...
+    assert_eq!(socket.tcp_user_timeout().unwrap(), Some(timeout));
+    // ... and so do 4 unanswered probes, one every fifth of it, when idle.
+    assert!(socket.keepalive().unwrap());
+    assert_eq!(socket.tcp_keepalive_time().unwrap(), Duration::from_secs(2));
+    assert_eq!(
+        socket.tcp_keepalive_interval().unwrap(),
+        Duration::from_secs(2)
+    );
+    assert_eq!(socket.tcp_keepalive_retries().unwrap(), 4);
+}
+
+#[test]
 fn a_read_only_export_is_refused_for_writing_and_opened_read_only() {
     let Some(server) = NbdServer::nbdkit("nbd read-only", &["-r", "memory", "size=8M"]) else {
         return;

@@ -341,7 +341,7 @@ fn no_kind_may_poison_pages_and_sockets_take_only_hugevmm_s_options() {
         )
     };
     for kind in ThreadKind::ALL {
-        let [dontneed, collapse, hwpoison, soft_offline, nodelay, timeout, bind_device, mark] =
+        let [dontneed, collapse, hwpoison, soft_offline, nodelay, timeout, user_timeout, keepalive, keep_idle, bind_device, mark] =
             under_filter(kind, move || {
                 [
                     madvise(libc::MADV_DONTNEED),
@@ -350,6 +350,9 @@ fn no_kind_may_poison_pages_and_sockets_take_only_hugevmm_s_options() {
                     madvise(libc::MADV_SOFT_OFFLINE),
                     setsockopt(libc::IPPROTO_TCP, libc::TCP_NODELAY),
                     setsockopt(libc::SOL_SOCKET, libc::SO_RCVTIMEO),
+                    setsockopt(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+                    setsockopt(libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+                    setsockopt(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
                     setsockopt(libc::SOL_SOCKET, libc::SO_BINDTODEVICE),
                     setsockopt(libc::SOL_SOCKET, libc::SO_MARK),
                 ]
@@ -367,7 +370,13 @@ fn no_kind_may_poison_pages_and_sockets_take_only_hugevmm_s_options() {
             "{kind}: setsockopt(SO_BINDTODEVICE) gave {bind_device:?}, SO_MARK {mark:?}"
         );
         let sets_options = rules::allowed(kind).calls.contains(&libc::SYS_setsockopt);
-        for (what, outcome) in [("TCP_NODELAY", nodelay), ("SO_RCVTIMEO", timeout)] {
+        for (what, outcome) in [
+            ("TCP_NODELAY", nodelay),
+            ("SO_RCVTIMEO", timeout),
+            ("TCP_USER_TIMEOUT", user_timeout),
+            ("SO_KEEPALIVE", keepalive),
+            ("TCP_KEEPIDLE", keep_idle),
+        ] {
             assert_eq!(
                 !outcome.refused(),
                 sets_options,

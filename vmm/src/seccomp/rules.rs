@@ -307,8 +307,9 @@ pub fn allowed(kind: ThreadKind) -> Allowed {
         ),
         // Reading replies (recvfrom), and reconnecting: std's TCP connect
         // with a timeout (socket, ioctl FIONBIO, connect, poll, getsockopt
-        // SO_ERROR), TCP_NODELAY and the handshake's receive timeout
-        // (setsockopt), the broken socket shut down.
+        // SO_ERROR), TCP_NODELAY, the dead-peer bounds (TCP_USER_TIMEOUT,
+        // keepalive) and the handshake's receive timeout (setsockopt), the
+        // broken socket shut down.
         ThreadKind::Nbd => Allowed {
             socket_families: [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6].into(),
             ..Allowed::of(
@@ -394,9 +395,9 @@ pub fn rules(kind: ThreadKind, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
         .expect("argument 2 is valid");
         conditional(sys::madvise, vec![rule(vec![below_hwpoison])]);
     }
-    // setsockopt: only the options hugevmm sets (std's socket timeouts,
-    // TCP_NODELAY on NBD connections), not SO_BINDTODEVICE, SO_MARK,
-    // IP options and the like.
+    // setsockopt: only the options hugevmm sets (std's socket timeouts;
+    // on NBD connections TCP_NODELAY, TCP_USER_TIMEOUT and keepalive), not
+    // SO_BINDTODEVICE, SO_MARK, IP options and the like.
     if allowed.calls.contains(&sys::setsockopt) {
         let option = |level: i32, name: i32| rule(vec![eq(1, level as u64), eq(2, name as u64)]);
         conditional(
@@ -405,6 +406,11 @@ pub fn rules(kind: ThreadKind, pid: u32) -> BTreeMap<i64, Vec<SeccompRule>> {
                 option(libc::SOL_SOCKET, libc::SO_RCVTIMEO),
                 option(libc::SOL_SOCKET, libc::SO_SNDTIMEO),
                 option(libc::IPPROTO_TCP, libc::TCP_NODELAY),
+                option(libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT),
+                option(libc::SOL_SOCKET, libc::SO_KEEPALIVE),
+                option(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE),
+                option(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL),
+                option(libc::IPPROTO_TCP, libc::TCP_KEEPCNT),
             ],
         );
     }
