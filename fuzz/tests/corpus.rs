@@ -158,3 +158,26 @@ fn the_engine_regressions_reach_what_they_are_named_for() {
         "sealed-retry-transient-corruption: {store:?}"
     );
 }
+
+/// `tools/fuzz --ci` (what CI fuzzes) runs the targets its own list names:
+/// a target added to [`TARGETS`] and not there would never be fuzzed.
+#[test]
+fn tools_fuzz_runs_every_target() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/fuzz");
+    let listed = std::process::Command::new("bash")
+        .arg(&script)
+        .arg("--list")
+        .output()
+        .expect("run tools/fuzz --list");
+    assert!(listed.status.success(), "tools/fuzz --list: {listed:?}");
+    let listed: Vec<String> = String::from_utf8(listed.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let targets: Vec<String> = TARGETS.iter().map(|t| t.name.to_string()).collect();
+    assert_eq!(
+        listed, targets,
+        "tools/fuzz's targets=(...) and TARGETS differ"
+    );
+}
