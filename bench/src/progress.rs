@@ -46,6 +46,12 @@ impl Progress {
         self.steps = steps;
     }
 
+    /// The suite found it needs another step (a run repeated with other
+    /// settings): `N` of `k/N` grows by one.
+    pub fn add_step(&mut self) {
+        self.steps += 1;
+    }
+
     /// Starts a step: prints its name without a newline, so that
     /// [`Progress::done`] completes the line with the step's key figure.
     pub fn start(&mut self, what: &str) {
