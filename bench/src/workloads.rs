@@ -815,14 +815,11 @@ fn second_half(timeline: &str, splits: f64, flips: f64) -> Option<(f64, f64)> {
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect();
     let end_s = samples.last()?.get("t_s")?.as_f64()?;
-    let half = samples
-        .iter()
-        .filter(|v| {
-            v.get("t_s")
-                .and_then(Value::as_f64)
-                .is_some_and(|t| t <= end_s / 2.0)
-        })
-        .last()?;
+    let half = samples.iter().rev().find(|v| {
+        v.get("t_s")
+            .and_then(Value::as_f64)
+            .is_some_and(|t| t <= end_s / 2.0)
+    })?;
     let at_half = |key: &str| half.pointer(&format!("/swap/split/{key}"))?.as_f64();
     Some((
         (splits - at_half("splits")?).max(0.0),
