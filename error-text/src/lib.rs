@@ -45,4 +45,31 @@ mod tests {
             "eviction failed: cannot write the store: disk full"
         );
     }
+
+    /// The binaries' own error style: a thiserror message that says its
+    /// `source`, and anyhow context around an io::Error.
+    #[derive(Debug, thiserror::Error)]
+    #[error("cannot open x: {source}; check that it exists")]
+    struct SaysItsCause {
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_the_message_says_already_is_not_repeated() {
+        let e = anyhow::Error::new(SaysItsCause {
+            source: std::io::Error::from_raw_os_error(2),
+        });
+        assert_eq!(
+            one_line(&e),
+            "cannot open x: No such file or directory (os error 2); check that it exists"
+        );
+        // Causes the message does not say are kept, in order.
+        let e = anyhow::Error::new(std::io::Error::from_raw_os_error(13))
+            .context("reading the key")
+            .context("invalid --swap-key-file");
+        assert_eq!(
+            one_line(&e),
+            "invalid --swap-key-file: reading the key: Permission denied (os error 13)"
+        );
+    }
 }

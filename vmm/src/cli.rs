@@ -605,31 +605,3 @@ const PAYLOAD_ARGUMENTS: &str =
 sizes as --mem takes them (4096, 64K, 512M, 1.5G; K/M/G/T are powers of 1024, a fraction only \
 if it makes whole bytes). A payload refuses an unknown key or a value outside its range, \
 naming the range, and exits 2.";
-
-#[cfg(test)]
-mod tests {
-    #[derive(Debug, thiserror::Error)]
-    #[error("cannot open x: {source}; check that it exists")]
-    struct SaysItsCause {
-        source: std::io::Error,
-    }
-
-    #[test]
-    fn a_cause_the_message_says_already_is_not_repeated() {
-        let e = anyhow::Error::new(SaysItsCause {
-            source: std::io::Error::from_raw_os_error(libc::ENOENT),
-        });
-        assert_eq!(
-            error_text::one_line(&e),
-            "cannot open x: No such file or directory (os error 2); check that it exists"
-        );
-        // Causes the message does not say are kept, in order.
-        let e = anyhow::Error::new(std::io::Error::from_raw_os_error(libc::EACCES))
-            .context("reading the key")
-            .context("invalid --swap-key-file");
-        assert_eq!(
-            error_text::one_line(&e),
-            "invalid --swap-key-file: reading the key: Permission denied (os error 13)"
-        );
-    }
-}
