@@ -44,6 +44,7 @@
 //! what a race happens to evict early, sometimes nothing).
 
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
@@ -506,13 +507,66 @@ fn join_cgroup(procs: &CStr) -> std::io::Result<()> {
     Ok(())
 }
 
-/// How a run ended.
-#[derive(Clone, Debug, PartialEq)]
+/// A variant is its key in results files.
+impl Serialize for Variant {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.key())
+    }
+}
+
+impl<'de> Deserialize<'de> for Variant {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Variant, D::Error> {
+        let key = String::deserialize(deserializer)?;
+        Variant::ALL
+            .into_iter()
+            .find(|v| v.key() == key)
+            .ok_or_else(|| serde::de::Error::custom(format!("a run of an unknown variant {key:?}")))
+    }
+}
+
+/// How a run ended; in results files `end` (its key) and `failure` (the
+/// message of a failed run, else null).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "EndFields", into = "EndFields")]
 enum End {
     Ok,
     Oom,
     Timeout,
     Failed(String),
+}
+
+/// [`End`] as its two keys.
+#[derive(Clone, Serialize, Deserialize)]
+struct EndFields {
+    end: String,
+    #[serde(default)]
+    failure: Option<String>,
+}
+
+impl From<End> for EndFields {
+    fn from(end: End) -> EndFields {
+        EndFields {
+            end: end.key().to_string(),
+            failure: match end {
+                End::Failed(message) => Some(message),
+                _ => None,
+            },
+        }
+    }
+}
+
+impl TryFrom<EndFields> for End {
+    type Error = String;
+
+    fn try_from(fields: EndFields) -> Result<End, String> {
+        Ok(match fields.end.as_str() {
+            "ok" => End::Ok,
+            "oom-killed" => End::Oom,
+            "timeout" => End::Timeout,
+            "failed" => End::Failed(fields.failure.unwrap_or_default()),
+            other => return Err(format!("a run that ended as {other:?}")),
+        })
+    }
 }
 
 impl End {
@@ -526,11 +580,16 @@ impl End {
     }
 }
 
-/// One run's figures.
-#[derive(Clone, Debug)]
+/// One run's figures: an entry of a results file's `runs` list as serde
+/// writes and reads it (the field names are the keys).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Outcome {
     variant: Variant,
+    /// 0-based here, 1-based in the file (as the tables count rounds).
+    #[serde(with = "one_based")]
     round: usize,
+    /// `end` and `failure` in the file.
+    #[serde(flatten)]
     end: End,
     /// Spawn to exit, s.
     wall_s: f64,
@@ -541,26 +600,60 @@ struct Outcome {
     /// The cgroup's limit (kernel variants).
     limit_bytes: Option<u64>,
     /// The kernel run's limit over auto's footprint (1 unless the runs at
-    /// smaller limits were OOM-killed: [`KERNEL_HEADROOM`]).
+    /// smaller limits were OOM-killed: [`KERNEL_HEADROOM`]). A file from
+    /// before the ladder of limits has none: its kernel runs all had
+    /// auto's footprint.
+    #[serde(default = "one")]
     headroom: f64,
     /// Whole units restored from the store.
+    #[serde(default)]
     store_faults: f64,
     /// Pages of split chunks restored from the store (auto).
+    #[serde(default)]
     page_store_faults: f64,
+    #[serde(default)]
     evictions: f64,
     /// Pages of split chunks evicted one by one (auto).
+    #[serde(default)]
     page_evictions: f64,
+    #[serde(default)]
     splits: f64,
+    #[serde(default)]
     collapses: f64,
+    #[serde(default)]
     flips: f64,
     /// Splits and flips in the second half of the run (engine runs, from
     /// its `--stats-timeline`): the steady state of issue 33's flips aim,
     /// past the first splits every chunk pays. None without a timeline.
     late_splits: Option<f64>,
     late_flips: Option<f64>,
+    #[serde(default)]
     swap_ins: u64,
+    #[serde(default)]
     swap_outs: u64,
+    #[serde(default)]
     command: String,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// A round, 1-based in results files.
+mod one_based {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(round: &usize, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_u64(*round as u64 + 1)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+        let round = u64::deserialize(deserializer)?;
+        let round = round
+            .checked_sub(1)
+            .ok_or_else(|| serde::de::Error::custom("a round is counted from 1"))?;
+        usize::try_from(round).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Outcome {
@@ -570,77 +663,15 @@ impl Outcome {
     }
 
     fn json(&self) -> Value {
-        json!({
-            "variant": self.variant.key(),
-            "round": self.round + 1,
-            "end": self.end.key(),
-            "failure": match &self.end { End::Failed(m) => Some(m.clone()), _ => None },
-            "wall_s": self.wall_s,
-            "elapsed_s": self.elapsed_s,
-            "rss_peak_bytes": self.rss_peak_bytes,
-            "cgroup_peak_bytes": self.cgroup_peak_bytes,
-            "limit_bytes": self.limit_bytes,
-            "headroom": self.headroom,
-            "store_faults": self.store_faults,
-            "page_store_faults": self.page_store_faults,
-            "evictions": self.evictions,
-            "page_evictions": self.page_evictions,
-            "splits": self.splits,
-            "collapses": self.collapses,
-            "flips": self.flips,
-            "late_splits": self.late_splits,
-            "late_flips": self.late_flips,
-            "swap_ins": self.swap_ins,
-            "swap_outs": self.swap_outs,
-            "command": self.command,
+        serde_json::to_value(self).unwrap_or_else(|e| {
+            // Numbers, strings and options: serde_json cannot refuse them.
+            unreachable!("a run's figures do not serialize: {e}")
         })
     }
 
-    /// The run [`Outcome::json`] wrote. A file from before the ladder of
-    /// limits has no `headroom`: its kernel runs all had auto's footprint.
+    /// The run [`Outcome::json`] wrote.
     fn from_json(v: &Value) -> Result<Outcome> {
-        let key = v["variant"].as_str().unwrap_or("");
-        let variant = Variant::ALL
-            .into_iter()
-            .find(|x| x.key() == key)
-            .with_context(|| format!("a run of an unknown variant {key:?}: {v}"))?;
-        let end = match v["end"].as_str() {
-            Some("ok") => End::Ok,
-            Some("oom-killed") => End::Oom,
-            Some("timeout") => End::Timeout,
-            Some("failed") => End::Failed(v["failure"].as_str().unwrap_or("").to_string()),
-            other => bail!("a run that ended as {other:?}: {v}"),
-        };
-        let round = v["round"]
-            .as_u64()
-            .filter(|&r| r >= 1)
-            .with_context(|| format!("a run without a round (1-based): {v}"))?;
-        let count = |k: &str| v[k].as_f64().unwrap_or(0.0);
-        Ok(Outcome {
-            variant,
-            round: (round - 1) as usize,
-            end,
-            wall_s: v["wall_s"]
-                .as_f64()
-                .with_context(|| format!("a run without wall_s: {v}"))?,
-            elapsed_s: v["elapsed_s"].as_f64(),
-            rss_peak_bytes: v["rss_peak_bytes"].as_u64().unwrap_or(0),
-            cgroup_peak_bytes: v["cgroup_peak_bytes"].as_u64(),
-            limit_bytes: v["limit_bytes"].as_u64(),
-            headroom: v["headroom"].as_f64().unwrap_or(1.0),
-            store_faults: count("store_faults"),
-            page_store_faults: count("page_store_faults"),
-            evictions: count("evictions"),
-            page_evictions: count("page_evictions"),
-            splits: count("splits"),
-            collapses: count("collapses"),
-            flips: count("flips"),
-            late_splits: v["late_splits"].as_f64(),
-            late_flips: v["late_flips"].as_f64(),
-            swap_ins: v["swap_ins"].as_u64().unwrap_or(0),
-            swap_outs: v["swap_outs"].as_u64().unwrap_or(0),
-            command: v["command"].as_str().unwrap_or("").to_string(),
-        })
+        Outcome::deserialize(v).with_context(|| format!("a run that does not read: {v}"))
     }
 }
 

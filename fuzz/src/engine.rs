@@ -763,21 +763,21 @@ fn check_report(setup: &Setup, sealed: bool, report: &StoreReport) -> Result<(),
     if !setup.retry || setup.lasting_faults() {
         return Ok(());
     }
-    let rereads = report.checksum_rereads + report.auth_rereads;
-    let reread_ok = report.checksum_recovered + report.auth_recovered;
-    let fine = report.exhausted == 0
-        && report.checksum_fatal == 0
-        && report.auth_fatal == 0
-        && report.transient_errors == report.injected_transient_errors
-        && report.retries == report.transient_errors
-        && rereads == report.injected_transient_corruptions
+    let rereads = report.retry.checksum_rereads + report.retry.auth_rereads;
+    let reread_ok = report.retry.checksum_recovered + report.retry.auth_recovered;
+    let fine = report.retry.exhausted == 0
+        && report.retry.checksum_fatal == 0
+        && report.retry.auth_fatal == 0
+        && report.retry.transient_errors == report.injected.transient_errors
+        && report.retry.retries == report.retry.transient_errors
+        && rereads == report.injected.transient_corruptions
         && reread_ok == rereads
         // A sealed store's damage fails authentication, a plain one's its
         // checksum.
         && if setup.sealed {
-            report.checksum_rereads == 0
+            report.retry.checksum_rereads == 0
         } else {
-            report.auth_rereads == 0
+            report.retry.auth_rereads == 0
         };
     if fine {
         Ok(())

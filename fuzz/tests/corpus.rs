@@ -124,16 +124,16 @@ fn the_engine_regressions_reach_what_they_are_named_for() {
     let (split, store) = (&auto.stats.split, &auto.store);
     assert!(auto.completed, "{auto:?}");
     assert!(
-        split.splits_by_reason[1] > 0
-            && split.page_faults_store > 0
-            && split.collapses_by_reason[1] > 0,
+        split.splits_by_reason.thrashing > 0
+            && split.page_faults.store > 0
+            && split.collapses_by_reason.dense > 0,
         "auto-retry-split-pages: {split:?}"
     );
     assert!(
-        store.injected_transient_errors > 0
-            && store.retries > 0
-            && store.injected_transient_corruptions > 0
-            && store.checksum_recovered > 0,
+        store.injected.transient_errors > 0
+            && store.retry.retries > 0
+            && store.injected.transient_corruptions > 0
+            && store.retry.checksum_recovered > 0,
         "auto-retry-split-pages: {store:?}"
     );
     // A sealed store keeps split chunks' pages, each sealed apart.
@@ -141,7 +141,9 @@ fn the_engine_regressions_reach_what_they_are_named_for() {
     let split = &sealed.stats.split;
     assert!(sealed.completed, "{sealed:?}");
     assert!(
-        split.splits_by_reason[1] > 0 && split.pages_written > 0 && split.page_faults_store > 0,
+        split.splits_by_reason.thrashing > 0
+            && split.pages_written > 0
+            && split.page_faults.store > 0,
         "sealed-auto-split-pages: {split:?}"
     );
     // Damage on the way to a sealed image fails authentication once, the
@@ -150,11 +152,13 @@ fn the_engine_regressions_reach_what_they_are_named_for() {
     let store = &retried.store;
     assert!(retried.completed, "{retried:?}");
     assert!(
-        store.sealed && store.auth_rereads > 0 && store.auth_recovered == store.auth_rereads,
+        store.sealed
+            && store.retry.auth_rereads > 0
+            && store.retry.auth_recovered == store.retry.auth_rereads,
         "sealed-retry-transient-corruption: {store:?}"
     );
     assert!(
-        store.injected_transient_errors > 0 && store.retries > 0,
+        store.injected.transient_errors > 0 && store.retry.retries > 0,
         "sealed-retry-transient-corruption: {store:?}"
     );
 }

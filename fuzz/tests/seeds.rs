@@ -78,12 +78,12 @@ fn engine_seeds_reach_the_granularity_policy_the_retry_layer_and_sealing() {
     assert!(auto.completed, "{auto:?}");
     let split = &auto.stats.split;
     assert!(
-        split.splits_by_reason[1] > 0 && split.page_faults_store > 0,
+        split.splits_by_reason.thrashing > 0 && split.page_faults.store > 0,
         "auto: no chunk split for thrashing and faulted back page by page: {:?}",
         auto.stats
     );
     assert!(
-        split.collapses_by_reason[1] > 0,
+        split.collapses_by_reason.dense > 0,
         "auto: no split chunk collapsed when used densely: {:?}",
         auto.stats
     );
@@ -91,19 +91,19 @@ fn engine_seeds_reach_the_granularity_policy_the_retry_layer_and_sealing() {
     assert!(retry.completed, "{retry:?}");
     let r = retry.store;
     assert!(
-        r.injected_transient_errors > 0 && r.retries > 0,
+        r.injected.transient_errors > 0 && r.retry.retries > 0,
         "no EIO injected and retried: {r:?}"
     );
     assert!(
-        r.injected_transient_corruptions > 0 && r.checksum_recovered > 0,
+        r.injected.transient_corruptions > 0 && r.retry.checksum_recovered > 0,
         "no checksum failure injected and read again: {r:?}"
     );
-    assert!(r.injected_delays > 0, "no delay injected: {r:?}");
+    assert!(r.injected.delays > 0, "no delay injected: {r:?}");
     let sealed = run_input(&seed("engine", "sealed-auto"));
     let s = sealed.store;
     assert!(s.sealed, "{s:?}");
     assert!(
-        !sealed.completed && s.auth_rereads > 0 && s.auth_fatal > 0,
+        !sealed.completed && s.retry.auth_rereads > 0 && s.retry.auth_fatal > 0,
         "the damaged sealed slot must fail authentication twice and end the run: {sealed:?}"
     );
 }

@@ -2,6 +2,7 @@
 #![deny(missing_docs)]
 
 pub mod chunk;
+mod counter_group;
 pub mod engine;
 pub mod store;
 pub mod uffd;

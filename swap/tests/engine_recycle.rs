@@ -65,12 +65,12 @@ fn print_buffers(what: &str, st: &SwapStats) {
     println!(
         "{what}: faults {:?}, buffers recycled {} (uncleared {}) fresh {} dropped {}, idle max {} of {}, huge {} split {}, install busy retries {}",
         st.faults,
-        st.buffers_recycled,
-        st.buffers_recycled_uncleared,
-        st.buffers_fresh,
-        st.buffers_recycle_dropped,
-        st.buffers_idle_max,
-        st.buffers_bound,
+        st.buffers.recycled,
+        st.buffers.recycled_uncleared,
+        st.buffers.fresh,
+        st.buffers.recycle_dropped,
+        st.buffers.idle_max,
+        st.buffers.bound,
         st.restored_huge,
         st.restored_split,
         st.install_busy_retries
@@ -115,8 +115,8 @@ fn recycled_buffers_never_leak_one_chunks_data_into_another() {
     let st = g.engine().stats();
     print_buffers("rewrite and reread under a 16 MiB limit", &st);
     assert!(g.fatal_messages().is_empty(), "{:?}", g.fatal_messages());
-    assert!(st.buffers_recycled > 0, "evicted pages were reused: {st:?}");
-    assert!(st.buffers_idle_max <= st.buffers_bound, "{st:?}");
+    assert!(st.buffers.recycled > 0, "evicted pages were reused: {st:?}");
+    assert!(st.buffers.idle_max <= st.buffers.bound, "{st:?}");
     assert!(
         st.resident_bytes_max <= limit + 2 * CHUNK,
         "max resident {} over limit {limit}",
@@ -147,7 +147,7 @@ fn zero_fills_read_zero_even_in_a_reused_page() {
     let before = e.stats();
     print_buffers("after evicting 12 data chunks", &before);
     assert!(
-        before.buffers_recycle_dropped < 12,
+        before.buffers.recycle_dropped < 12,
         "some pages were kept: {before:?}"
     );
 
@@ -162,7 +162,7 @@ fn zero_fills_read_zero_even_in_a_reused_page() {
     let st = e.stats();
     print_buffers("after 8 zero fills", &st);
     assert!(
-        st.buffers_recycled_uncleared > 0,
+        st.buffers.recycled_uncleared > 0,
         "a zero fill cleared a reused page itself: {st:?}"
     );
 
@@ -195,7 +195,7 @@ fn zero_fills_read_zero_even_in_a_reused_page() {
     let st = e.stats();
     print_buffers("after refaulting everything", &st);
     assert!(g.fatal_messages().is_empty(), "{:?}", g.fatal_messages());
-    assert!(st.buffers_idle_max <= 4, "{st:?}");
+    assert!(st.buffers.idle_max <= 4, "{st:?}");
 }
 
 #[test]
@@ -222,11 +222,11 @@ fn reused_pages_stay_within_the_pool_bound() {
     g.engine().evict_all().unwrap();
     let st = g.engine().stats();
     print_buffers("after evict_all", &st);
-    assert_eq!(st.buffers_bound, bound);
-    assert!(st.buffers_idle_max <= bound, "{st:?}");
-    assert!(st.buffers_recycled > 0, "{st:?}");
+    assert_eq!(st.buffers.bound, bound);
+    assert!(st.buffers.idle_max <= bound, "{st:?}");
+    assert!(st.buffers.recycled > 0, "{st:?}");
     assert!(
-        st.buffers_recycle_dropped > 0,
+        st.buffers.recycle_dropped > 0,
         "the rest were freed: {st:?}"
     );
     assert_eq!(st.resident_bytes, 0);

@@ -121,15 +121,15 @@ impl RunSummary<'_> {
                 format_size(swap.resident_bytes_max)
             ));
             let split = &swap.split;
-            let splits: u64 = split.splits_by_origin.iter().sum();
+            let splits: u64 = split.splits;
             if splits > 0 {
                 lines.push(format!(
                     "hugevmm: split chunks: {splits} splits, {} collapses verified huge ({} failed), {} page faults ({} store, {} zero), {} page evictions ({} written), {} split now",
                     split.collapses_verified,
-                    split.collapse_failures.iter().sum::<u64>(),
-                    split.page_faults_store + split.page_faults_zero,
-                    split.page_faults_store,
-                    split.page_faults_zero,
+                    split.collapse_failures.total(),
+                    split.page_faults.store + split.page_faults.zero,
+                    split.page_faults.store,
+                    split.page_faults.zero,
                     split.page_evictions,
                     split.pages_written,
                     split.chunks_split
@@ -247,60 +247,15 @@ fn histogram_json(h: &LatencyHistogram, buckets: bool) -> Value {
     value
 }
 
-/// The swap figures. `detail` adds the per-source histograms with their
+/// The swap figures: the engine's stats struct as serde writes it (its
+/// field names are the keys; docs/api.yaml's `Swap` schema is checked
+/// against it). `detail` adds the per-source histograms with their
 /// buckets: wanted once per run, too bulky for every timeline sample.
 fn swap_json(s: &SwapStats, detail: bool) -> Value {
-    let h = &s.fault_latency;
-    let mut value = json!({
-        "unit_bytes": s.unit_bytes,
-        "mem_limit_bytes": s.mem_limit_bytes,
-        "faults": {
-            "total": s.faults.total,
-            "store": s.faults.store,
-            "staging": s.faults.staging,
-            "staging_writing": s.faults.staging_writing,
-            "zero": s.faults.zero,
-        },
-        "wp_faults": s.wp_faults,
-        "evictions": s.evictions,
-        "evict_waits": s.evict_waits,
-        "activations": s.activations,
-        "clean_drops": s.clean_drops,
-        "zero_chunks": s.zero_chunks,
-        "units_written": s.units_written,
-        "bytes_written": s.bytes_written,
-        "bytes_read": s.bytes_read,
-        "restored_huge": s.restored_huge,
-        "restored_split": s.restored_split,
-        "fault_latency_us": {
-            "count": h.count(),
-            "p50": h.p50(),
-            "p90": h.p90(),
-            "p99": h.p99(),
-            "p999": h.p999(),
-            "max": h.max(),
-        },
-        "resident_bytes": s.resident_bytes,
-        "resident_bytes_max": s.resident_bytes_max,
-        "metadata_bytes": s.metadata_bytes,
-        "install_busy_retries": s.install_busy_retries,
-        "split": split_json(&s.split),
-        "prefetch": {
-            "issued": s.prefetch.issued,
-            "hits": s.prefetch.hits,
-            "waste": s.prefetch.waste,
-            "skipped": s.prefetch.skipped,
-            "withheld": s.prefetch.withheld,
-        },
-        "store": store_json(&s.store),
-        "buffers": {
-            "recycled": s.buffers_recycled,
-            "fresh": s.buffers_fresh,
-            "recycled_uncleared": s.buffers_recycled_uncleared,
-            "recycle_dropped": s.buffers_recycle_dropped,
-            "idle_max": s.buffers_idle_max,
-            "bound": s.buffers_bound,
-        },
+    let mut value = serde_json::to_value(s).unwrap_or_else(|e| {
+        // Plain structs of integers cannot fail to serialize; say so
+        // rather than write a partial object.
+        unreachable!("the swap stats do not serialize: {e}")
     });
     if detail {
         let by_source: serde_json::Map<String, Value> = FaultSource::ALL
@@ -333,82 +288,106 @@ pub fn sample_json(sample: &Sample) -> Value {
     value
 }
 
-/// What the store's retry policy did (`swap::store::retry`), and the
-/// faults a `faulty:` test store injected.
-fn store_json(r: &swap::store::StoreReport) -> Value {
-    json!({
-        "transient_errors": r.transient_errors,
-        "retries": r.retries,
-        "recovered": r.recovered,
-        "exhausted": r.exhausted,
-        "checksum_rereads": r.checksum_rereads,
-        "checksum_recovered": r.checksum_recovered,
-        "checksum_fatal": r.checksum_fatal,
-        "auth_rereads": r.auth_rereads,
-        "auth_recovered": r.auth_recovered,
-        "auth_fatal": r.auth_fatal,
-        "sealed": r.sealed,
-        "injected": {
-            "transient_errors": r.injected_transient_errors,
-            "transient_corruptions": r.injected_transient_corruptions,
-            "delays": r.injected_delays,
-        },
-    })
-}
-
-/// The split-chunk figures of `stats` (docs/SPLIT_CHUNKS.md says what each
-/// means).
-fn split_json(split: &swap::engine::SplitStats) -> Value {
-    use swap::engine::CollapseFailure;
-    let failures: serde_json::Map<String, Value> = CollapseFailure::ALL
-        .iter()
-        .map(|&reason| {
-            (
-                reason.name().to_string(),
-                json!(split.collapse_failures[reason as usize]),
-            )
-        })
-        .collect();
-    let [absent, stored, staged, resident] = split.splits_by_origin;
-    json!({
-        "chunks_split": split.chunks_split,
-        "chunks_huge": split.chunks_huge,
-        "splits": absent + stored + staged + resident,
-        "splits_by_origin": {
-            "absent": absent,
-            "stored": stored,
-            "staged": staged,
-            "resident": resident,
-        },
-        "splits_by_reason": {
-            "forced": split.splits_by_reason[0],
-            "thrashing": split.splits_by_reason[1],
-            "requested": split.splits_by_reason[2],
-        },
-        "collapse_attempts_by_reason": {
-            "forced": split.collapses_by_reason[0],
-            "dense": split.collapses_by_reason[1],
-            "requested": split.collapses_by_reason[2],
-        },
-        "flips": split.flips,
-        "collapses_verified": split.collapses_verified,
-        "collapses_by_madvise": split.collapses_by_madvise,
-        "collapse_failures": failures,
-        "merged_absent": split.merged_absent,
-        "page_faults": {
-            "zero": split.page_faults_zero,
-            "store": split.page_faults_store,
-        },
-        "page_evictions": split.page_evictions,
-        "pages_written": split.pages_written,
-        "pages_zero": split.pages_zero,
-        "page_activations": split.page_activations,
-    })
+/// Swap stats whose every integer is different (from 1000 up, in the
+/// order serde writes them), so a test can tell which field a figure
+/// came from; the latency histogram holds one fault of 1234 µs.
+#[cfg(test)]
+pub(crate) fn distinct_swap_stats() -> SwapStats {
+    fn number_leaves(value: &mut Value, next: &mut u64) {
+        match value {
+            Value::Number(_) | Value::Null => {
+                *value = Value::from(*next);
+                *next += 1;
+            }
+            Value::Object(map) => map.values_mut().for_each(|v| number_leaves(v, next)),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(SwapStats::default()).unwrap();
+    value
+        .as_object_mut()
+        .unwrap()
+        .remove("fault_latency_us")
+        .expect("the histogram is serialized");
+    number_leaves(&mut value, &mut 1000);
+    serde_json::from_value(value).expect("the stats read back what they wrote")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every key of the `swap` object, with the schema's type at it:
+    /// walks `schema` (docs/api.yaml's JSON Schema subset) and `value`
+    /// together and names each difference.
+    fn schema_differences(schema: &Value, value: &Value, at: &str, out: &mut Vec<String>) {
+        let types: Vec<&str> = match &schema["type"] {
+            Value::String(t) => vec![t.as_str()],
+            Value::Array(ts) => ts.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        let fits = match value {
+            Value::Object(_) => types.contains(&"object"),
+            Value::Number(n) if n.is_u64() || n.is_i64() => {
+                types.contains(&"integer") || types.contains(&"number")
+            }
+            Value::Number(_) => types.contains(&"number"),
+            Value::Bool(_) => types.contains(&"boolean"),
+            Value::Null => types.contains(&"null"),
+            _ => types.contains(&"string") || types.contains(&"array"),
+        };
+        if !fits {
+            out.push(format!(
+                "{at}: {value} is not of the schema's type {types:?}"
+            ));
+        }
+        let (Value::Object(fields), Some(properties)) = (value, schema["properties"].as_object())
+        else {
+            return;
+        };
+        for (key, field) in fields {
+            match properties.get(key) {
+                Some(property) => schema_differences(property, field, &format!("{at}/{key}"), out),
+                None => out.push(format!("{at}/{key}: written but not in the schema")),
+            }
+        }
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for key in &required {
+            if !properties.contains_key(*key) {
+                out.push(format!("{at}/{key}: required but not a property"));
+            }
+        }
+        for key in properties.keys() {
+            if !fields.contains_key(key) {
+                out.push(format!("{at}/{key}: in the schema but never written"));
+            }
+            if !required.contains(&key.as_str()) {
+                out.push(format!("{at}/{key}: written always but not required"));
+            }
+        }
+    }
+
+    /// The `swap` object is the engine's stats struct as serde writes it;
+    /// docs/api.yaml's `Swap` schema must name exactly its keys, with
+    /// their types, so that a counter added to the struct without the
+    /// document (or the other way round) fails here, not in a client.
+    #[test]
+    fn the_api_schema_names_exactly_the_swap_stats_fields() {
+        let doc: Value = serde_yaml_ng::from_str(include_str!("../../docs/api.yaml")).unwrap();
+        let schema = &doc["components"]["schemas"]["Swap"];
+        assert!(schema.is_object(), "docs/api.yaml has no Swap schema");
+        let mut stats = distinct_swap_stats();
+        let mut differences = Vec::new();
+        schema_differences(schema, &swap_json(&stats, false), "swap", &mut differences);
+        stats.mem_limit_bytes = None;
+        schema_differences(schema, &swap_json(&stats, false), "swap", &mut differences);
+        differences.sort();
+        differences.dedup();
+        assert!(differences.is_empty(), "{differences:#?}");
+    }
 
     fn outcome(kind: ExitKind, status: i32) -> RunOutcome {
         RunOutcome {

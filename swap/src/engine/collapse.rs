@@ -131,7 +131,7 @@ impl Collapser {
         let Some(merging) = s.begin(chunk) else {
             return Ok(());
         };
-        bump(&s.counters.collapses_by_reason[reason as usize]);
+        bump(s.counters.split.collapses_by_reason.of(reason));
         let missing = PAGES_PER_CHUNK as u64 - merging.count(PageTag::Resident);
         COLLAPSES.debug(|| {
         format!(
@@ -142,8 +142,8 @@ impl Collapser {
         if missing == 0 && s.collapse_in_place(&merging) {
             merging.free_slot(s);
             s.table.finish_collapse(chunk.into(), merging.loading, true);
-            bump(&s.counters.collapses_verified);
-            bump(&s.counters.collapses_by_madvise);
+            bump(&s.counters.split.collapses_verified);
+            bump(&s.counters.split.collapses_by_madvise);
             return s.installer.wake(chunk, None).map(drop);
         }
         if missing > 0 {
@@ -154,7 +154,7 @@ impl Collapser {
             if missing > 0 {
                 s.limiter.release(missing);
             }
-            bump(&s.counters.collapse_failures[reason as usize]);
+            bump(s.counters.split.collapse_failures.of(reason));
         };
         let p = loop {
             if let Some(p) = s.parking.acquire_timeout(Duration::from_millis(10)) {
@@ -230,9 +230,14 @@ impl Collapser {
         merging.free_slot(s);
         s.table.finish_collapse(chunk.into(), merging.loading, huge);
         if huge {
-            bump(&s.counters.collapses_verified);
+            bump(&s.counters.split.collapses_verified);
         } else {
-            bump(&s.counters.collapse_failures[CollapseFailure::NotHuge as usize]);
+            bump(
+                s.counters
+                    .split
+                    .collapse_failures
+                    .of(CollapseFailure::NotHuge),
+            );
         }
         s.installer.wake(chunk, None).map(drop)
     }
@@ -249,7 +254,12 @@ impl Collapser {
                     .unwrap_or(false)
             });
         if !huge {
-            bump(&s.counters.collapse_failures[CollapseFailure::MadviseRefused as usize]);
+            bump(
+                s.counters
+                    .split
+                    .collapse_failures
+                    .of(CollapseFailure::MadviseRefused),
+            );
         }
         huge
     }
@@ -350,7 +360,7 @@ impl Collapser {
         merging.free_slot(s);
         s.table.finish_merge_absent(chunk.into(), merging.loading);
         s.limiter.release(resident);
-        bump(&s.counters.merged_absent);
+        bump(&s.counters.split.merged_absent);
         Ok(Some(resident))
     }
 }

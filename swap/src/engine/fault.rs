@@ -88,7 +88,7 @@ impl FaultService {
                 else {
                     continue;
                 };
-                bump(&s.counters.faults_total);
+                bump(&s.counters.faults.total);
                 // Service time starts here, not at `read_at`: messages later in
                 // the batch waited for the earlier ones, which is queueing, not
                 // the cost of their own restore.
@@ -126,7 +126,7 @@ impl FaultService {
             limit_chunks: self.limit_units(),
         });
         if verdict == Refault::Split && state.collapsed() {
-            bump(&self.counters.flips);
+            bump(&self.counters.split.flips);
         }
         verdict
     }
@@ -243,7 +243,7 @@ impl FaultService {
                         if s.granularity.prefetch_pays() {
                             prefetcher.offer(unit + 1);
                         } else {
-                            bump(&s.counters.prefetch_withheld);
+                            bump(&s.counters.prefetch.withheld);
                         }
                     }
                     return outcome;

@@ -65,8 +65,9 @@ pub use hooks::{BufferKnobs, EngineHooks, NoHooks};
 pub use lifecycle::FatalHandler;
 pub use mem_limit::{MemLimit, MemLimitError};
 pub use stats::{
-    CollapseFailure, FaultCounts, FaultSource, LatencyBySource, LatencyHistogram, PrefetchStats,
-    SplitStats, SwapStats,
+    BufferStats, CollapseFailure, CollapseFailures, CollapsesByReason, FaultCounts, FaultSource,
+    LatencyBySource, LatencyHistogram, PageFaults, PrefetchStats, SplitStats, SplitsByOrigin,
+    SplitsByReason, SwapStats,
 };
 pub use thread_setup::{EngineThread, ThreadSetup};
 
@@ -431,7 +432,7 @@ impl SwapEngine {
     /// A snapshot of the counters.
     pub fn stats(&self) -> SwapStats {
         let s = self;
-        let mut stats = s.counters.snapshot();
+        let mut stats = s.counters.snapshot_all();
         stats.resident_bytes = s.limiter.held_pages() * PAGE_BYTES;
         stats.resident_bytes_max = s.limiter.held_pages_max() * PAGE_BYTES;
         stats.metadata_bytes = s.table.metadata_bytes();
@@ -440,8 +441,8 @@ impl SwapEngine {
         let tags = s.table.count_tags();
         stats.split.chunks_split = tags.split;
         stats.split.chunks_huge = s.table.count_huge_resident();
-        stats.buffers_idle_max = s.buffers.pool().idle_max() as u64;
-        stats.buffers_bound = s.buffers.pool().bound() as u64;
+        stats.buffers.idle_max = s.buffers.pool().idle_max() as u64;
+        stats.buffers.bound = s.buffers.pool().bound() as u64;
         stats.store = s.store.report();
         stats
     }

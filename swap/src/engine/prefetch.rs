@@ -108,18 +108,18 @@ impl Prefetcher {
         // Only the headroom the background evictor keeps below the limit, and
         // never its last unit: a fault must still find room without evicting.
         if s.limiter.held_pages() + 2 * unit_pages > limit {
-            bump(&s.counters.prefetch_skipped);
+            bump(&s.counters.prefetch.skipped);
             return;
         }
         if !s.limiter.try_reserve(unit_pages) {
-            bump(&s.counters.prefetch_skipped);
+            bump(&s.counters.prefetch.skipped);
             return;
         }
         let Ok(loading) = s.table.begin_fault(chunk.into(), state) else {
             s.limiter.release(unit_pages);
             return;
         };
-        bump(&s.counters.prefetches);
+        bump(&s.counters.prefetch.issued);
         if let Err(e) =
             s.restorer
                 .restore_from_store(chunk, loading, state.store_slot(), false, true)

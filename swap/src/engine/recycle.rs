@@ -165,14 +165,14 @@ impl RestoreBuffers {
             if self.parked_huge(slot) {
                 return Some((slot, cleared));
             }
-            bump(&self.counters.buffers_recycle_dropped);
+            bump(&self.counters.buffers.recycle_dropped);
             self.parking.release(slot);
         }
     }
 
     fn wrap_pooled(&self, buf: Buffer) -> RestoreBuffer {
         if self.thp {
-            bump(&self.counters.buffers_fresh);
+            bump(&self.counters.buffers.fresh);
         }
         RestoreBuffer {
             addr: buf.addr,
@@ -182,9 +182,9 @@ impl RestoreBuffers {
     }
 
     fn wrap_parked(&self, slot: u32, cleared: bool) -> RestoreBuffer {
-        bump(&self.counters.buffers_recycled);
+        bump(&self.counters.buffers.recycled);
         if !cleared {
-            bump(&self.counters.buffers_recycled_uncleared);
+            bump(&self.counters.buffers.recycled_uncleared);
         }
         RestoreBuffer {
             addr: self.parking.addr(slot),
@@ -266,7 +266,7 @@ impl RestoreBuffers {
             if self.parked_huge(p) && self.pool.offer_recycled(p) {
                 return;
             }
-            bump(&self.counters.buffers_recycle_dropped);
+            bump(&self.counters.buffers.recycle_dropped);
         }
         self.parking.release(p);
     }
@@ -283,7 +283,7 @@ impl RestoreBuffers {
                     self.pool.finish_clear(slot);
                 } else {
                     self.pool.abandon_clear();
-                    bump(&self.counters.buffers_recycle_dropped);
+                    bump(&self.counters.buffers.recycle_dropped);
                     self.parking.release(slot);
                 }
             }

@@ -50,7 +50,7 @@ impl Restorer {
     /// Zero-fills an absent unit.
     pub fn restore_zero(&self, unit: usize, loading: UnitState) -> Result<Outcome, SwapError> {
         let huge = self.installer.zero_fill(unit)?;
-        bump(&self.counters.faults_zero);
+        bump(&self.counters.faults.zero);
         self.table
             .finish_restore(unit.into(), loading, restored(huge));
         self.installer.wake(unit, Some(FaultSource::Zero))
@@ -89,7 +89,7 @@ impl Restorer {
         }
         add(&s.counters.bytes_read, s.geo.unit_bytes);
         if !prefetch {
-            bump(&s.counters.faults_store);
+            bump(&s.counters.faults.store);
         }
         let clean = s.track_clean && !write;
         let huge = s.installer.install_read_back(unit, buf, clean)?;
@@ -121,9 +121,9 @@ impl Restorer {
         let huge =
             self.installer
                 .hand_back(unit, loading.parking_slot(), writing, loading.huge())?;
-        bump(&self.counters.faults_staging);
+        bump(&self.counters.faults.staging);
         if writing {
-            bump(&self.counters.faults_staging_writing);
+            bump(&self.counters.faults.staging_writing);
         }
         self.table
             .finish_restore(unit.into(), loading, restored(huge));
@@ -144,7 +144,7 @@ impl Restorer {
         let mut first_write = false;
         let source = (kind == FaultKind::WriteProtect).then_some(FaultSource::WriteProtect);
         if resident.prefetched() {
-            bump(&s.counters.prefetch_hits);
+            bump(&s.counters.prefetch.hits);
         }
         let result = match kind {
             FaultKind::WriteProtect => {

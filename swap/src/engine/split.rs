@@ -60,16 +60,6 @@ pub(crate) struct Splitter {
     pub zero_page: AlignedBuf,
 }
 
-/// Index into [`super::stats::SplitStats::splits_by_origin`].
-fn origin_index(tag: Tag) -> usize {
-    match tag {
-        Tag::Absent => 0,
-        Tag::Stored => 1,
-        Tag::Staged => 2,
-        _ => 3,
-    }
-}
-
 /// The debug lines of split decisions (summarized past the first ones).
 static SPLITS: super::log_budget::LogBudget = super::log_budget::LogBudget::new();
 
@@ -113,8 +103,8 @@ impl Splitter {
         };
         s.table
             .finish_split(chunk.into(), loading, slot, &|_| PageState::new(page_tag));
-        bump(&s.counters.splits_by_origin[origin_index(from.tag())]);
-        bump(&s.counters.splits_by_reason[reason as usize]);
+        bump(s.counters.split.splits_by_origin.of(from.tag()));
+        bump(s.counters.split.splits_by_reason.of(reason));
         SPLITS.debug(|| {
             format!(
                 "swap engine: split the {:?} chunk at {} on its restore ({reason:?})",
@@ -161,8 +151,8 @@ impl Splitter {
         s.table.finish_split(chunk.into(), loading, None, &|_| {
             PageState::new(PageTag::Resident)
         });
-        bump(&s.counters.splits_by_origin[origin_index(origin)]);
-        bump(&s.counters.splits_by_reason[reason as usize]);
+        bump(s.counters.split.splits_by_origin.of(origin));
+        bump(s.counters.split.splits_by_reason.of(reason));
         SPLITS.debug(|| {
             format!(
             "swap engine: split the resident chunk at {} ({reason:?}, restored from {origin:?})",
@@ -253,19 +243,19 @@ impl Splitter {
                 return Ok(Outcome::Blocked);
             }
             add(&s.counters.bytes_read, PAGE_BYTES);
-            bump(&s.counters.page_faults_store);
+            bump(&s.counters.split.page_faults.store);
             let src = buf.as_ptr() as u64;
             read_buf = Some(buf);
             (src, FaultSource::Store)
         } else {
-            bump(&s.counters.page_faults_zero);
+            bump(&s.counters.split.page_faults.zero);
             (s.zero_page.as_ptr() as u64, FaultSource::Zero)
         };
         let copied = s.installer.install_page(at, src);
         drop(read_buf);
         copied.map_err(|e| SwapError::unit_uffd(format!("install the {}", name()), e))?;
         let chances = if from == PageTag::Stored {
-            let evictions = s.counters.page_evictions.load(Ordering::Relaxed);
+            let evictions = s.counters.split.page_evictions.load(Ordering::Relaxed);
             access::page_chances(
                 pages.evictions_since(at, evictions),
                 s.limiter.limit_pages(),
@@ -274,7 +264,7 @@ impl Splitter {
             0
         };
         if chances > 0 {
-            bump(&s.counters.page_activations);
+            bump(&s.counters.split.page_activations);
         }
         pages.set_chances(at, chances);
         pages.finish_restore(at, loading);

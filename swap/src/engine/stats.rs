@@ -5,6 +5,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::counter_group::counter_group;
+
 /// Linear sub-buckets per power of two (3 bits: <= 12.5 % bucket width).
 const SUB_BITS: u32 = 3;
 const SUB_BUCKETS: u64 = 1 << SUB_BITS;
@@ -98,6 +100,21 @@ impl LatencyHistogram {
     }
 }
 
+/// A histogram in the stats object: its count and percentiles, µs.
+impl serde::Serialize for LatencyHistogram {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut out = serializer.serialize_struct("LatencyHistogram", 6)?;
+        out.serialize_field("count", &self.count())?;
+        out.serialize_field("p50", &self.p50())?;
+        out.serialize_field("p90", &self.p90())?;
+        out.serialize_field("p99", &self.p99())?;
+        out.serialize_field("p999", &self.p999())?;
+        out.serialize_field("max", &self.max())?;
+        out.end()
+    }
+}
+
 /// What served a fault, for the per-source latency histograms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultSource {
@@ -154,23 +171,24 @@ impl LatencyBySource {
     }
 }
 
-/// Fault counts by what served them.
-#[derive(Debug, Clone, Default)]
-pub struct FaultCounts {
-    /// Every fault message handled (including write-protect faults and
-    /// messages for units another thread had already restored).
-    pub total: u64,
-    /// Restores read from the store (whole units; a split chunk's pages
-    /// are in [`SplitStats`]).
-    pub store: u64,
-    /// Restores handed back from the parking area (no I/O).
-    pub staging: u64,
-    /// Of `staging`, units whose store write was in flight: the fault met
-    /// the writer and took a copy (the race the engine's write-back tests
-    /// must hit).
-    pub staging_writing: u64,
-    /// Restores of never-written units (zero fill).
-    pub zero: u64,
+counter_group! {
+    /// Fault counts by what served them.
+    pub struct FaultCounts / AtomicFaultCounts {
+        /// Every fault message handled (including write-protect faults and
+        /// messages for units another thread had already restored).
+        total,
+        /// Restores read from the store (whole units; a split chunk's pages
+        /// are in [`SplitStats`]).
+        store,
+        /// Restores handed back from the parking area (no I/O).
+        staging,
+        /// Of `staging`, units whose store write was in flight: the fault met
+        /// the writer and took a copy (the race the engine's write-back tests
+        /// must hit).
+        staging_writing,
+        /// Restores of never-written units (zero fill).
+        zero,
+    }
 }
 
 /// Why an attempt to collapse a split chunk back into one huge mapping did
@@ -212,191 +230,309 @@ impl CollapseFailure {
     }
 }
 
-/// Split chunks: modes, transitions and page traffic.
-#[derive(Debug, Clone, Default)]
-pub struct SplitStats {
-    /// Chunks split now (a snapshot count, not atomic with the rest).
-    pub chunks_split: u64,
-    /// Chunks mapped as one unit now.
-    pub chunks_huge: u64,
-    /// Splits, by what the chunk was: `[absent, stored, staged, resident]`.
-    pub splits_by_origin: [u64; 4],
-    /// Collapses PAGEMAP_SCAN confirmed as one huge mapping.
-    pub collapses_verified: u64,
-    /// Of those, done by `MADV_COLLAPSE` (the rest by moving a THP in).
-    pub collapses_by_madvise: u64,
-    /// Attempts that did not give a huge mapping, by
-    /// [`CollapseFailure::ALL`] order.
-    pub collapse_failures: [u64; 4],
-    /// Split chunks whose pages were all absent, made absent whole.
-    pub merged_absent: u64,
-    /// Page faults served by a zero fill.
-    pub page_faults_zero: u64,
-    /// Page faults served from the store.
-    pub page_faults_store: u64,
-    /// Splits by reason: `[forced, thrashing, requested]` (the test knob,
-    /// the granularity policy, `split_range`).
-    pub splits_by_reason: [u64; 3],
-    /// Collapse attempts by reason: `[forced, dense, requested]`.
-    pub collapses_by_reason: [u64; 3],
-    /// Chunks split again by the policy after it had collapsed them.
-    pub flips: u64,
-    /// Pages evicted one by one.
-    pub page_evictions: u64,
-    /// Of those, written to the store.
-    pub pages_written: u64,
-    /// Of those, found all zero and dropped.
-    pub pages_zero: u64,
-    /// Pages that faulted back from the store soon after their eviction
-    /// and were given extra CLOCK passes (see `engine::policy`).
-    pub page_activations: u64,
+counter_group! {
+    /// Splits, by what the chunk was.
+    pub struct SplitsByOrigin / AtomicSplitsByOrigin {
+        /// Absent (never written, or dropped): nothing to read.
+        absent,
+        /// In the store: only the faulting page was read.
+        stored,
+        /// In the parking area.
+        staged,
+        /// Resident (`split_range`, `--force-split-every`).
+        resident,
+    }
 }
 
-/// Sequential prefetch (`--swap-unit auto`, see `engine::prefetch`).
-#[derive(Debug, Clone, Default)]
-pub struct PrefetchStats {
-    /// Chunks read ahead of a stream and installed.
-    pub issued: u64,
-    /// Of those, faulted on or written by the guest afterwards.
-    pub hits: u64,
-    /// Of those, evicted again without a fault or a write (only read, or
-    /// never used).
-    pub waste: u64,
-    /// Offers not taken: memory held was within the headroom of the limit.
-    pub skipped: u64,
-    /// Stream faults that offered nothing: more streams ran than CPUs (see
-    /// `Granularity::prefetch_pays`).
-    pub withheld: u64,
+impl AtomicSplitsByOrigin {
+    /// The counter of a chunk split from state `tag`.
+    pub fn of(&self, tag: crate::chunk::Tag) -> &AtomicU64 {
+        use crate::chunk::Tag;
+        match tag {
+            Tag::Absent => &self.absent,
+            Tag::Stored => &self.stored,
+            Tag::Staged => &self.staged,
+            _ => &self.resident,
+        }
+    }
 }
 
-/// A snapshot of the engine's counters.
-#[derive(Debug, Clone, Default)]
-pub struct SwapStats {
-    /// Fault counts.
-    pub faults: FaultCounts,
-    /// Sequential prefetch.
-    pub prefetch: PrefetchStats,
-    /// Split chunks.
-    pub split: SplitStats,
-    /// Units taken away from the guest (any outcome).
-    pub evictions: u64,
-    /// Units that faulted back soon after their eviction and were given
-    /// extra CLOCK passes (see `engine::policy`).
-    pub activations: u64,
-    /// Evicted units whose store copy was still valid (no write).
-    pub clean_drops: u64,
-    /// Evicted units found all zero (no write, become absent).
-    pub zero_chunks: u64,
-    /// Units written to the store.
-    pub units_written: u64,
-    /// Bytes written to the store.
-    pub bytes_written: u64,
-    /// Bytes read from the store.
-    pub bytes_read: u64,
-    /// Restores installed as one huge mapping.
-    pub restored_huge: u64,
-    /// Restores installed as small pages.
-    pub restored_split: u64,
-    /// Latency of every fault.
-    pub fault_latency: LatencyHistogram,
-    /// Service time of restores and write-protect faults, per source.
-    pub fault_latency_by_source: LatencyBySource,
-    /// Guest bytes held in memory now (resident + staged + in flight).
-    pub resident_bytes: u64,
-    /// Largest `resident_bytes` seen.
-    pub resident_bytes_max: u64,
-    /// Bytes of per-unit metadata.
-    pub metadata_bytes: u64,
-    /// Write-protect faults (first write to a clean unit).
-    pub wp_faults: u64,
-    /// Faults that had to evict synchronously to stay under the limit.
-    pub evict_waits: u64,
-    /// Clean units whose content hash no longer matched (written in the
-    /// window between restore and write-protect); written instead of
-    /// dropped.
-    pub clean_hash_mismatches: u64,
-    /// Evictions given up because the kernel refused to move the unit
-    /// (pinned pages); the unit stays resident.
-    pub evict_busy: u64,
-    /// Fault messages for units already resident (woken only).
-    pub stale_faults: u64,
-    /// Installs that found the restore buffer still pinned by the O_DIRECT
-    /// read that filled it (EBUSY) and retried.
-    pub install_busy_retries: u64,
-    /// Restores (2 MiB THP units) whose buffer was the huge page of an
-    /// evicted unit, reused without clearing it.
-    pub buffers_recycled: u64,
-    /// Restores (2 MiB THP units) whose buffer was a fresh huge page the
-    /// kernel cleared.
-    pub buffers_fresh: u64,
-    /// Of `buffers_recycled`, pages the refill thread had not cleared yet
-    /// (the fault thread wrote them first; a zero fill cleared it itself).
-    pub buffers_recycled_uncleared: u64,
-    /// Huge pages of evicted units freed instead of reused: the pool was
-    /// full, or the page was not (or no longer) one huge page.
-    pub buffers_recycle_dropped: u64,
-    /// Most restore buffers idle at once (fresh and reused); at most
-    /// `buffers_bound`.
-    pub buffers_idle_max: u64,
-    /// The restore buffer pool's size, each buffer one unit.
-    pub buffers_bound: u64,
-    /// Bytes of one swap unit.
-    pub unit_bytes: u64,
-    /// The memory limit, if any.
-    pub mem_limit_bytes: Option<u64>,
-    /// What the store's retry policy did, and the faults a test store
-    /// injected (`store::retry`).
-    pub store: crate::store::StoreReport,
+counter_group! {
+    /// Splits by reason (the test knob, the granularity policy,
+    /// `split_range`).
+    pub struct SplitsByReason / AtomicSplitsByReason {
+        /// `--force-split-every`.
+        forced,
+        /// Faulted back soon after its eviction, not on a stream.
+        thrashing,
+        /// `SwapEngine::split_range`.
+        requested,
+    }
 }
 
-/// The live counters.
-#[derive(Default)]
-pub(crate) struct Counters {
-    pub faults_total: AtomicU64,
-    pub faults_store: AtomicU64,
-    pub faults_staging: AtomicU64,
-    pub faults_staging_writing: AtomicU64,
-    pub faults_zero: AtomicU64,
-    pub evictions: AtomicU64,
-    pub clean_drops: AtomicU64,
-    pub zero_chunks: AtomicU64,
-    pub units_written: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub restored_huge: AtomicU64,
-    pub restored_split: AtomicU64,
-    pub wp_faults: AtomicU64,
-    pub evict_waits: AtomicU64,
-    pub clean_hash_mismatches: AtomicU64,
-    pub evict_busy: AtomicU64,
-    pub stale_faults: AtomicU64,
-    pub install_busy_retries: AtomicU64,
-    pub buffers_recycled: AtomicU64,
-    pub buffers_fresh: AtomicU64,
-    pub buffers_recycled_uncleared: AtomicU64,
-    pub buffers_recycle_dropped: AtomicU64,
-    pub splits_by_origin: [AtomicU64; 4],
-    pub splits_by_reason: [AtomicU64; 3],
-    pub collapses_by_reason: [AtomicU64; 3],
-    pub flips: AtomicU64,
-    pub prefetches: AtomicU64,
-    pub prefetch_hits: AtomicU64,
-    pub prefetch_waste: AtomicU64,
-    pub prefetch_skipped: AtomicU64,
-    pub prefetch_withheld: AtomicU64,
-    pub collapses_verified: AtomicU64,
-    pub collapses_by_madvise: AtomicU64,
-    pub collapse_failures: [AtomicU64; 4],
-    pub merged_absent: AtomicU64,
-    pub page_faults_zero: AtomicU64,
-    pub page_faults_store: AtomicU64,
-    pub page_evictions: AtomicU64,
-    pub activations: AtomicU64,
-    pub page_activations: AtomicU64,
-    pub pages_written: AtomicU64,
-    pub pages_zero: AtomicU64,
-    latency: AtomicHistogram,
-    latency_by_source: [AtomicHistogram; 4],
+impl AtomicSplitsByReason {
+    /// The counter of `reason`.
+    pub fn of(&self, reason: super::granularity::SplitReason) -> &AtomicU64 {
+        use super::granularity::SplitReason;
+        match reason {
+            SplitReason::Forced => &self.forced,
+            SplitReason::Thrashing => &self.thrashing,
+            SplitReason::Requested => &self.requested,
+        }
+    }
+}
+
+counter_group! {
+    /// Collapse attempts by reason.
+    pub struct CollapsesByReason / AtomicCollapsesByReason {
+        /// `--force-split-every`.
+        forced,
+        /// A burst of page faults on the chunk.
+        dense,
+        /// `SwapEngine::collapse_range`.
+        requested,
+    }
+}
+
+impl AtomicCollapsesByReason {
+    /// The counter of `reason`.
+    pub fn of(&self, reason: super::granularity::CollapseReason) -> &AtomicU64 {
+        use super::granularity::CollapseReason;
+        match reason {
+            CollapseReason::Forced => &self.forced,
+            CollapseReason::Dense => &self.dense,
+            CollapseReason::Requested => &self.requested,
+        }
+    }
+}
+
+counter_group! {
+    /// Collapse attempts that did not give a huge mapping, by
+    /// [`CollapseFailure`].
+    pub struct CollapseFailures / AtomicCollapseFailures {
+        /// [`CollapseFailure::MadviseRefused`].
+        madvise_refused,
+        /// [`CollapseFailure::Pinned`].
+        pinned,
+        /// [`CollapseFailure::NotHuge`].
+        not_huge,
+        /// [`CollapseFailure::NoParking`].
+        no_parking,
+    }
+}
+
+impl CollapseFailures {
+    /// The count of `reason`.
+    pub fn of(&self, reason: CollapseFailure) -> u64 {
+        match reason {
+            CollapseFailure::MadviseRefused => self.madvise_refused,
+            CollapseFailure::Pinned => self.pinned,
+            CollapseFailure::NotHuge => self.not_huge,
+            CollapseFailure::NoParking => self.no_parking,
+        }
+    }
+
+    /// Every failure.
+    pub fn total(&self) -> u64 {
+        CollapseFailure::ALL.iter().map(|&r| self.of(r)).sum()
+    }
+}
+
+impl AtomicCollapseFailures {
+    /// The counter of `reason`.
+    pub fn of(&self, reason: CollapseFailure) -> &AtomicU64 {
+        match reason {
+            CollapseFailure::MadviseRefused => &self.madvise_refused,
+            CollapseFailure::Pinned => &self.pinned,
+            CollapseFailure::NotHuge => &self.not_huge,
+            CollapseFailure::NoParking => &self.no_parking,
+        }
+    }
+}
+
+counter_group! {
+    /// Page faults on split chunks, by what served them.
+    pub struct PageFaults / AtomicPageFaults {
+        /// A zero fill.
+        zero,
+        /// The store.
+        store,
+    }
+}
+
+counter_group! {
+    /// Split chunks: modes, transitions and page traffic.
+    pub struct SplitStats / AtomicSplitStats {
+        counts {
+            /// Chunks split again by the policy after it had collapsed them.
+            flips,
+            /// Collapses PAGEMAP_SCAN confirmed as one huge mapping.
+            collapses_verified,
+            /// Of those, done by `MADV_COLLAPSE` (the rest by moving a THP in).
+            collapses_by_madvise,
+            /// Split chunks whose pages were all absent, made absent whole.
+            merged_absent,
+            /// Pages evicted one by one.
+            page_evictions,
+            /// Of those, written to the store.
+            pages_written,
+            /// Of those, found all zero and dropped.
+            pages_zero,
+            /// Pages that faulted back from the store soon after their eviction
+            /// and were given extra CLOCK passes (see `engine::policy`).
+            page_activations,
+        }
+        gauges {
+            /// Chunks split now (a snapshot count, not atomic with the rest).
+            chunks_split: u64,
+            /// Chunks mapped as one unit now.
+            chunks_huge: u64,
+            /// Every split (the sum of `splits_by_origin`).
+            splits: u64,
+        }
+        groups {
+            /// Splits, by what the chunk was.
+            splits_by_origin: SplitsByOrigin / AtomicSplitsByOrigin,
+            /// Splits by reason.
+            splits_by_reason: SplitsByReason / AtomicSplitsByReason,
+            /// Collapse attempts by reason.
+            #[serde(rename = "collapse_attempts_by_reason")]
+            collapses_by_reason: CollapsesByReason / AtomicCollapsesByReason,
+            /// Attempts that did not give a huge mapping.
+            collapse_failures: CollapseFailures / AtomicCollapseFailures,
+            /// Page faults by what served them.
+            page_faults: PageFaults / AtomicPageFaults,
+        }
+        live {}
+    }
+}
+
+counter_group! {
+    /// Sequential prefetch (`--swap-unit auto`, see `engine::prefetch`).
+    pub struct PrefetchStats / AtomicPrefetchStats {
+        /// Chunks read ahead of a stream and installed.
+        issued,
+        /// Of those, faulted on or written by the guest afterwards.
+        hits,
+        /// Of those, evicted again without a fault or a write (only read, or
+        /// never used).
+        waste,
+        /// Offers not taken: memory held was within the headroom of the limit.
+        skipped,
+        /// Stream faults that offered nothing: more streams ran than CPUs (see
+        /// `Granularity::prefetch_pays`).
+        withheld,
+    }
+}
+
+counter_group! {
+    /// The restore buffers (2 MiB THP units).
+    pub struct BufferStats / AtomicBufferStats {
+        counts {
+            /// Restores whose buffer was the huge page of an evicted unit,
+            /// reused without clearing it.
+            recycled,
+            /// Restores whose buffer was a fresh huge page the kernel cleared.
+            fresh,
+            /// Of `recycled`, pages the refill thread had not cleared yet (the
+            /// fault thread wrote them first; a zero fill cleared it itself).
+            recycled_uncleared,
+            /// Huge pages of evicted units freed instead of reused: the pool
+            /// was full, or the page was not (or no longer) one huge page.
+            recycle_dropped,
+        }
+        gauges {
+            /// Most restore buffers idle at once (fresh and reused); at most
+            /// `bound`.
+            idle_max: u64,
+            /// The pool's size, each buffer one unit.
+            bound: u64,
+        }
+        groups {}
+        live {}
+    }
+}
+
+counter_group! {
+    /// A snapshot of the engine's counters: the `swap` object of
+    /// `--stats-json` and `GET /stats`, whose keys are these field names.
+    pub struct SwapStats / Counters {
+        counts {
+            /// Units taken away from the guest (any outcome).
+            evictions,
+            /// Units that faulted back soon after their eviction and were given
+            /// extra CLOCK passes (see `engine::policy`).
+            activations,
+            /// Evicted units whose store copy was still valid (no write).
+            clean_drops,
+            /// Evicted units found all zero (no write, become absent).
+            zero_chunks,
+            /// Units written to the store.
+            units_written,
+            /// Bytes written to the store.
+            bytes_written,
+            /// Bytes read from the store.
+            bytes_read,
+            /// Restores installed as one huge mapping.
+            restored_huge,
+            /// Restores installed as small pages.
+            restored_split,
+            /// Write-protect faults (first write to a clean unit).
+            wp_faults,
+            /// Faults that had to evict synchronously to stay under the limit.
+            evict_waits,
+            /// Clean units whose content hash no longer matched (written in the
+            /// window between restore and write-protect); written instead of
+            /// dropped.
+            clean_hash_mismatches,
+            /// Evictions given up because the kernel refused to move the unit
+            /// (pinned pages); the unit stays resident.
+            evict_busy,
+            /// Fault messages for units already resident (woken only).
+            stale_faults,
+            /// Installs that found the restore buffer still pinned by the
+            /// O_DIRECT read that filled it (EBUSY) and retried.
+            install_busy_retries,
+        }
+        gauges {
+            /// Bytes of one swap unit.
+            unit_bytes: u64,
+            /// The memory limit, if any.
+            mem_limit_bytes: Option<u64>,
+            /// Guest bytes held in memory now (resident + staged + in flight).
+            resident_bytes: u64,
+            /// Largest `resident_bytes` seen.
+            resident_bytes_max: u64,
+            /// Bytes of per-unit metadata.
+            metadata_bytes: u64,
+            /// Latency of every fault (serialized as its percentiles).
+            #[serde(rename = "fault_latency_us", skip_deserializing)]
+            fault_latency: LatencyHistogram,
+            /// Service time of restores and write-protect faults, per
+            /// source (bulky: `--stats-json` adds it once per run).
+            #[serde(skip)]
+            fault_latency_by_source: LatencyBySource,
+            /// What the store's retry policy did, and the faults a test
+            /// store injected (`store::retry`).
+            store: crate::store::StoreReport,
+        }
+        groups {
+            /// Fault counts.
+            faults: FaultCounts / AtomicFaultCounts,
+            /// Split chunks.
+            split: SplitStats / AtomicSplitStats,
+            /// Sequential prefetch.
+            prefetch: PrefetchStats / AtomicPrefetchStats,
+            /// Restore buffers.
+            buffers: BufferStats / AtomicBufferStats,
+        }
+        live {
+            /// The fault latency histogram's buckets.
+            latency: AtomicHistogram,
+            /// The per-source histograms' buckets, by [`FaultSource::ALL`].
+            latency_by_source: [AtomicHistogram; 4],
+        }
+    }
 }
 
 /// Adds one to a counter.
@@ -409,7 +545,7 @@ pub(crate) fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-struct AtomicHistogram {
+pub(crate) struct AtomicHistogram {
     counts: Box<[AtomicU64]>,
     max_us: AtomicU64,
 }
@@ -452,66 +588,17 @@ impl Counters {
         self.latency_by_source[source.index()].record(us);
     }
 
-    /// Fills the counter fields of a snapshot.
-    pub fn snapshot(&self) -> SwapStats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        SwapStats {
-            faults: FaultCounts {
-                total: get(&self.faults_total),
-                store: get(&self.faults_store),
-                staging: get(&self.faults_staging),
-                staging_writing: get(&self.faults_staging_writing),
-                zero: get(&self.faults_zero),
-            },
-            evictions: get(&self.evictions),
-            activations: get(&self.activations),
-            clean_drops: get(&self.clean_drops),
-            zero_chunks: get(&self.zero_chunks),
-            units_written: get(&self.units_written),
-            bytes_written: get(&self.bytes_written),
-            bytes_read: get(&self.bytes_read),
-            restored_huge: get(&self.restored_huge),
-            restored_split: get(&self.restored_split),
-            fault_latency: self.latency.snapshot(),
-            fault_latency_by_source: LatencyBySource {
-                by_source: [0, 1, 2, 3].map(|i| self.latency_by_source[i].snapshot()),
-            },
-            wp_faults: get(&self.wp_faults),
-            evict_waits: get(&self.evict_waits),
-            clean_hash_mismatches: get(&self.clean_hash_mismatches),
-            evict_busy: get(&self.evict_busy),
-            stale_faults: get(&self.stale_faults),
-            install_busy_retries: get(&self.install_busy_retries),
-            buffers_recycled: get(&self.buffers_recycled),
-            buffers_fresh: get(&self.buffers_fresh),
-            buffers_recycled_uncleared: get(&self.buffers_recycled_uncleared),
-            buffers_recycle_dropped: get(&self.buffers_recycle_dropped),
-            prefetch: PrefetchStats {
-                issued: get(&self.prefetches),
-                hits: get(&self.prefetch_hits),
-                waste: get(&self.prefetch_waste),
-                skipped: get(&self.prefetch_skipped),
-                withheld: get(&self.prefetch_withheld),
-            },
-            split: SplitStats {
-                splits_by_origin: self.splits_by_origin.each_ref().map(get),
-                splits_by_reason: self.splits_by_reason.each_ref().map(get),
-                collapses_by_reason: self.collapses_by_reason.each_ref().map(get),
-                flips: get(&self.flips),
-                collapses_verified: get(&self.collapses_verified),
-                collapses_by_madvise: get(&self.collapses_by_madvise),
-                collapse_failures: self.collapse_failures.each_ref().map(get),
-                merged_absent: get(&self.merged_absent),
-                page_faults_zero: get(&self.page_faults_zero),
-                page_faults_store: get(&self.page_faults_store),
-                page_evictions: get(&self.page_evictions),
-                pages_written: get(&self.pages_written),
-                pages_zero: get(&self.pages_zero),
-                page_activations: get(&self.page_activations),
-                ..SplitStats::default()
-            },
-            ..SwapStats::default()
-        }
+    /// Fills the counter fields of a snapshot (the gauges are the
+    /// engine's to fill).
+    pub fn snapshot_all(&self) -> SwapStats {
+        let mut stats = self.snapshot();
+        stats.fault_latency = self.latency.snapshot();
+        stats.fault_latency_by_source = LatencyBySource {
+            by_source: [0, 1, 2, 3].map(|i| self.latency_by_source[i].snapshot()),
+        };
+        let o = &stats.split.splits_by_origin;
+        stats.split.splits = o.absent + o.stored + o.staged + o.resident;
+        stats
     }
 }
 
@@ -536,7 +623,7 @@ mod tests {
         for v in 1..=1000 {
             c.record_latency_us(v);
         }
-        let h = c.snapshot().fault_latency;
+        let h = c.snapshot_all().fault_latency;
         assert_eq!(h.count(), 1000);
         assert_eq!(h.max(), 1000);
         let p50 = h.p50();
@@ -551,7 +638,7 @@ mod tests {
         c.record_source_latency_us(FaultSource::Store, 1500);
         c.record_source_latency_us(FaultSource::Store, 1700);
         c.record_source_latency_us(FaultSource::Zero, 90);
-        let by = c.snapshot().fault_latency_by_source;
+        let by = c.snapshot_all().fault_latency_by_source;
         assert_eq!(by.get(FaultSource::Store).count(), 2);
         assert_eq!(by.get(FaultSource::Store).max(), 1700);
         assert_eq!(by.get(FaultSource::Zero).count(), 1);

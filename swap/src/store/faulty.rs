@@ -15,7 +15,9 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{PageWrite, SharedStore, SlotId, Store, StoreError, StoreReport, WriteRequest};
+use super::{
+    InjectedFaults, PageWrite, SharedStore, SlotId, Store, StoreError, StoreReport, WriteRequest,
+};
 
 /// Which failures a [`FaultyStore`] injects. Counts are of units (one
 /// request of a batch is one write), and "after N" means the first N succeed.
@@ -424,12 +426,14 @@ impl Store for FaultyStore {
 
     fn report(&self) -> StoreReport {
         StoreReport {
-            injected_transient_errors: self.injected_eio.load(Ordering::Relaxed),
-            injected_transient_corruptions: self.injected_corruptions.load(Ordering::Relaxed),
-            injected_delays: if self.faults.delay_us.is_some_and(|us| us > 0) {
-                self.delays.load(Ordering::Relaxed)
-            } else {
-                0
+            injected: InjectedFaults {
+                transient_errors: self.injected_eio.load(Ordering::Relaxed),
+                transient_corruptions: self.injected_corruptions.load(Ordering::Relaxed),
+                delays: if self.faults.delay_us.is_some_and(|us| us > 0) {
+                    self.delays.load(Ordering::Relaxed)
+                } else {
+                    0
+                },
             },
             ..StoreReport::default()
         }

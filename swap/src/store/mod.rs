@@ -26,7 +26,7 @@ pub use faulty::{Faults, FaultyStore};
 pub use file::{FileOptions, FileStore};
 pub use mem::MemStore;
 pub use open_error::StoreOpenError;
-pub use retry::{RetryPolicy, RetryingStore, StoreReport};
+pub use retry::{InjectedFaults, RetryCounts, RetryPolicy, RetryingStore, StoreReport};
 pub use seal::{Integrity, SealKeyError, Sealer};
 pub use spec::{StoreSpec, StoreSpecError};
 

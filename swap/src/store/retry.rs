@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{PageWrite, SharedStore, SlotId, Store, StoreError, WriteRequest};
+use crate::counter_group::counter_group;
 
 /// How often and how patiently transient errors are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,64 +65,70 @@ impl RetryPolicy {
     }
 }
 
+counter_group! {
+    /// What the retry policy did. Every count is of operations (one
+    /// request of a batch, one page) since the store was opened.
+    pub struct RetryCounts / AtomicRetryCounts {
+        /// Attempts that failed with a transient error.
+        transient_errors,
+        /// Attempts made again after a transient error.
+        retries,
+        /// Operations that succeeded after at least one transient error.
+        recovered,
+        /// Operations given up after the last retry failed too (each one
+        /// fatal for the VM).
+        exhausted,
+        /// Checksum mismatches read again.
+        checksum_rereads,
+        /// Of those, the re-read verified.
+        checksum_recovered,
+        /// Of those, the re-read failed its checksum too (fatal).
+        checksum_fatal,
+        /// Sealed images that failed to open (authentication), read again.
+        auth_rereads,
+        /// Of those, the re-read opened.
+        auth_recovered,
+        /// Of those, the re-read failed too (fatal).
+        auth_fatal,
+    }
+}
+
+counter_group! {
+    /// The faults a `faulty:` test store injected.
+    pub struct InjectedFaults {
+        /// Transient `EIO`s.
+        transient_errors,
+        /// Transient checksum failures.
+        transient_corruptions,
+        /// Operations delayed.
+        delays,
+    }
+}
+
 /// What the store wrappers did: the retry policy's counts, and the faults a
-/// test store injected. Every count is of operations (one request of a
-/// batch, one page) since the store was opened.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// test store injected (the `store` object of the swap stats).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StoreReport {
-    /// Attempts that failed with a transient error.
-    pub transient_errors: u64,
-    /// Attempts made again after a transient error.
-    pub retries: u64,
-    /// Operations that succeeded after at least one transient error.
-    pub recovered: u64,
-    /// Operations given up after the last retry failed too (each one fatal
-    /// for the VM).
-    pub exhausted: u64,
-    /// Checksum mismatches read again.
-    pub checksum_rereads: u64,
-    /// Of those, the re-read verified.
-    pub checksum_recovered: u64,
-    /// Of those, the re-read failed its checksum too (fatal).
-    pub checksum_fatal: u64,
-    /// Sealed images that failed to open (authentication), read again.
-    pub auth_rereads: u64,
-    /// Of those, the re-read opened.
-    pub auth_recovered: u64,
-    /// Of those, the re-read failed too (fatal).
-    pub auth_fatal: u64,
+    /// The retry policy's counts (their keys sit beside `sealed` in the
+    /// stats object).
+    #[serde(flatten)]
+    pub retry: RetryCounts,
     /// Whether the store seals what it keeps (`--swap-encrypt`), so that
     /// the stats say so.
     pub sealed: bool,
-    /// Transient `EIO`s a `faulty:` test store injected.
-    pub injected_transient_errors: u64,
-    /// Transient checksum failures a `faulty:` test store injected.
-    pub injected_transient_corruptions: u64,
-    /// Operations a `faulty:` test store delayed.
-    pub injected_delays: u64,
+    /// The faults a `faulty:` test store injected.
+    pub injected: InjectedFaults,
 }
 
 impl StoreReport {
     /// The sum of two reports (a wrapper's own counts and its inner
     /// store's).
+    #[must_use]
     pub fn plus(self, other: StoreReport) -> StoreReport {
         StoreReport {
-            transient_errors: self.transient_errors + other.transient_errors,
-            retries: self.retries + other.retries,
-            recovered: self.recovered + other.recovered,
-            exhausted: self.exhausted + other.exhausted,
-            checksum_rereads: self.checksum_rereads + other.checksum_rereads,
-            checksum_recovered: self.checksum_recovered + other.checksum_recovered,
-            checksum_fatal: self.checksum_fatal + other.checksum_fatal,
-            auth_rereads: self.auth_rereads + other.auth_rereads,
-            auth_recovered: self.auth_recovered + other.auth_recovered,
-            auth_fatal: self.auth_fatal + other.auth_fatal,
+            retry: self.retry.plus(other.retry),
             sealed: self.sealed || other.sealed,
-            injected_transient_errors: self.injected_transient_errors
-                + other.injected_transient_errors,
-            injected_transient_corruptions: self.injected_transient_corruptions
-                + other.injected_transient_corruptions,
-            injected_delays: self.injected_delays + other.injected_delays,
+            injected: self.injected.plus(other.injected),
         }
     }
 }
@@ -159,20 +166,6 @@ fn io_is_transient(error: &io::Error) -> bool {
     )
 }
 
-#[derive(Default)]
-struct Counters {
-    transient_errors: AtomicU64,
-    retries: AtomicU64,
-    recovered: AtomicU64,
-    exhausted: AtomicU64,
-    checksum_rereads: AtomicU64,
-    checksum_recovered: AtomicU64,
-    checksum_fatal: AtomicU64,
-    auth_rereads: AtomicU64,
-    auth_recovered: AtomicU64,
-    auth_fatal: AtomicU64,
-}
-
 fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
@@ -182,7 +175,7 @@ fn bump(counter: &AtomicU64) {
 pub struct RetryingStore {
     inner: SharedStore,
     policy: RetryPolicy,
-    counters: Counters,
+    counters: AtomicRetryCounts,
 }
 
 impl std::fmt::Debug for RetryingStore {
@@ -200,7 +193,7 @@ impl RetryingStore {
         RetryingStore {
             inner,
             policy,
-            counters: Counters::default(),
+            counters: AtomicRetryCounts::default(),
         }
     }
 
@@ -433,19 +426,8 @@ impl Store for RetryingStore {
     }
 
     fn report(&self) -> StoreReport {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let c = &self.counters;
         StoreReport {
-            transient_errors: get(&c.transient_errors),
-            retries: get(&c.retries),
-            recovered: get(&c.recovered),
-            exhausted: get(&c.exhausted),
-            checksum_rereads: get(&c.checksum_rereads),
-            checksum_recovered: get(&c.checksum_recovered),
-            checksum_fatal: get(&c.checksum_fatal),
-            auth_rereads: get(&c.auth_rereads),
-            auth_recovered: get(&c.auth_recovered),
-            auth_fatal: get(&c.auth_fatal),
+            retry: self.counters.snapshot(),
             sealed: self.inner.sealed(),
             ..StoreReport::default()
         }
@@ -519,11 +501,14 @@ mod tests {
             assert!(buf[..] == imgs[i][..], "unit {i}");
         }
         let r = store.report();
-        assert!(r.injected_transient_errors >= 3, "{r:?}");
-        assert_eq!(r.transient_errors, r.injected_transient_errors, "{r:?}");
-        assert_eq!(r.retries, r.transient_errors, "{r:?}");
-        assert_eq!(r.recovered, r.transient_errors, "{r:?}");
-        assert_eq!(r.exhausted, 0);
+        assert!(r.injected.transient_errors >= 3, "{r:?}");
+        assert_eq!(
+            r.retry.transient_errors, r.injected.transient_errors,
+            "{r:?}"
+        );
+        assert_eq!(r.retry.retries, r.retry.transient_errors, "{r:?}");
+        assert_eq!(r.retry.recovered, r.retry.transient_errors, "{r:?}");
+        assert_eq!(r.retry.exhausted, 0);
     }
 
     #[test]
@@ -563,8 +548,8 @@ mod tests {
         let r = store.report();
         // Two page writes, one page read, one paged read, one write, one
         // read to split: each failed once and passed on its retry.
-        assert_eq!(r.injected_transient_errors, 6, "{r:?}");
-        assert_eq!(r.recovered, 6, "{r:?}");
+        assert_eq!(r.injected.transient_errors, 6, "{r:?}");
+        assert_eq!(r.retry.recovered, 6, "{r:?}");
     }
 
     #[test]
@@ -579,8 +564,12 @@ mod tests {
         store.read(slot, 0x60_0000, &mut buf).unwrap();
         assert!(buf[..] == img[..]);
         let r = store.report();
-        assert_eq!(r.injected_transient_corruptions, 1, "{r:?}");
-        assert_eq!((r.checksum_rereads, r.checksum_recovered), (1, 1), "{r:?}");
+        assert_eq!(r.injected.transient_corruptions, 1, "{r:?}");
+        assert_eq!(
+            (r.retry.checksum_rereads, r.retry.checksum_recovered),
+            (1, 1),
+            "{r:?}"
+        );
     }
 
     #[test]
@@ -597,8 +586,15 @@ mod tests {
             "{err}"
         );
         let r = store.report();
-        assert_eq!((r.checksum_rereads, r.checksum_fatal), (1, 1), "{r:?}");
-        assert_eq!(r.retries, 0, "a checksum failure is no transient error");
+        assert_eq!(
+            (r.retry.checksum_rereads, r.retry.checksum_fatal),
+            (1, 1),
+            "{r:?}"
+        );
+        assert_eq!(
+            r.retry.retries, 0,
+            "a checksum failure is no transient error"
+        );
     }
 
     /// Fails every read with `error`, counting the attempts.
@@ -665,8 +661,11 @@ mod tests {
         );
         assert_eq!(inner.attempts.load(Ordering::Relaxed), 6, "1 + 5 retries");
         let r = store.report();
-        assert_eq!((r.transient_errors, r.retries, r.exhausted), (6, 5, 1));
-        assert_eq!(r.recovered, 0);
+        assert_eq!(
+            (r.retry.transient_errors, r.retry.retries, r.retry.exhausted),
+            (6, 5, 1)
+        );
+        assert_eq!(r.retry.recovered, 0);
     }
 
     #[test]

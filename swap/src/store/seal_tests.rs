@@ -372,11 +372,15 @@ fn authentication_failures_are_read_twice_then_fatal_and_counted() {
     );
     let r = store.report();
     assert_eq!(
-        (r.auth_rereads, r.auth_fatal, r.auth_recovered),
+        (
+            r.retry.auth_rereads,
+            r.retry.auth_fatal,
+            r.retry.auth_recovered
+        ),
         (1, 1, 0),
         "{r:?}"
     );
-    assert_eq!((r.checksum_rereads, r.retries), (0, 0), "{r:?}");
+    assert_eq!((r.retry.checksum_rereads, r.retry.retries), (0, 0), "{r:?}");
     assert!(r.sealed, "the report says the store is sealed");
 }
 
@@ -402,7 +406,11 @@ fn a_transient_corruption_of_a_sealed_slot_is_recovered_by_the_reread() {
     store.read(slot, GPA_B, &mut buf).unwrap();
     assert!(buf[..] == img[..]);
     let r = store.report();
-    assert_eq!((r.auth_rereads, r.auth_recovered), (1, 1), "{r:?}");
+    assert_eq!(
+        (r.retry.auth_rereads, r.retry.auth_recovered),
+        (1, 1),
+        "{r:?}"
+    );
 }
 
 /// A shared mem medium as a store (the retry policy takes ownership).

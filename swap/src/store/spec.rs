@@ -825,8 +825,8 @@ mod tests {
         store.read(slot, 0x40_0000, &mut buf).unwrap();
         assert!(buf[..] == img[..]);
         let report = store.report();
-        assert_eq!(report.injected_transient_errors, 2, "{report:?}");
-        assert_eq!(report.recovered, 2, "{report:?}");
+        assert_eq!(report.injected.transient_errors, 2, "{report:?}");
+        assert_eq!(report.retry.recovered, 2, "{report:?}");
     }
 
     #[test]

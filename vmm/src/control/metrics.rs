@@ -277,6 +277,12 @@ impl Collector for Figures {
                 None,
             )
             .counter(e, swap.evict_waits)?;
+            counter(
+                "swap_units_written",
+                "Chunks (or units) written to the store.",
+                None,
+            )
+            .counter(e, swap.units_written)?;
             counter("swap_read", "Bytes read from the store.", Some(Unit::Bytes))
                 .counter(e, swap.bytes_read)?;
             counter(
@@ -406,14 +412,21 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
         }
         Ok(())
     };
+    let mut metric = e.encode_descriptor(
+        "swap_store_transient_errors",
+        "Store operations that failed with a transient error (each then retried, or fatal once the retries are spent).",
+        None,
+        MetricType::Counter,
+    )?;
+    metric.encode_counter::<NoLabelSet, _, f64>(&r.retry.transient_errors, None)?;
     by_kind(
         e,
         "swap_store_retries",
         "Store operations attempted again: after a transient error (with backoff), or re-read after a checksum mismatch or a sealed image that failed authentication (--swap-encrypt).",
         [
-            ("transient", r.retries),
-            ("checksum", r.checksum_rereads),
-            ("authentication", r.auth_rereads),
+            ("transient", r.retry.retries),
+            ("checksum", r.retry.checksum_rereads),
+            ("authentication", r.retry.auth_rereads),
         ],
     )?;
     by_kind(
@@ -421,9 +434,9 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
         "swap_store_recovered",
         "Store operations that succeeded on a later attempt.",
         [
-            ("transient", r.recovered),
-            ("checksum", r.checksum_recovered),
-            ("authentication", r.auth_recovered),
+            ("transient", r.retry.recovered),
+            ("checksum", r.retry.checksum_recovered),
+            ("authentication", r.retry.auth_recovered),
         ],
     )?;
     by_kind(
@@ -431,9 +444,9 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
         "swap_store_fatal",
         "Store operations given up (fatal for the VM): transient errors past the last retry, a second checksum mismatch, or a second authentication failure.",
         [
-            ("transient", r.exhausted),
-            ("checksum", r.checksum_fatal),
-            ("authentication", r.auth_fatal),
+            ("transient", r.retry.exhausted),
+            ("checksum", r.retry.checksum_fatal),
+            ("authentication", r.retry.auth_fatal),
         ],
     )
 }
@@ -470,7 +483,7 @@ fn split_metrics(
         "mode",
         &[("huge", split.chunks_huge), ("split", split.chunks_split)],
     )?;
-    let [absent, stored, staged, resident] = split.splits_by_origin;
+    let origin = &split.splits_by_origin;
     labelled(
         e,
         "swap_splits",
@@ -478,15 +491,15 @@ fn split_metrics(
         MetricType::Counter,
         "origin",
         &[
-            ("absent", absent),
-            ("stored", stored),
-            ("staged", staged),
-            ("resident", resident),
+            ("absent", origin.absent),
+            ("stored", origin.stored),
+            ("staged", origin.staged),
+            ("resident", origin.resident),
         ],
     )?;
     let mut outcomes = vec![("verified", split.collapses_verified)];
     for reason in swap::engine::CollapseFailure::ALL {
-        outcomes.push((reason.name(), split.collapse_failures[reason as usize]));
+        outcomes.push((reason.name(), split.collapse_failures.of(reason)));
     }
     labelled(
         e,
@@ -496,6 +509,38 @@ fn split_metrics(
         "outcome",
         &outcomes,
     )?;
+    let reason = &split.splits_by_reason;
+    labelled(
+        e,
+        "swap_split_reasons",
+        "Chunks split into pages, by why (forced: --force-split-every; thrashing: the granularity policy; requested: a split of a range).",
+        MetricType::Counter,
+        "reason",
+        &[
+            ("forced", reason.forced),
+            ("thrashing", reason.thrashing),
+            ("requested", reason.requested),
+        ],
+    )?;
+    let attempts = &split.collapses_by_reason;
+    labelled(
+        e,
+        "swap_collapse_attempts",
+        "Collapses of split chunks tried, by why (forced; dense: a burst of page faults; requested).",
+        MetricType::Counter,
+        "reason",
+        &[
+            ("forced", attempts.forced),
+            ("dense", attempts.dense),
+            ("requested", attempts.requested),
+        ],
+    )?;
+    counter(
+        "swap_flips",
+        "Chunks the granularity policy split again after it had collapsed them (docs/GRANULARITY.md bounds them).",
+        None,
+    )
+    .counter(e, split.flips)?;
     labelled(
         e,
         "swap_page_faults",
@@ -503,8 +548,8 @@ fn split_metrics(
         MetricType::Counter,
         "source",
         &[
-            ("zero", split.page_faults_zero),
-            ("store", split.page_faults_store),
+            ("zero", split.page_faults.zero),
+            ("store", split.page_faults.store),
         ],
     )?;
     labelled(
@@ -543,6 +588,7 @@ fn split_metrics(
 mod tests {
     use super::*;
     use crate::balloon_handle::BalloonSnapshot;
+    use serde_json::Value;
     use std::time::Duration;
 
     fn snapshot() -> Snapshot {
@@ -557,6 +603,316 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    /// Where each figure of the swap stats is exported: its path in the
+    /// `swap` object, and the sample (name and labels, Prometheus text
+    /// format) that carries it.
+    const EXPORTED: &[(&str, &str)] = &[
+        (
+            "/activations",
+            r#"hugevmm_swap_activations_total{of="unit"}"#,
+        ),
+        ("/bytes_read", "hugevmm_swap_read_bytes_total"),
+        ("/bytes_written", "hugevmm_swap_written_bytes_total"),
+        ("/clean_drops", "hugevmm_swap_clean_drops_total"),
+        ("/evict_waits", "hugevmm_swap_evict_waits_total"),
+        ("/evictions", "hugevmm_swap_evictions_total"),
+        (
+            "/faults/staging",
+            r#"hugevmm_swap_faults_total{source="staging"}"#,
+        ),
+        (
+            "/faults/store",
+            r#"hugevmm_swap_faults_total{source="store"}"#,
+        ),
+        ("/faults/total", "hugevmm_swap_fault_messages_total"),
+        (
+            "/faults/zero",
+            r#"hugevmm_swap_faults_total{source="zero"}"#,
+        ),
+        ("/mem_limit_bytes", "hugevmm_swap_limit_bytes"),
+        ("/metadata_bytes", "hugevmm_swap_metadata_bytes"),
+        (
+            "/prefetch/hits",
+            r#"hugevmm_swap_prefetches_total{outcome="hit"}"#,
+        ),
+        (
+            "/prefetch/issued",
+            r#"hugevmm_swap_prefetches_total{outcome="issued"}"#,
+        ),
+        (
+            "/prefetch/skipped",
+            r#"hugevmm_swap_prefetches_total{outcome="skipped"}"#,
+        ),
+        (
+            "/prefetch/waste",
+            r#"hugevmm_swap_prefetches_total{outcome="waste"}"#,
+        ),
+        (
+            "/prefetch/withheld",
+            r#"hugevmm_swap_prefetches_total{outcome="withheld"}"#,
+        ),
+        ("/resident_bytes", "hugevmm_swap_resident_bytes"),
+        ("/resident_bytes_max", "hugevmm_swap_resident_max_bytes"),
+        (
+            "/restored_huge",
+            r#"hugevmm_swap_restored_units_total{mapping="huge"}"#,
+        ),
+        (
+            "/restored_split",
+            r#"hugevmm_swap_restored_units_total{mapping="split"}"#,
+        ),
+        ("/split/chunks_huge", r#"hugevmm_swap_chunks{mode="huge"}"#),
+        (
+            "/split/chunks_split",
+            r#"hugevmm_swap_chunks{mode="split"}"#,
+        ),
+        (
+            "/split/collapse_attempts_by_reason/dense",
+            r#"hugevmm_swap_collapse_attempts_total{reason="dense"}"#,
+        ),
+        (
+            "/split/collapse_attempts_by_reason/forced",
+            r#"hugevmm_swap_collapse_attempts_total{reason="forced"}"#,
+        ),
+        (
+            "/split/collapse_attempts_by_reason/requested",
+            r#"hugevmm_swap_collapse_attempts_total{reason="requested"}"#,
+        ),
+        (
+            "/split/collapse_failures/madvise_refused",
+            r#"hugevmm_swap_collapses_total{outcome="madvise_refused"}"#,
+        ),
+        (
+            "/split/collapse_failures/no_parking",
+            r#"hugevmm_swap_collapses_total{outcome="no_parking"}"#,
+        ),
+        (
+            "/split/collapse_failures/not_huge",
+            r#"hugevmm_swap_collapses_total{outcome="not_huge"}"#,
+        ),
+        (
+            "/split/collapse_failures/pinned",
+            r#"hugevmm_swap_collapses_total{outcome="pinned"}"#,
+        ),
+        (
+            "/split/collapses_verified",
+            r#"hugevmm_swap_collapses_total{outcome="verified"}"#,
+        ),
+        ("/split/flips", "hugevmm_swap_flips_total"),
+        (
+            "/split/page_activations",
+            r#"hugevmm_swap_activations_total{of="page"}"#,
+        ),
+        (
+            "/split/page_faults/store",
+            r#"hugevmm_swap_page_faults_total{source="store"}"#,
+        ),
+        (
+            "/split/page_faults/zero",
+            r#"hugevmm_swap_page_faults_total{source="zero"}"#,
+        ),
+        (
+            "/split/pages_written",
+            r#"hugevmm_swap_page_evictions_total{result="written"}"#,
+        ),
+        (
+            "/split/pages_zero",
+            r#"hugevmm_swap_page_evictions_total{result="zero"}"#,
+        ),
+        (
+            "/split/splits_by_origin/absent",
+            r#"hugevmm_swap_splits_total{origin="absent"}"#,
+        ),
+        (
+            "/split/splits_by_origin/resident",
+            r#"hugevmm_swap_splits_total{origin="resident"}"#,
+        ),
+        (
+            "/split/splits_by_origin/staged",
+            r#"hugevmm_swap_splits_total{origin="staged"}"#,
+        ),
+        (
+            "/split/splits_by_origin/stored",
+            r#"hugevmm_swap_splits_total{origin="stored"}"#,
+        ),
+        (
+            "/split/splits_by_reason/forced",
+            r#"hugevmm_swap_split_reasons_total{reason="forced"}"#,
+        ),
+        (
+            "/split/splits_by_reason/requested",
+            r#"hugevmm_swap_split_reasons_total{reason="requested"}"#,
+        ),
+        (
+            "/split/splits_by_reason/thrashing",
+            r#"hugevmm_swap_split_reasons_total{reason="thrashing"}"#,
+        ),
+        (
+            "/store/auth_fatal",
+            r#"hugevmm_swap_store_fatal_total{kind="authentication"}"#,
+        ),
+        (
+            "/store/auth_recovered",
+            r#"hugevmm_swap_store_recovered_total{kind="authentication"}"#,
+        ),
+        (
+            "/store/auth_rereads",
+            r#"hugevmm_swap_store_retries_total{kind="authentication"}"#,
+        ),
+        (
+            "/store/checksum_fatal",
+            r#"hugevmm_swap_store_fatal_total{kind="checksum"}"#,
+        ),
+        (
+            "/store/checksum_recovered",
+            r#"hugevmm_swap_store_recovered_total{kind="checksum"}"#,
+        ),
+        (
+            "/store/checksum_rereads",
+            r#"hugevmm_swap_store_retries_total{kind="checksum"}"#,
+        ),
+        (
+            "/store/exhausted",
+            r#"hugevmm_swap_store_fatal_total{kind="transient"}"#,
+        ),
+        (
+            "/store/recovered",
+            r#"hugevmm_swap_store_recovered_total{kind="transient"}"#,
+        ),
+        (
+            "/store/retries",
+            r#"hugevmm_swap_store_retries_total{kind="transient"}"#,
+        ),
+        (
+            "/store/transient_errors",
+            "hugevmm_swap_store_transient_errors_total",
+        ),
+        ("/unit_bytes", "hugevmm_swap_unit_bytes"),
+        ("/units_written", "hugevmm_swap_units_written_total"),
+        ("/wp_faults", r#"hugevmm_swap_faults_total{source="wp"}"#),
+        ("/zero_chunks", "hugevmm_swap_zero_chunks_total"),
+    ];
+
+    /// The figures of the `swap` object that are not metrics, and why.
+    const JSON_ONLY: &[(&str, &str)] = &[
+        (
+            "/buffers/bound",
+            "restore-buffer pool internals (docs/ARCHITECTURE.md), read by the engine's tests",
+        ),
+        ("/buffers/fresh", "restore-buffer pool internals"),
+        ("/buffers/idle_max", "restore-buffer pool internals"),
+        ("/buffers/recycle_dropped", "restore-buffer pool internals"),
+        ("/buffers/recycled", "restore-buffer pool internals"),
+        (
+            "/buffers/recycled_uncleared",
+            "restore-buffer pool internals",
+        ),
+        (
+            "/clean_hash_mismatches",
+            "a rare race the engine's tests provoke",
+        ),
+        ("/evict_busy", "a rare race the engine's tests provoke"),
+        (
+            "/faults/staging_writing",
+            "a race the write-back tests must hit; part of staging",
+        ),
+        (
+            "/install_busy_retries",
+            "a rare race the engine's tests provoke",
+        ),
+        (
+            "/store/sealed",
+            "a setting (GET /vm's configuration), not a figure",
+        ),
+        (
+            "/split/collapses_by_madvise",
+            "which mechanism collapsed: diagnosis",
+        ),
+        ("/split/merged_absent", "a bookkeeping step: diagnosis"),
+        (
+            "/split/page_evictions",
+            "its outcomes are swap_page_evictions_total's results",
+        ),
+        (
+            "/split/splits",
+            "the sum of swap_splits_total over its origins",
+        ),
+        (
+            "/stale_faults",
+            "duplicate messages, part of swap_fault_messages_total",
+        ),
+        (
+            "/store/injected/delays",
+            "what a faulty: test store injected",
+        ),
+        (
+            "/store/injected/transient_corruptions",
+            "what a faulty: test store injected",
+        ),
+        (
+            "/store/injected/transient_errors",
+            "what a faulty: test store injected",
+        ),
+    ];
+
+    fn leaves(value: &Value, at: String, out: &mut Vec<(String, Value)>) {
+        match value {
+            Value::Object(map) => {
+                for (key, field) in map {
+                    leaves(field, format!("{at}/{key}"), out);
+                }
+            }
+            _ => out.push((at, value.clone())),
+        }
+    }
+
+    /// Every figure of the `swap` object is either a metric carrying the
+    /// same value or listed as JSON-only with its reason, and neither list
+    /// names a figure that is gone: the two views of the engine's stats
+    /// struct cannot drift apart. The histogram (`fault_latency_us`) is
+    /// checked by `histograms_are_cumulative_and_in_seconds`.
+    #[test]
+    fn every_swap_figure_is_a_metric_or_says_why_not() {
+        let stats = crate::stats::distinct_swap_stats();
+        let mut snap = snapshot();
+        snap.swap = Some(stats.clone());
+        let (_, text) = render(&snap, Some("text/plain")).unwrap();
+        let samples: std::collections::HashMap<&str, &str> = text
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .collect();
+        let mut figures = Vec::new();
+        leaves(
+            &serde_json::to_value(&stats).unwrap(),
+            String::new(),
+            &mut figures,
+        );
+        let mut problems = Vec::new();
+        for (path, value) in &figures {
+            if path.starts_with("/fault_latency_us/") {
+                continue;
+            }
+            let exported = EXPORTED.iter().find(|(p, _)| p == path);
+            let json_only = JSON_ONLY.iter().any(|(p, _)| p == path);
+            match (exported, json_only) {
+                (Some((_, sample)), false) => match samples.get(sample) {
+                    Some(got) if got.parse::<u64>().ok() == value.as_u64() => {}
+                    got => problems.push(format!("{path} = {value}, but {sample} = {got:?}")),
+                },
+                (None, true) => {}
+                (Some(_), true) => problems.push(format!("{path} is in both lists")),
+                (None, false) => problems.push(format!("{path} is neither a metric nor JSON-only")),
+            }
+        }
+        for (path, _) in EXPORTED.iter().chain(JSON_ONLY) {
+            if !figures.iter().any(|(p, _)| p == path) {
+                problems.push(format!("{path} is listed but not in the stats"));
+            }
+        }
+        assert!(problems.is_empty(), "{problems:#?}\n{text}");
     }
 
     #[test]

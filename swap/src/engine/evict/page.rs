@@ -54,10 +54,11 @@ impl Evictor<'_> {
         pages.stamp_eviction(
             at,
             s.counters
+                .split
                 .page_evictions
                 .load(std::sync::atomic::Ordering::Relaxed),
         );
-        bump(&s.counters.page_evictions);
+        bump(&s.counters.split.page_evictions);
         let (p, index) = match self.page_parking() {
             Ok(place) => place,
             Err(e) => {
@@ -113,7 +114,7 @@ impl Evictor<'_> {
             pages.settle(at, evicting, PageTransition::SettleZero);
             s.limiter.release(1);
             self.report.zero_pages += 1;
-            bump(&s.counters.pages_zero);
+            bump(&s.counters.split.pages_zero);
             return Ok(());
         }
         // The chunk's slot, taken while this page is in flight: no merge
@@ -254,7 +255,7 @@ impl Evictor<'_> {
                         pages.settle(at, evicting, PageTransition::SettleWritten);
                         s.limiter.release(1);
                         self.report.written_pages += 1;
-                        bump(&s.counters.pages_written);
+                        bump(&s.counters.split.pages_written);
                         add(&s.counters.bytes_written, PAGE_BYTES);
                     }
                     Err(e) => {

@@ -32,7 +32,7 @@ impl Evictor<'_> {
                 .load(std::sync::atomic::Ordering::Relaxed) as u16;
             if let Ok(evicting) = s.table.begin_evict_at(unit.into(), state, epoch) {
                 if state.prefetched() {
-                    bump(&s.counters.prefetch_waste);
+                    bump(&s.counters.prefetch.waste);
                 }
                 break (state, evicting);
             }
