@@ -120,8 +120,26 @@ impl RunSummary<'_> {
                 swap.fault_latency.max(),
                 format_size(swap.resident_bytes_max)
             ));
+            let stall = &swap.stall;
+            if stall.some_us > 0 {
+                let run_us = o.elapsed.as_micros().max(1) as f64;
+                let by = &stall.by_source_us;
+                lines.push(format!(
+                    "hugevmm: stall: some {:.3} s ({:.1} % of the run), full {:.3} s ({:.1} %); waits by source: store {:.3} s, parking {:.3} s, zero {:.3} s, page {:.3} s, write-protect {:.3} s, in flight {:.3} s",
+                    stall.some_us as f64 * 1e-6,
+                    stall.some_us as f64 / run_us * 100.0,
+                    stall.full_us as f64 * 1e-6,
+                    stall.full_us as f64 / run_us * 100.0,
+                    by.store as f64 * 1e-6,
+                    by.parking as f64 * 1e-6,
+                    by.zero as f64 * 1e-6,
+                    by.page as f64 * 1e-6,
+                    by.write_protect as f64 * 1e-6,
+                    by.in_flight as f64 * 1e-6,
+                ));
+            }
             let split = &swap.split;
-            let splits: u64 = split.splits;
+            let splits = split.splits;
             if splits > 0 {
                 lines.push(format!(
                     "hugevmm: split chunks: {splits} splits, {} collapses verified huge ({} failed), {} page faults ({} store, {} zero), {} page evictions ({} written), {} split now",

@@ -61,10 +61,12 @@ pub fn cut_old_content(old: Option<OldContent>) -> Result<()> {
 
 /// Registers all guest RAM with a new swap engine. Must run before anything
 /// touches guest RAM. The VMM's own chunk (page tables, descriptor tables,
-/// stacks) is pinned: the guest walks it on every TLB miss.
+/// stacks) is pinned: the guest walks it on every TLB miss. `vcpus`: the
+/// VM's, for the engine's stall accounting.
 pub fn start(
     ram: &GuestRam,
     options: &SwapOptions,
+    vcpus: u32,
     events: Sender<RunEvent>,
 ) -> Result<StartedSwap> {
     let kind = match ram.backing() {
@@ -96,6 +98,7 @@ pub fn start(
         force_split_every: options.force_split_every,
         prefetch: options.prefetch,
         thread_setup: crate::seccomp::engine_thread_setup(),
+        vcpus,
         ..EngineConfig::default()
     };
     let need = store_need(ram.len_bytes(), options, &config);

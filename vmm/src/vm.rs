@@ -325,7 +325,7 @@ impl Vm {
         }
         let (engine, old_store_content) = match &config.swap {
             Some(options) => {
-                let started = swap_setup::start(&ram, options, events.clone())?;
+                let started = swap_setup::start(&ram, options, config.vcpus, events.clone())?;
                 (Some(Arc::new(started.engine)), started.old_content)
             }
             None => (None, None),

@@ -158,6 +158,10 @@ pub struct EngineConfig {
     /// Test hooks ([`super::hooks`]); the default, [`NoHooks`], forces
     /// nothing.
     pub hooks: Arc<dyn EngineHooks>,
+    /// The VM's vCPUs: stall accounting counts time with this many
+    /// threads waiting on the engine as the whole guest stalled
+    /// ([`super::stall`]).
+    pub vcpus: u32,
 }
 
 impl Default for EngineConfig {
@@ -177,6 +181,7 @@ impl Default for EngineConfig {
             prefetch: true,
             thread_setup: None,
             hooks: Arc::new(NoHooks),
+            vcpus: 1,
         }
     }
 }

@@ -26,7 +26,8 @@ use super::outcome::Outcome;
 use super::prefetch::Prefetcher;
 use super::restore::Restorer;
 use super::split::Splitter;
-use super::stats::{bump, Counters};
+use super::stall::{StallClock, StallSource};
+use super::stats::{bump, Counters, FaultSource};
 use crate::chunk::{ChunkTable, Tag, UnitState};
 use crate::uffd::{FaultKind, Uffd, UffdEvent};
 
@@ -47,7 +48,35 @@ pub(crate) struct FaultService {
     pub limiter: Arc<Limiter>,
     pub room: Arc<dyn MakeRoom>,
     pub counters: Arc<Counters>,
+    /// How long faulting threads wait ([`super::stall`]).
+    pub stall: Arc<StallClock>,
     pub life: Arc<Lifecycle>,
+}
+
+/// What [`FaultService::handle`] saw on the way, for the stall clock.
+#[derive(Default)]
+struct Served {
+    /// A page of a split chunk was restored.
+    page: bool,
+    /// The message waited for another thread's work on the unit.
+    waited: bool,
+    /// When the faulting thread was woken, where work went on after it
+    /// (a collapse after a page fault); otherwise when `handle` returned.
+    woken_at: Option<Instant>,
+}
+
+impl Served {
+    fn source(&self, outcome: &Outcome) -> StallSource {
+        match outcome {
+            Outcome::Woken(Some(_)) if self.page => StallSource::Page,
+            Outcome::Woken(Some(FaultSource::Store)) => StallSource::Store,
+            Outcome::Woken(Some(FaultSource::Staging)) => StallSource::Parking,
+            Outcome::Woken(Some(FaultSource::Zero)) => StallSource::Zero,
+            Outcome::Woken(Some(FaultSource::WriteProtect)) => StallSource::WriteProtect,
+            _ if self.waited => StallSource::InFlight,
+            _ => StallSource::Other,
+        }
+    }
 }
 
 impl FaultService {
@@ -76,6 +105,13 @@ impl FaultService {
                 return;
             }
             let read_at = Instant::now();
+            // Every message of the batch waits from now: those behind the
+            // first wait for it, which is part of their stall.
+            for event in &events {
+                if let UffdEvent::PageFault { thread_id, .. } = event {
+                    s.stall.begin(*thread_id, read_at);
+                }
+            }
             for event in events.drain(..) {
                 // Other events (fork, remap, remove, unmap) are not enabled in
                 // the handshake; if one shows up there is nothing to resolve.
@@ -83,7 +119,7 @@ impl FaultService {
                     address,
                     kind,
                     write,
-                    ..
+                    thread_id,
                 } = event
                 else {
                     continue;
@@ -93,7 +129,15 @@ impl FaultService {
                 // the batch waited for the earlier ones, which is queueing, not
                 // the cost of their own restore.
                 let started = Instant::now();
-                match s.handle(address, kind, write) {
+                let mut served = Served::default();
+                let handled = s.handle(address, kind, write, &mut served);
+                let woken_at = served.woken_at.unwrap_or_else(Instant::now);
+                let stall_source = match &handled {
+                    Ok(outcome) => served.source(outcome),
+                    Err(_) => StallSource::Other,
+                };
+                s.stall.end(thread_id, read_at, woken_at, stall_source);
+                match handled {
                     Ok(Outcome::Woken(source)) => {
                         s.counters
                             .record_latency_us(read_at.elapsed().as_micros() as u64);
@@ -164,7 +208,13 @@ impl FaultService {
     /// Resolves one fault. Errors are fatal messages for the VMM.
     /// `write`: the faulting access was a write (a unit restored for a write
     /// is dirty at once, so it is not installed write-protected).
-    fn handle(&self, address: u64, kind: FaultKind, write: bool) -> Result<Outcome, SwapError> {
+    fn handle(
+        &self,
+        address: u64,
+        kind: FaultKind,
+        write: bool,
+        served: &mut Served,
+    ) -> Result<Outcome, SwapError> {
         let s = self;
         let Some((unit, page_in_unit)) = s.geo.locate(address) else {
             s.restorer.installer.resolve_stray(address);
@@ -175,6 +225,7 @@ impl FaultService {
             let state = s.table.load(unit);
             match state.tag() {
                 Tag::Loading | Tag::Evicting => {
+                    served.waited = true;
                     let settled = s.table.wait_settled(unit, &|| s.life.stopping());
                     if settled.tag().in_flight() {
                         return Ok(Outcome::Blocked);
@@ -185,6 +236,8 @@ impl FaultService {
                         unreachable!("a split chunk where chunks cannot split");
                     };
                     if let Some(outcome) = splitter.page_fault(unit, address, kind)? {
+                        served.page = true;
+                        served.woken_at = Some(Instant::now());
                         if matches!(outcome, Outcome::Woken(Some(_))) {
                             if s.hooks.collapse_after_this_page_fault() {
                                 collapser.try_collapse(unit, CollapseReason::Forced)?;

@@ -49,6 +49,7 @@ mod prefetch;
 mod recycle;
 mod restore;
 mod split;
+mod stall;
 mod start;
 pub mod stats;
 pub mod thread_setup;
@@ -64,6 +65,7 @@ pub use evict::EvictReport;
 pub use hooks::{BufferKnobs, EngineHooks, NoHooks};
 pub use lifecycle::FatalHandler;
 pub use mem_limit::{MemLimit, MemLimitError};
+pub use stall::{StallBySource, StallStats};
 pub use stats::{
     BufferStats, CollapseFailure, CollapseFailures, CollapsesByReason, FaultCounts, FaultSource,
     LatencyBySource, LatencyHistogram, PageFaults, PrefetchStats, SplitStats, SplitsByOrigin,
@@ -93,6 +95,7 @@ use prefetch::Prefetcher;
 use recycle::{RestoreBuffers, RestoreBuffersParts};
 use restore::Restorer;
 use split::Splitter;
+use stall::StallClock;
 use stats::Counters;
 
 /// The running engine: its components, and the threads that run them.
@@ -110,6 +113,7 @@ pub struct SwapEngine {
     buffers: Arc<RestoreBuffers>,
     limiter: Arc<Limiter>,
     counters: Arc<Counters>,
+    stall: Arc<StallClock>,
     evictor: Arc<EvictService>,
     splitter: Option<Arc<Splitter>>,
     collapser: Option<Arc<Collapser>>,
@@ -284,6 +288,7 @@ impl SwapEngine {
         } else {
             Arc::new(Fixed)
         };
+        let stall = Arc::new(StallClock::new(config.vcpus));
         let faults = Arc::new(FaultService {
             geo: geo.clone(),
             uffd: uffd.clone(),
@@ -297,6 +302,7 @@ impl SwapEngine {
             limiter: limiter.clone(),
             room,
             counters: counters.clone(),
+            stall: stall.clone(),
             life: life.clone(),
         });
         let discarder = Discarder {
@@ -319,6 +325,7 @@ impl SwapEngine {
             buffers,
             limiter,
             counters,
+            stall,
             evictor,
             splitter,
             collapser,
@@ -444,6 +451,7 @@ impl SwapEngine {
         stats.buffers.idle_max = s.buffers.pool().idle_max() as u64;
         stats.buffers.bound = s.buffers.pool().bound() as u64;
         stats.store = s.store.report();
+        stats.stall = s.stall.snapshot();
         stats
     }
 

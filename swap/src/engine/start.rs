@@ -74,7 +74,11 @@ pub(super) fn open_userfaultfd(
     backing: InstallMode,
     track_clean_wanted: bool,
 ) -> Result<(Uffd, WpFeatures), SwapError> {
-    let uffd = Uffd::open(0).map_err(|e| SwapError::uffd("opening the userfaultfd", e))?;
+    // Thread ids tell the stall clock which messages are one vCPU's
+    // (`engine::stall`); every kernel with the engine's other features has
+    // them (Linux 4.14).
+    let uffd = Uffd::open(feature::THREAD_ID)
+        .map_err(|e| SwapError::uffd("opening the userfaultfd", e))?;
     let is_hugetlb = matches!(backing, InstallMode::Hugetlb { .. });
     let wp_ok = if is_hugetlb {
         uffd.features() & feature::WP_HUGETLBFS_SHMEM != 0

@@ -515,6 +515,9 @@ counter_group! {
             /// What the store's retry policy did, and the faults a test
             /// store injected (`store::retry`).
             store: crate::store::StoreReport,
+            /// How long the guest's threads waited on the engine
+            /// (`engine::stall`).
+            stall: super::stall::StallStats,
         }
         groups {
             /// Fault counts.

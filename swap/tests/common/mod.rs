@@ -24,6 +24,8 @@ pub struct VecStore {
     pub writes: AtomicU64,
     pub reads: AtomicU64,
     pub write_delay_us: AtomicU64,
+    /// Sleeps this long in every read (a slow store, for stall figures).
+    pub read_delay_us: AtomicU64,
     pub fail_writes: AtomicBool,
     pub fail_reads: AtomicBool,
 }
@@ -36,6 +38,7 @@ impl VecStore {
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             write_delay_us: AtomicU64::new(0),
+            read_delay_us: AtomicU64::new(0),
             fail_writes: AtomicBool::new(false),
             fail_reads: AtomicBool::new(false),
         })
@@ -87,6 +90,10 @@ impl Store for VecStore {
     }
     fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
+        let delay = self.read_delay_us.load(Ordering::Relaxed);
+        if delay > 0 {
+            std::thread::sleep(Duration::from_micros(delay));
+        }
         if self.fail_reads.load(Ordering::SeqCst) {
             return Err(StoreError::Io {
                 gpa,

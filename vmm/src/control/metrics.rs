@@ -323,6 +323,7 @@ impl Collector for Figures {
                 .gauge(e, limit)?;
             }
             gauge("swap_unit", "The swap unit.", Some(Unit::Bytes)).gauge(e, swap.unit_bytes)?;
+            stall_metrics(e, &swap.stall)?;
             split_metrics(e, &swap.split, &swap.prefetch, swap.activations)?;
             store_metrics(e, &swap.store)?;
             gauge(
@@ -449,6 +450,43 @@ fn store_metrics(e: &mut DescriptorEncoder, r: &swap::store::StoreReport) -> std
             ("authentication", r.retry.auth_fatal),
         ],
     )
+}
+
+/// The stall figures (`engine::stall`), in seconds.
+fn stall_metrics(e: &mut DescriptorEncoder, stall: &swap::engine::StallStats) -> std::fmt::Result {
+    let seconds = |us: u64| us as f64 * 1e-6;
+    let mut metric = e.encode_descriptor(
+        "memory_stall",
+        "Wall time the guest's threads waited on the swap engine, as PSI counts it: some (at least one thread waiting) and full (every vCPU waiting).",
+        Some(&Unit::Seconds),
+        MetricType::Counter,
+    )?;
+    for (kind, us) in [("some", stall.some_us), ("full", stall.full_us)] {
+        metric
+            .encode_family(&[("kind", kind)])?
+            .encode_counter::<NoLabelSet, _, f64>(&seconds(us), None)?;
+    }
+    let by = &stall.by_source_us;
+    let mut metric = e.encode_descriptor(
+        "memory_stall_waits",
+        "Every fault message's wait on the swap engine, from reading it to waking its thread, summed by what served it (thread-seconds).",
+        Some(&Unit::Seconds),
+        MetricType::Counter,
+    )?;
+    for (source, us) in [
+        ("store", by.store),
+        ("parking", by.parking),
+        ("zero", by.zero),
+        ("page", by.page),
+        ("write_protect", by.write_protect),
+        ("in_flight", by.in_flight),
+        ("other", by.other),
+    ] {
+        metric
+            .encode_family(&[("source", source)])?
+            .encode_counter::<NoLabelSet, _, f64>(&seconds(us), None)?;
+    }
+    Ok(())
 }
 
 fn split_metrics(
@@ -793,6 +831,42 @@ mod tests {
         ("/units_written", "hugevmm_swap_units_written_total"),
         ("/wp_faults", r#"hugevmm_swap_faults_total{source="wp"}"#),
         ("/zero_chunks", "hugevmm_swap_zero_chunks_total"),
+        (
+            "/stall/some_us",
+            r#"hugevmm_memory_stall_seconds_total{kind="some"}"#,
+        ),
+        (
+            "/stall/full_us",
+            r#"hugevmm_memory_stall_seconds_total{kind="full"}"#,
+        ),
+        (
+            "/stall/by_source_us/store",
+            r#"hugevmm_memory_stall_waits_seconds_total{source="store"}"#,
+        ),
+        (
+            "/stall/by_source_us/parking",
+            r#"hugevmm_memory_stall_waits_seconds_total{source="parking"}"#,
+        ),
+        (
+            "/stall/by_source_us/zero",
+            r#"hugevmm_memory_stall_waits_seconds_total{source="zero"}"#,
+        ),
+        (
+            "/stall/by_source_us/page",
+            r#"hugevmm_memory_stall_waits_seconds_total{source="page"}"#,
+        ),
+        (
+            "/stall/by_source_us/write_protect",
+            r#"hugevmm_memory_stall_waits_seconds_total{source="write_protect"}"#,
+        ),
+        (
+            "/stall/by_source_us/in_flight",
+            r#"hugevmm_memory_stall_waits_seconds_total{source="in_flight"}"#,
+        ),
+        (
+            "/stall/by_source_us/other",
+            r#"hugevmm_memory_stall_waits_seconds_total{source="other"}"#,
+        ),
     ];
 
     /// The figures of the `swap` object that are not metrics, and why.
@@ -843,6 +917,7 @@ mod tests {
             "/stale_faults",
             "duplicate messages, part of swap_fault_messages_total",
         ),
+        ("/stall/vcpus", "hugevmm_vcpus says it"),
         (
             "/store/injected/delays",
             "what a faulty: test store injected",
@@ -900,6 +975,16 @@ mod tests {
             match (exported, json_only) {
                 (Some((_, sample)), false) => match samples.get(sample) {
                     Some(got) if got.parse::<u64>().ok() == value.as_u64() => {}
+                    // µs in the stats, seconds (the base unit) in the metrics.
+                    Some(got) if path.ends_with("_us") || path.contains("_us/") => {
+                        let want = value.as_u64().unwrap_or(u64::MAX) as f64 * 1e-6;
+                        if got
+                            .parse::<f64>()
+                            .map_or(true, |g| (g - want).abs() > 1e-12)
+                        {
+                            problems.push(format!("{path} = {value} µs, but {sample} = {got} s"));
+                        }
+                    }
                     got => problems.push(format!("{path} = {value}, but {sample} = {got:?}")),
                 },
                 (None, true) => {}
