@@ -294,6 +294,7 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         swap::engine::MemLimit::new(limit_bytes, swap_unit.bytes(), args.vcpus, args.mem)
             .context("invalid --mem-limit")?;
     }
+    let auto_limit = auto_limit_target(args, swap_unit.bytes())?;
     let balloon_target_pages = match args.flags.balloon_target {
         Some(bytes) => {
             balloon_handle::target_pages(bytes, args.mem).context("invalid --balloon-target")?
@@ -356,7 +357,11 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         eprintln!("hugevmm: warning: {warning}");
     }
     let swap = engine.then(|| SwapOptions {
-        mem_limit_bytes: args.flags.mem_limit.and_then(MemLimit::bytes),
+        mem_limit_bytes: match auto_limit {
+            Some(target) => Some(target.max_bytes),
+            None => args.flags.mem_limit.and_then(MemLimit::bytes),
+        },
+        auto_limit,
         store: args.flags.swap_store.clone().unwrap_or(StoreSpec::Default),
         unit: swap_unit,
         fault_threads,
@@ -366,6 +371,52 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         seal,
     });
     Ok((guest, swap, balloon_target_pages))
+}
+
+/// `--mem-limit auto`'s target and bounds, each bound checked as a fixed
+/// `--mem-limit` would be; None without auto sizing.
+fn auto_limit_target(
+    args: &RunArgs,
+    unit_bytes: u64,
+) -> Result<Option<swap::engine::sizing::SizingTarget>> {
+    let Some(MemLimit::Auto { stall_pct }) = args.flags.mem_limit else {
+        for (given, flag) in [
+            (args.flags.mem_limit_min.is_some(), "--mem-limit-min"),
+            (args.flags.mem_limit_max.is_some(), "--mem-limit-max"),
+        ] {
+            if given {
+                bail!("{flag} bounds --mem-limit auto: add --mem-limit auto or drop {flag}");
+            }
+        }
+        return Ok(None);
+    };
+    let floor_bytes =
+        swap::engine::MemLimit::min_bytes(args.vcpus).div_ceil(unit_bytes) * unit_bytes;
+    let min_bytes = args.flags.mem_limit_min.unwrap_or(floor_bytes);
+    let max_bytes = args
+        .flags
+        .mem_limit_max
+        .unwrap_or(args.mem / unit_bytes * unit_bytes);
+    for (bytes, flag) in [
+        (min_bytes, "--mem-limit-min"),
+        (max_bytes, "--mem-limit-max"),
+    ] {
+        swap::engine::MemLimit::new(bytes, unit_bytes, args.vcpus, args.mem)
+            .with_context(|| format!("invalid {flag}"))?;
+    }
+    if min_bytes > max_bytes {
+        bail!(
+            "--mem-limit-min {} is above --mem-limit-max {}: give a minimum at most the maximum",
+            guestmem::format_size(min_bytes),
+            guestmem::format_size(max_bytes)
+        );
+    }
+    Ok(Some(swap::engine::sizing::SizingTarget {
+        stall_share: stall_pct / 100.0,
+        min_bytes,
+        max_bytes,
+        unit_bytes,
+    }))
 }
 
 /// The output files, opened once the options are valid and before the VM

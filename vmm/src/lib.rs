@@ -8,6 +8,7 @@
 //! crate.
 #![deny(missing_docs)]
 
+mod auto_limit;
 mod balloon_handle;
 pub mod cli;
 mod console;

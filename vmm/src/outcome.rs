@@ -55,4 +55,6 @@ pub struct RunOutcome {
     pub pageout: Option<Pageout>,
     /// The balloon's figures when the guest stopped, if it has one.
     pub balloon: Option<BalloonSnapshot>,
+    /// What `--mem-limit auto` did, if it ran.
+    pub sizing: Option<crate::auto_limit::SizingReport>,
 }

@@ -31,20 +31,26 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 /// `--mem-limit`: a cap on resident guest RAM, or `none`: the swap engine
 /// without a cap (every first touch served as a whole unit; a cap can be
 /// set at run time), the same word `hugevmm ctl ... mem-limit` takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum MemLimit {
     /// At most this many bytes resident.
     Bytes(u64),
     /// `none`: no cap.
     Unlimited,
+    /// `auto[=stall:PCT]`: a cap the engine sizes from the guest's stall
+    /// (`swap::engine::sizing`), aiming at `stall_pct` % of the time.
+    Auto {
+        /// The stall aimed for, percent of wall time.
+        stall_pct: f64,
+    },
 }
 
 impl MemLimit {
-    /// The cap, if any.
+    /// The fixed cap, if any.
     pub fn bytes(self) -> Option<u64> {
         match self {
             MemLimit::Bytes(bytes) => Some(bytes),
-            MemLimit::Unlimited => None,
+            MemLimit::Unlimited | MemLimit::Auto { .. } => None,
         }
     }
 }
@@ -52,13 +58,48 @@ impl MemLimit {
 /// The word for [`MemLimit::Unlimited`].
 const NO_LIMIT: &str = "none";
 
+/// The word for [`MemLimit::Auto`].
+const AUTO_LIMIT: &str = "auto";
+
+/// `--mem-limit auto`'s stall target when none is given, percent: small
+/// enough that the guest barely notices, large enough that the
+/// controller's probing finds the working set (docs/ARCHITECTURE.md,
+/// "Memory that sizes itself").
+pub const DEFAULT_STALL_PCT: f64 = 2.0;
+
+/// The stall targets `--mem-limit auto=stall:PCT` accepts, percent.
+const STALL_PCT_RANGE: std::ops::RangeInclusive<f64> = 0.1..=50.0;
+
 fn parse_mem_limit(s: &str) -> Result<MemLimit, String> {
-    if s.trim() == NO_LIMIT {
+    let s = s.trim();
+    if s == NO_LIMIT {
         return Ok(MemLimit::Unlimited);
     }
-    parse_size(s)
-        .map(MemLimit::Bytes)
-        .map_err(|e| format!("{e} (or `{NO_LIMIT}`: the swap engine without a cap)"))
+    if s == AUTO_LIMIT {
+        return Ok(MemLimit::Auto {
+            stall_pct: DEFAULT_STALL_PCT,
+        });
+    }
+    if let Some(rest) = s.strip_prefix("auto=") {
+        let expected = format!(
+            "`auto=stall:PCT` takes the stall to aim for, {} to {} percent of the time (e.g. auto=stall:{DEFAULT_STALL_PCT})",
+            STALL_PCT_RANGE.start(),
+            STALL_PCT_RANGE.end()
+        );
+        let pct = rest
+            .strip_prefix("stall:")
+            .ok_or_else(|| format!("{s:?}: {expected}"))?
+            .trim_end_matches('%');
+        return match pct.parse::<f64>() {
+            Ok(stall_pct) if STALL_PCT_RANGE.contains(&stall_pct) => {
+                Ok(MemLimit::Auto { stall_pct })
+            }
+            _ => Err(format!("{s:?}: {expected}")),
+        };
+    }
+    parse_size(s).map(MemLimit::Bytes).map_err(|e| {
+        format!("{e} (or `{NO_LIMIT}`: the swap engine without a cap; or `{AUTO_LIMIT}[=stall:PCT]`: a cap sized from the guest's stall)")
+    })
 }
 
 /// What `--metrics-addr` takes, for its errors.
@@ -220,12 +261,25 @@ pub struct RunFlags {
     pub timeout: Option<f64>,
     /// Cap resident guest RAM at SIZE, swapping the rest to --swap-store
     /// (starts the swap engine). A multiple of the swap unit, at least
-    /// 8 MiB per vCPU + 8 MiB; `none` starts the engine without a cap.
-    /// Changeable at run time through --api-socket (`hugevmm ctl ...
-    /// mem-limit SIZE|none`, PUT /mem-limit).
-    #[arg(long, value_name = "SIZE|none", value_parser = parse_mem_limit)]
+    /// 8 MiB per vCPU + 8 MiB; `none` starts the engine without a cap;
+    /// `auto[=stall:PCT]` sizes the cap from the guest's memory stall,
+    /// aiming at PCT % of the time (default 2), within --mem-limit-min and
+    /// --mem-limit-max. Changeable at run time through --api-socket
+    /// (`hugevmm ctl ... mem-limit SIZE|none`, PUT /mem-limit; a fixed
+    /// limit set there ends auto sizing).
+    #[arg(long, value_name = "SIZE|none|auto[=stall:PCT]", value_parser = parse_mem_limit)]
     #[serde(with = "mem_limit", skip_serializing_if = "Option::is_none")]
     pub mem_limit: Option<MemLimit>,
+    /// With `--mem-limit auto`: the smallest limit it may set (default:
+    /// what the vCPUs need, 8 MiB per vCPU + 8 MiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[serde(with = "size", skip_serializing_if = "Option::is_none")]
+    pub mem_limit_min: Option<u64>,
+    /// With `--mem-limit auto`: the largest limit it may set, and the one
+    /// it starts from (default: --mem).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    #[serde(with = "size", skip_serializing_if = "Option::is_none")]
+    pub mem_limit_max: Option<u64>,
     /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
     /// $TMPDIR or /var/tmp), file:PATH[,size=SIZE], mem:lz4[,size=SIZE],
     /// mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS],
@@ -355,6 +409,8 @@ impl RunFlags {
             status_file,
             timeout,
             mem_limit,
+            mem_limit_min,
+            mem_limit_max,
             swap_store,
             swap_encrypt,
             swap_key_file,
@@ -425,6 +481,8 @@ impl RunFlags {
             status_file: status_file.or(file.status_file),
             timeout: timeout.or(file.timeout),
             mem_limit: mem_limit.or(file.mem_limit),
+            mem_limit_min: mem_limit_min.or(file.mem_limit_min),
+            mem_limit_max: mem_limit_max.or(file.mem_limit_max),
             swap_store: swap_store.or(file.swap_store),
             swap_encrypt: swap_encrypt.or(file.swap_encrypt),
             swap_key_file: swap_key_file.or(file.swap_key_file),
@@ -600,6 +658,9 @@ mod mem_limit {
         match v {
             Some(MemLimit::Bytes(n)) => s.serialize_u64(*n),
             Some(MemLimit::Unlimited) => s.serialize_str(super::NO_LIMIT),
+            Some(MemLimit::Auto { stall_pct }) => {
+                s.serialize_str(&format!("{}=stall:{stall_pct}", super::AUTO_LIMIT))
+            }
             None => s.serialize_none(),
         }
     }
@@ -609,7 +670,7 @@ mod mem_limit {
     impl Visitor<'_> for Limit {
         type Value = Option<MemLimit>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a size (a number of bytes or a string such as \"512M\") or \"none\"")
+            f.write_str("a size (a number of bytes or a string such as \"512M\"), \"none\" or \"auto[=stall:PCT]\"")
         }
         fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
             Ok(Some(MemLimit::Bytes(v)))
@@ -782,6 +843,10 @@ mod tests {
             "5",
             "--mem-limit",
             "256M",
+            "--mem-limit-min",
+            "64M",
+            "--mem-limit-max",
+            "512M",
             "--swap-store",
             "mem:lz4",
             "--swap-encrypt",
@@ -939,6 +1004,34 @@ mod tests {
         );
         let err = file(r#"{"mem-limit": "lots"}"#).unwrap_err().to_string();
         assert!(err.contains("lots") && err.contains("`none`"), "{err}");
+    }
+
+    /// `auto` and `auto=stall:PCT` read from the flag and a config file,
+    /// and write back as what they read.
+    #[test]
+    fn mem_limit_auto_takes_a_stall_target() {
+        let given = flags(&["--mem-limit", "auto"]);
+        assert_eq!(
+            given.mem_limit,
+            Some(MemLimit::Auto {
+                stall_pct: DEFAULT_STALL_PCT
+            })
+        );
+        assert_eq!(given.mem_limit.unwrap().bytes(), None);
+        let json = serde_json::to_value(&given).unwrap();
+        assert_eq!(json["mem-limit"], "auto=stall:2");
+        let again: RunFlags = serde_json::from_value(json).unwrap();
+        assert_eq!(again.mem_limit, given.mem_limit);
+        assert_eq!(
+            file(r#"{"mem-limit": "auto=stall:5%", "mem-limit-max": "1G"}"#)
+                .unwrap()
+                .mem_limit,
+            Some(MemLimit::Auto { stall_pct: 5.0 })
+        );
+        for bad in ["auto=stall:0", "auto=stall:75", "auto=stall:x", "auto=fast"] {
+            let err = parse_mem_limit(bad).unwrap_err();
+            assert!(err.contains("auto=stall:PCT"), "{bad}: {err}");
+        }
     }
 
     /// The CLI's sizes follow the one rule the payloads' arguments follow

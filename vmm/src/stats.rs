@@ -51,6 +51,11 @@ impl RunSummary<'_> {
         if let Some(balloon) = &o.balloon {
             value["balloon"] = balloon_json(balloon);
         }
+        if let Some(sizing) = &o.sizing {
+            value["mem_limit_auto"] = serde_json::to_value(sizing).unwrap_or_else(|e| {
+                unreachable!("numbers and a string do not fail to serialize: {e}")
+            });
+        }
         if let Some(p) = &o.pageout {
             value["pageout"] = json!({
                 "resident_bytes_before": p.resident_bytes_before,
@@ -153,6 +158,20 @@ impl RunSummary<'_> {
                     split.chunks_split
                 ));
             }
+        }
+        if let Some(s) = &o.sizing {
+            lines.push(format!(
+                "hugevmm: mem-limit auto (stall target {} %): {} raises, {} lowers; limit {} to {}, mean {}{}",
+                s.stall_target_pct,
+                s.raises,
+                s.lowers,
+                format_size(s.lowest_bytes),
+                format_size(s.highest_bytes),
+                format_size(s.mean_bytes),
+                s.stopped
+                    .as_ref()
+                    .map_or_else(String::new, |why| format!("; stopped: {why}"))
+            ));
         }
         if let Some(p) = &o.pageout {
             lines.push(format!(
@@ -420,6 +439,7 @@ mod tests {
             timeline: Vec::new(),
             pageout: None,
             balloon: None,
+            sizing: None,
         }
     }
 

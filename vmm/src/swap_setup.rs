@@ -30,6 +30,9 @@ pub struct SwapOptions {
     pub prefetch: bool,
     /// The run's sealing key (`--swap-encrypt`); None: crc32 only.
     pub seal: Option<std::sync::Arc<swap::store::Sealer>>,
+    /// `--mem-limit auto`: the controller's target and bounds (the run
+    /// starts at its maximum, `mem_limit_bytes`).
+    pub auto_limit: Option<swap::engine::sizing::SizingTarget>,
 }
 
 /// A started engine, and what its store left for the main thread to do

@@ -545,6 +545,8 @@ struct TheEnd {
     exit_status: Option<i32>,
     exit_kind: ExitKind,
     timeline: Vec<Sample>,
+    /// What `--mem-limit auto` did.
+    sizing: Option<crate::auto_limit::SizingReport>,
 }
 
 /// The run loop: waits for every vCPU's `Finished`, or the first event
@@ -566,9 +568,19 @@ fn wait_for_the_end(
     let mut progress = config
         .progress_interval
         .map(|i| crate::progress::Progress::new(started, i));
+    let mut auto_limit = match (engine, config.swap.as_ref().and_then(|s| s.auto_limit)) {
+        (Some(_), Some(target)) => Some(crate::auto_limit::AutoLimit::new(
+            target,
+            config.vcpus,
+            config.mem_bytes,
+            started,
+        )),
+        _ => None,
+    };
     while statuses.iter().any(Option::is_none) {
         let next_progress = progress.as_ref().map(|p| p.next_at());
-        let wake = [deadline, next_sample, next_progress]
+        let next_sizing = auto_limit.as_ref().and_then(|a| a.next_at());
+        let wake = [deadline, next_sample, next_progress, next_sizing]
             .into_iter()
             .flatten()
             .min();
@@ -578,6 +590,9 @@ fn wait_for_the_end(
                     Ok(event) => event,
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         let now = Instant::now();
+                        if let (Some(a), Some(engine)) = (auto_limit.as_mut(), engine) {
+                            a.tick(engine, now);
+                        }
                         if let (Some(at), Some(interval)) = (next_sample, config.sample_interval) {
                             if now >= at {
                                 timeline.push(Sample {
@@ -666,6 +681,7 @@ fn wait_for_the_end(
         exit_status,
         exit_kind,
         timeline,
+        sizing: auto_limit.map(|a| a.report()),
     }
 }
 
@@ -689,6 +705,7 @@ impl Vm {
             exit_status,
             exit_kind,
             timeline,
+            sizing,
         } = end;
         let elapsed = started.elapsed();
         // Read while the vCPUs are as the guest left them.
@@ -778,6 +795,7 @@ impl Vm {
             timeline,
             pageout,
             balloon,
+            sizing,
         })
     }
 }

@@ -48,6 +48,7 @@ pub mod policy;
 mod prefetch;
 mod recycle;
 mod restore;
+pub mod sizing;
 mod split;
 mod stall;
 mod start;

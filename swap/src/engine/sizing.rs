@@ -1,0 +1,281 @@
+//! `--mem-limit auto`: a controller that sizes the memory limit from the
+//! guest's own stall ([`super::stall`]), in the manner of Meta's Senpai
+//! (which drives cgroup limits from PSI): lower the limit slowly while
+//! the guest stalls less than a target share of the time, raise it fast
+//! when it stalls more.
+//!
+//! The control law, applied once per period (one second in the VMM):
+//! - `s` is the share of the period the guest stalled on memory a higher
+//!   limit would have kept (the VMM passes the waits on refaults, from
+//!   the store, the parking area, pages of split chunks, and on units in
+//!   flight, per vCPU: the share of vCPU time; a first touch's zero fill
+//!   stalls whatever the limit, so it is left out), `p` the target share;
+//! - `s > p`: the limit grows by a factor `1 + min(s/p - 1, 1)`, so a
+//!   stall of twice the target or more doubles it within one period, and
+//!   a stall just over the target adds a little (at least one unit); but
+//!   only while the limit binds (what is resident is within an eighth of
+//!   it, or four units: the background evictor keeps some headroom
+//!   below the limit): below that the engine evicts nothing, and the
+//!   stall is pages evicted earlier coming back, which a higher limit
+//!   would not spare (measured on the phases payload: without this the
+//!   limit went on to 512 MiB while 221 MiB were resident);
+//! - `s < p/2`: the limit shrinks by `LOWER_SHARE * (1 - 2s/p)` of itself
+//!   (at least one unit): 4 % a period at no stall at all, so a limit
+//!   halves in about 17 periods when nothing is used; and it comes down
+//!   at once to a quarter above what is resident, if it stood higher (a
+//!   limit over what the guest holds saves nothing, and probing down to
+//!   it would waste periods); but for `HOLD_AFTER_RAISE` periods after a
+//!   raise it does not shrink at all: the working set the raise made room
+//!   for faults back in over the next periods, and until then the guest
+//!   holds less than it needs (measured on the phases payload: without
+//!   the hold the limit alternated 70 / 140 MiB every second);
+//! - otherwise it holds: the band between `p/2` and `p` keeps the
+//!   controller from probing for ever around the target.
+//!
+//! The limit stays within `[min, max]`, in whole units. A lower limit
+//! makes the engine evict in the background; that is how the controller
+//! finds the working set: it lowers until the guest's faults cost stall,
+//! then backs off. The asymmetry is the point: a limit that is too low
+//! costs the guest time at once, one that is too high only memory.
+
+/// The share of a period by which the limit shrinks when nothing stalls.
+pub const LOWER_SHARE: f64 = 0.04;
+
+/// Periods after a raise in which the limit does not shrink.
+pub const HOLD_AFTER_RAISE: u32 = 5;
+
+/// The controller's bounds and target.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SizingTarget {
+    /// The stall share aimed for, in (0, 1): 0.02 is 2 % of the time.
+    pub stall_share: f64,
+    /// The smallest limit, bytes (whole units).
+    pub min_bytes: u64,
+    /// The largest limit, bytes (whole units).
+    pub max_bytes: u64,
+    /// The swap unit, bytes.
+    pub unit_bytes: u64,
+}
+
+/// What one period decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sizing {
+    /// Keep the limit.
+    Hold,
+    /// A higher limit, bytes.
+    Raise(u64),
+    /// A lower limit, bytes.
+    Lower(u64),
+}
+
+/// The controller's state between periods.
+#[derive(Debug, Clone)]
+pub struct LimitController {
+    target: SizingTarget,
+    /// The "some" stall and the clock, µs, at the last period's end.
+    last: Option<(u64, u64)>,
+    /// Periods left in which the limit may not shrink.
+    hold_periods: u32,
+    raises: u64,
+    lowers: u64,
+}
+
+impl LimitController {
+    /// A controller for `target` (its bounds in whole units, `min <= max`).
+    pub fn new(target: SizingTarget) -> LimitController {
+        LimitController {
+            target,
+            last: None,
+            hold_periods: 0,
+            raises: 0,
+            lowers: 0,
+        }
+    }
+
+    /// The target it was made with.
+    pub fn target(&self) -> SizingTarget {
+        self.target
+    }
+
+    /// Periods that raised and lowered the limit.
+    pub fn moves(&self) -> (u64, u64) {
+        (self.raises, self.lowers)
+    }
+
+    /// One period: the stall so far and the clock, both µs (any origin,
+    /// monotonic), the limit now and the guest memory resident now; the
+    /// first call only starts the period.
+    pub fn decide(
+        &mut self,
+        some_us: u64,
+        now_us: u64,
+        limit_bytes: u64,
+        resident_bytes: u64,
+    ) -> Sizing {
+        let Some((last_some_us, last_now_us)) = self.last.replace((some_us, now_us)) else {
+            return Sizing::Hold;
+        };
+        let period_us = now_us.saturating_sub(last_now_us);
+        if period_us == 0 {
+            return Sizing::Hold;
+        }
+        let share = (some_us.saturating_sub(last_some_us) as f64 / period_us as f64).min(1.0);
+        let t = self.target;
+        let unit = t.unit_bytes.max(1);
+        let limit = limit_bytes.clamp(t.min_bytes, t.max_bytes);
+        let binding = resident_bytes.saturating_add((limit / 8).max(4 * unit)) >= limit;
+        let wanted = if share > t.stall_share && binding {
+            let factor = 1.0 + (share / t.stall_share - 1.0).min(1.0);
+            ((limit as f64 * factor) as u64).max(limit + unit)
+        } else if share > t.stall_share {
+            limit
+        } else if share < t.stall_share / 2.0 && self.hold_periods == 0 {
+            let cut = LOWER_SHARE * (1.0 - 2.0 * share / t.stall_share);
+            let cut_bytes = ((limit as f64 * cut) as u64).max(unit);
+            let above_resident = resident_bytes
+                .saturating_add(resident_bytes / 4)
+                .div_ceil(unit);
+            limit
+                .saturating_sub(cut_bytes)
+                .min(above_resident.saturating_mul(unit))
+        } else {
+            limit
+        };
+        let wanted = (wanted / unit * unit).clamp(t.min_bytes, t.max_bytes);
+        self.hold_periods = self.hold_periods.saturating_sub(1);
+        if wanted > limit_bytes {
+            self.hold_periods = HOLD_AFTER_RAISE;
+            self.raises += 1;
+            Sizing::Raise(wanted)
+        } else if wanted < limit_bytes {
+            self.lowers += 1;
+            Sizing::Lower(wanted)
+        } else {
+            Sizing::Hold
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn controller() -> LimitController {
+        LimitController::new(SizingTarget {
+            stall_share: 0.02,
+            min_bytes: 32 * MIB,
+            max_bytes: 1024 * MIB,
+            unit_bytes: 2 * MIB,
+        })
+    }
+
+    /// Drives `periods` one-second periods of `share` stall from `limit`.
+    fn run(c: &mut LimitController, limit: &mut u64, share: f64, periods: u64, clock: &mut u64) {
+        let mut some = c.last.map_or(0, |(s, _)| s);
+        if c.last.is_none() {
+            c.decide(some, *clock, *limit, u64::MAX);
+        }
+        for _ in 0..periods {
+            *clock += 1_000_000;
+            some += (share * 1e6) as u64;
+            match c.decide(some, *clock, *limit, u64::MAX) {
+                Sizing::Raise(l) | Sizing::Lower(l) => *limit = l,
+                Sizing::Hold => {}
+            }
+        }
+    }
+
+    #[test]
+    fn no_stall_lowers_slowly_down_to_the_minimum() {
+        let (mut c, mut limit, mut clock) = (controller(), 1024 * MIB, 0);
+        run(&mut c, &mut limit, 0.0, 1, &mut clock);
+        assert_eq!(limit, 982 * MIB, "4 % of 1 GiB, in whole units");
+        run(&mut c, &mut limit, 0.0, 16, &mut clock);
+        assert!(
+            (500 * MIB..=560 * MIB).contains(&limit),
+            "about halved in 17 periods: {}",
+            limit / MIB
+        );
+        run(&mut c, &mut limit, 0.0, 200, &mut clock);
+        assert_eq!(limit, 32 * MIB, "held at the minimum");
+        assert_eq!(
+            c.decide(u64::MAX / 2, clock + 1_000_000, limit, u64::MAX),
+            Sizing::Raise(64 * MIB),
+            "a stall at once doubles it"
+        );
+    }
+
+    #[test]
+    fn a_limit_above_what_is_resident_comes_down_to_it_at_once() {
+        let mut c = controller();
+        assert_eq!(
+            c.decide(0, 0, 1024 * MIB, 0),
+            Sizing::Hold,
+            "starts the period"
+        );
+        assert_eq!(
+            c.decide(0, 1_000_000, 1024 * MIB, 99 * MIB),
+            Sizing::Lower(124 * MIB),
+            "a quarter above resident, rounded up to units"
+        );
+        assert_eq!(
+            c.decide(0, 2_000_000, 1024 * MIB, 0),
+            Sizing::Lower(32 * MIB),
+            "not below the minimum"
+        );
+        assert_eq!(
+            c.decide(15_000, 3_000_000, 124 * MIB, 99 * MIB),
+            Sizing::Hold,
+            "in the band: held, however much is resident"
+        );
+        assert_eq!(
+            c.decide(515_000, 4_000_000, 124 * MIB, 90 * MIB),
+            Sizing::Hold,
+            "stall, but a limit that does not bind: a raise would spare nothing"
+        );
+        assert_eq!(
+            c.decide(1_015_000, 5_000_000, 124 * MIB, 109 * MIB),
+            Sizing::Raise(248 * MIB),
+            "within an eighth of the limit: it binds"
+        );
+    }
+
+    #[test]
+    fn stall_over_the_target_raises_fast_and_the_band_holds() {
+        let (mut c, mut limit, mut clock) = (controller(), 64 * MIB, 0);
+        run(&mut c, &mut limit, 0.10, 1, &mut clock);
+        assert_eq!(limit, 128 * MIB, "five times the target: doubled");
+        run(&mut c, &mut limit, 0.03, 1, &mut clock);
+        assert_eq!(limit, 192 * MIB, "1.5 times the target: half again");
+        run(&mut c, &mut limit, 0.0201, 1, &mut clock);
+        assert_eq!(limit, 194 * MIB, "just over: one unit");
+        run(&mut c, &mut limit, 0.015, 10, &mut clock);
+        assert_eq!(
+            limit,
+            194 * MIB,
+            "between half the target and the target: held"
+        );
+        run(&mut c, &mut limit, 1.0, 10, &mut clock);
+        assert_eq!(limit, 1024 * MIB, "held at the maximum");
+        assert_eq!(c.moves(), (6, 0));
+    }
+
+    #[test]
+    fn after_a_raise_the_limit_holds_before_it_shrinks_again() {
+        let (mut c, mut limit, mut clock) = (controller(), 64 * MIB, 0);
+        run(&mut c, &mut limit, 0.10, 1, &mut clock);
+        assert_eq!(limit, 128 * MIB);
+        run(
+            &mut c,
+            &mut limit,
+            0.0,
+            u64::from(HOLD_AFTER_RAISE),
+            &mut clock,
+        );
+        assert_eq!(limit, 128 * MIB, "no stall, but held");
+        run(&mut c, &mut limit, 0.0, 1, &mut clock);
+        assert_eq!(limit, 122 * MIB, "then 4 % a period");
+    }
+}
