@@ -5,6 +5,8 @@
 //! back each chunk with one huge page and KVM can map it with one 2 MiB
 //! stage-2 entry.
 //!
+//! - [`addr`]: host virtual addresses and offsets into host mappings as
+//!   types, so that one is not passed where the other is meant.
 //! - [`size`]: parsing and printing of sizes such as `512M` or `4G`.
 //! - [`layout`]: where guest RAM sits in guest-physical space (below 3 GiB
 //!   and from 4 GiB up) and where each part sits in the host mapping.
@@ -18,6 +20,7 @@
 //!   mappings are 4 KiB, 2 MiB or 1 GiB.
 #![deny(missing_docs)]
 
+pub mod addr;
 pub mod backing;
 mod error;
 pub mod host;

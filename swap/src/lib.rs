@@ -3,5 +3,6 @@
 
 pub mod chunk;
 pub mod engine;
+pub mod index;
 pub mod store;
 pub mod uffd;

@@ -179,8 +179,13 @@ impl Model {
             return;
         }
         let p = self.parking.lock().unwrap().put(content);
-        self.table
-            .settle(at(), evicting, Settled::Dirty { parking: p });
+        self.table.settle(
+            at(),
+            evicting,
+            Settled::Dirty {
+                parking: swap::index::ParkingSlot::new(p),
+            },
+        );
         // flush(): claim the unit for writing unless it was handed back.
         loop {
             let staged = self.table.load(UNIT);

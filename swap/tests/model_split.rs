@@ -113,7 +113,9 @@ impl Model {
         let staged = model.table.settle(
             chunk(),
             evicting,
-            swap::chunk::Settled::Dirty { parking: 0 },
+            swap::chunk::Settled::Dirty {
+                parking: swap::index::ParkingSlot::new(0),
+            },
         );
         model.table.begin_write(chunk(), staged).unwrap();
         let writing = model.table.load(0);

@@ -8,6 +8,7 @@ use super::pages::{PageState, PageTable};
 use super::state::{Tag, UnitState};
 use super::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use super::transition::Transition;
+use crate::index::ParkingSlot;
 use crate::store::SlotId;
 
 /// Which unit a transition acts on. Names a whole unit today; once chunks
@@ -59,7 +60,7 @@ pub enum Settled {
     /// Dirty: parked in this parking slot until written.
     Dirty {
         /// The parking slot.
-        parking: u32,
+        parking: ParkingSlot,
     },
     /// Discarded (freed by the guest): nothing kept.
     Discarded,
@@ -327,7 +328,7 @@ impl ChunkTable {
             ),
             Settled::Dirty { parking } => (
                 Transition::SettleDirty,
-                outside(Tag::Staged, parking).with_huge(evicting.huge()),
+                outside(Tag::Staged, parking.get()).with_huge(evicting.huge()),
             ),
         };
         self.publish(at, transition, evicting, next);

@@ -36,6 +36,7 @@ use super::stats::{bump, CollapseFailure, Counters};
 use crate::chunk::ChunkTable;
 use crate::chunk::PageTable;
 use crate::chunk::{PageRef, PageState, PageTag, Tag, UnitState, PAGES_PER_CHUNK};
+use crate::index::ParkingSlot;
 use crate::store::SharedStore;
 use crate::uffd::MoveOptions;
 use guestmem::host::PagemapScanner;
@@ -166,7 +167,7 @@ impl Collapser {
             }
         };
         let src = s.geo.unit_addr(chunk);
-        let dst = s.parking.addr(p);
+        let dst = s.parking.addr(p).raw();
         let options = MoveOptions {
             allow_src_holes: true,
             dont_wake: false,
@@ -257,7 +258,12 @@ impl Collapser {
     /// Fills the restore buffer with the chunk's content: resident pages from
     /// parking slot `p` (where they were just moved), stored pages from the
     /// store, absent pages zero.
-    fn fill(&self, merging: &Merging, p: u32, buf: &RestoreBuffer) -> Result<(), SwapError> {
+    fn fill(
+        &self,
+        merging: &Merging,
+        p: ParkingSlot,
+        buf: &RestoreBuffer,
+    ) -> Result<(), SwapError> {
         let s = self;
         let (range, offset) = s.buffers.place(buf);
         // SAFETY: the buffer is ours until given back and populated; nothing
@@ -297,7 +303,7 @@ impl Collapser {
                     let src = unsafe {
                         s.parking
                             .raw()
-                            .slice(parked + (page as u64) * PAGE_BYTES, PAGE_BYTES)
+                            .slice(parked.offset_by(page as u64 * PAGE_BYTES).get(), PAGE_BYTES)
                     };
                     data[bytes].copy_from_slice(src);
                 }

@@ -28,6 +28,7 @@ use super::parking::Parking;
 use super::recycle::{RestoreBuffer, RestoreBuffers};
 use super::stats::{bump, Counters, FaultSource};
 use crate::chunk::PageRef;
+use crate::index::ParkingSlot;
 use crate::uffd::{CopyOptions, MoveOptions, Uffd, UffdError};
 use guestmem::host::{AnonMapping, PAGE_BYTES};
 
@@ -257,14 +258,14 @@ impl Installer {
     pub fn hand_back(
         &self,
         unit: usize,
-        p: u32,
+        p: ParkingSlot,
         writing: bool,
         parked_huge: bool,
     ) -> Result<bool, SwapError> {
         let s = self;
         let unit_bytes = s.geo.unit_bytes;
         let dst = s.geo.unit_addr(unit);
-        let src = s.parking.addr(p);
+        let src = s.parking.addr(p).raw();
         let fail = |e: UffdError| {
             SwapError::unit_uffd(
                 format!("hand back the staged chunk at {}", s.geo.unit_name(unit)),

@@ -45,6 +45,7 @@ use super::config::InstallMode;
 use super::limit::Limiter;
 use super::parking::Parking;
 use super::stats::{bump, Counters};
+use crate::index::ParkingSlot;
 use guestmem::host::{PagemapScanner, RawRange};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +56,7 @@ enum Origin {
     /// A buffer of the (unregistered) pool.
     Pool(Buffer),
     /// A recycled huge page in this parking slot.
-    Parked(u32),
+    Parked(ParkingSlot),
 }
 
 /// A buffer for one restore, owned by the fault thread that took it until
@@ -128,26 +129,30 @@ impl RestoreBuffers {
     pub fn place(&self, buf: &RestoreBuffer) -> (&RawRange, u64) {
         match &buf.origin {
             Origin::Pool(pool_buf) => (self.pool.raw(), self.pool.offset_of(pool_buf)),
-            Origin::Parked(slot) => (self.parking.raw(), self.parking.offset(*slot)),
+            Origin::Parked(slot) => (self.parking.raw(), self.parking.offset(*slot).get()),
         }
     }
 
     /// Copies parked unit `p` into the buffer.
-    pub fn copy_from_parked(&self, buf: &RestoreBuffer, p: u32) {
+    pub fn copy_from_parked(&self, buf: &RestoreBuffer, p: ParkingSlot) {
         let (range, offset) = self.place(buf);
         range.copy_from(
             offset,
             self.parking.raw(),
-            self.parking.offset(p),
+            self.parking.offset(p).get(),
             self.unit_bytes,
         );
     }
 
     /// Whether parking slot `p` holds one whole huge page.
-    fn parked_huge(&self, p: u32) -> bool {
+    fn parked_huge(&self, p: ParkingSlot) -> bool {
         self.pagemap.as_ref().is_some_and(|scanner| {
             scanner
-                .is_huge(self.parking.raw(), self.parking.offset(p), self.unit_bytes)
+                .is_huge(
+                    self.parking.raw(),
+                    self.parking.offset(p).get(),
+                    self.unit_bytes,
+                )
                 .unwrap_or(false)
         })
     }
@@ -155,7 +160,7 @@ impl RestoreBuffers {
     /// Takes a recycled page, cleared ones first (`cleared_only`: only
     /// those), with whether it was cleared; pages split since they were
     /// kept are freed on the way.
-    fn take_recycled(&self, cleared_only: bool) -> Option<(u32, bool)> {
+    fn take_recycled(&self, cleared_only: bool) -> Option<(ParkingSlot, bool)> {
         loop {
             let (slot, cleared) = match self.pool.take_cleared() {
                 Some(slot) => (slot, true),
@@ -181,27 +186,27 @@ impl RestoreBuffers {
         }
     }
 
-    fn wrap_parked(&self, slot: u32, cleared: bool) -> RestoreBuffer {
+    fn wrap_parked(&self, slot: ParkingSlot, cleared: bool) -> RestoreBuffer {
         bump(&self.counters.buffers_recycled);
         if !cleared {
             bump(&self.counters.buffers_recycled_uncleared);
         }
         RestoreBuffer {
-            addr: self.parking.addr(slot),
+            addr: self.parking.addr(slot).raw(),
             huge: true,
             origin: Origin::Parked(slot),
         }
     }
 
     /// Zeroes a recycled page in place.
-    fn clear(&self, slot: u32) {
+    fn clear(&self, slot: ParkingSlot) {
         // SAFETY: the slot holds a whole huge page (checked by the caller),
         // so writing it never faults into the userfaultfd; the caller took
         // it from the pool, so it is this thread's alone.
         unsafe {
             self.parking
                 .raw()
-                .slice_mut(self.parking.offset(slot), self.unit_bytes)
+                .slice_mut(self.parking.offset(slot).get(), self.unit_bytes)
         }
         .fill(0);
     }
@@ -261,7 +266,7 @@ impl RestoreBuffers {
     /// Parking slot `p` holds content nobody needs any more (written, or
     /// dropped as clean or zero): keep its huge page as a restore buffer if
     /// the pool has room, else free the slot.
-    pub fn release_parked(&self, p: u32) {
+    pub fn release_parked(&self, p: ParkingSlot) {
         if self.recycling {
             if self.parked_huge(p) && self.pool.offer_recycled(p) {
                 return;

@@ -57,6 +57,7 @@ use super::policy::{EvictionPolicy, Victim};
 use super::recycle::RestoreBuffers;
 use super::stats::{bump, Counters};
 use crate::chunk::{ChunkTable, PageRef, PageTable, Tag, PAGES_PER_CHUNK};
+use crate::index::ParkingSlot;
 use crate::store::{SharedStore, SlotId};
 use crate::uffd::Uffd;
 
@@ -127,14 +128,14 @@ const PAGE_BATCH: usize = 64;
 /// Staged whole units waiting for their batch write: the unit and its
 /// parking slot.
 struct UnitBatch {
-    batch: Vec<(usize, u32)>,
+    batch: Vec<(usize, ParkingSlot)>,
 }
 
 /// Evicted pages of split chunks waiting for their write.
 struct PageBatch {
     /// The parking slot whose pages hold this evictor's evicted pages, and
     /// the next free page in it.
-    slot: Option<(u32, usize)>,
+    slot: Option<(ParkingSlot, usize)>,
     /// The page, where it is parked in `slot`, and its chunk's store slot.
     batch: Vec<(PageRef, usize, SlotId)>,
 }
@@ -184,7 +185,7 @@ impl<'a> Evictor<'a> {
     }
 
     /// evictors holding slots always make progress.
-    fn parking_slot(&mut self) -> Result<u32, SwapError> {
+    fn parking_slot(&mut self) -> Result<ParkingSlot, SwapError> {
         loop {
             if let Some(p) = self.s.parking.try_acquire() {
                 return Ok(p);

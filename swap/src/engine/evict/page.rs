@@ -10,6 +10,7 @@ use crate::chunk::{PageRef, PageTag, PageTransition, Tag, PAGES_PER_CHUNK};
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
+use crate::index::ParkingSlot;
 use crate::store::{PageWrite, SlotId};
 use crate::uffd::MoveOptions;
 use guestmem::host::PAGE_BYTES;
@@ -24,7 +25,7 @@ impl Evictor<'_> {
     }
 
     /// the page batch when the slot is full.
-    pub(super) fn page_parking(&mut self) -> Result<(u32, usize), SwapError> {
+    pub(super) fn page_parking(&mut self) -> Result<(ParkingSlot, usize), SwapError> {
         if let Some((p, next)) = self.pages.slot {
             if next < PAGES_PER_CHUNK {
                 self.pages.slot = Some((p, next + 1));
@@ -65,7 +66,7 @@ impl Evictor<'_> {
                 return Err(e);
             }
         };
-        let parked = s.parking.addr(p) + index as u64 * PAGE_BYTES;
+        let parked = s.parking.addr(p).offset_by(index as u64 * PAGE_BYTES).raw();
         let options = MoveOptions {
             allow_src_holes: true,
             dont_wake: false,
@@ -103,7 +104,11 @@ impl Evictor<'_> {
                 }
             }
         }
-        let offset = s.parking.offset(p) + index as u64 * PAGE_BYTES;
+        let offset = s
+            .parking
+            .offset(p)
+            .offset_by(index as u64 * PAGE_BYTES)
+            .get();
         self.fill_page_hole(offset)?;
         // SAFETY: the parking page is populated (moved in, or its hole
         // filled) and owned by this evictor until released.
@@ -239,9 +244,13 @@ impl Evictor<'_> {
                     // SAFETY: the parking page is populated and stays in
                     // place until this batch settles.
                     data: unsafe {
-                        s.parking
-                            .raw()
-                            .slice(s.parking.offset(p) + index as u64 * PAGE_BYTES, PAGE_BYTES)
+                        s.parking.raw().slice(
+                            s.parking
+                                .offset(p)
+                                .offset_by(index as u64 * PAGE_BYTES)
+                                .get(),
+                            PAGE_BYTES,
+                        )
                     },
                 })
                 .collect();
@@ -281,7 +290,7 @@ impl Evictor<'_> {
             let _ = s
                 .parking
                 .raw()
-                .discard(s.parking.offset(p), used as u64 * PAGE_BYTES);
+                .discard(s.parking.offset(p).get(), used as u64 * PAGE_BYTES);
             self.pages.slot = Some((p, 0));
         } else {
             self.pages.batch = kept;

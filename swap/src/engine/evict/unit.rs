@@ -10,6 +10,7 @@ use crate::engine::config::InstallMode;
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
+use crate::index::ParkingSlot;
 use crate::store::{SlotId, WriteRequest};
 use crate::uffd::MoveOptions;
 use guestmem::host::{punch_hole, PAGE_BYTES};
@@ -69,11 +70,11 @@ impl Evictor<'_> {
         &mut self,
         unit: usize,
         resident: UnitState,
-        p: u32,
+        p: ParkingSlot,
     ) -> Result<bool, SwapError> {
         let s = self.s;
         let src = s.geo.unit_addr(unit);
-        let dst = s.parking.addr(p);
+        let dst = s.parking.addr(p).raw();
         let len = s.geo.unit_bytes;
         match s.mode {
             InstallMode::Thp | InstallMode::Small => {
@@ -145,7 +146,7 @@ impl Evictor<'_> {
                 let offset = unit as u64 * len;
                 s.parking
                     .raw()
-                    .copy_from(s.parking.offset(p), &s.geo.guest, offset, len);
+                    .copy_from(s.parking.offset(p).get(), &s.geo.guest, offset, len);
                 punch_hole(memfd, offset, len).map_err(|e| {
                     SwapError::os(
                         format!("punching the hugetlb chunk at {}", s.geo.unit_name(unit)),
@@ -158,15 +159,19 @@ impl Evictor<'_> {
     }
 
     /// move left empty (the unit had holes).
-    pub(super) fn fill_holes(&mut self, p: u32) -> Result<(), SwapError> {
+    pub(super) fn fill_holes(&mut self, p: ParkingSlot) -> Result<(), SwapError> {
         let s = self.s;
         s.parking
             .raw()
-            .residency(s.parking.offset(p), s.geo.unit_bytes, &mut self.residency)
+            .residency(
+                s.parking.offset(p).get(),
+                s.geo.unit_bytes,
+                &mut self.residency,
+            )
             .map_err(|e| SwapError::os("mincore on the parking area", e))?;
         for (i, &present) in self.residency.iter().enumerate() {
             if present & 1 == 0 {
-                let page = s.parking.addr(p) + i as u64 * PAGE_BYTES;
+                let page = s.parking.addr(p).offset_by(i as u64 * PAGE_BYTES).raw();
                 match s.uffd.zeropage(page, PAGE_BYTES, true) {
                     Ok(()) => {}
                     // Present after all (mincore reports swapped-out pages as
@@ -184,12 +189,16 @@ impl Evictor<'_> {
         &mut self,
         unit: usize,
         evicting: UnitState,
-        p: u32,
+        p: ParkingSlot,
     ) -> Result<(), SwapError> {
         let s = self.s;
         // SAFETY: slot `p` is populated (moved in and holes filled, or
         // copied) and owned by this thread until released or staged.
-        let data = unsafe { s.parking.raw().slice(s.parking.offset(p), s.geo.unit_bytes) };
+        let data = unsafe {
+            s.parking
+                .raw()
+                .slice(s.parking.offset(p).get(), s.geo.unit_bytes)
+        };
         // Without a recorded hash the write-protection is exact (the unit
         // was installed write-protected by UFFDIO_COPY): skip the scan.
         let recorded = s.table.hash(unit);
@@ -242,7 +251,7 @@ impl Evictor<'_> {
         // point had its slot released by the fault thread.
         batch.retain(|&(unit, p)| loop {
             let state = s.table.load(unit);
-            if state.tag() != Tag::Staged || state.index() != p || state.writing() {
+            if state.tag() != Tag::Staged || state.parking_slot() != p || state.writing() {
                 return false;
             }
             if s.table.begin_write(unit.into(), state).is_ok() {
@@ -258,7 +267,11 @@ impl Evictor<'_> {
                 gpa: s.geo.unit_store_key(unit),
                 // SAFETY: slot `p` is populated and stays in place while
                 // WRITING is set: the fault path only copies out of it then.
-                data: unsafe { s.parking.raw().slice(s.parking.offset(p), s.geo.unit_bytes) },
+                data: unsafe {
+                    s.parking
+                        .raw()
+                        .slice(s.parking.offset(p).get(), s.geo.unit_bytes)
+                },
             })
             .collect();
         let results = s.store.write_batch(&requests);
@@ -294,11 +307,11 @@ impl Evictor<'_> {
     }
 
     /// write (`None`).
-    pub(super) fn complete(&mut self, unit: usize, p: u32, slot: Option<SlotId>) {
+    pub(super) fn complete(&mut self, unit: usize, p: ParkingSlot, slot: Option<SlotId>) {
         let s = self.s;
         loop {
             let state = s.table.load(unit);
-            let ours = state.tag() == Tag::Staged && state.index() == p && state.writing();
+            let ours = state.tag() == Tag::Staged && state.parking_slot() == p && state.writing();
             if ours {
                 let settled = match slot {
                     Some(slot) => s.table.finish_write(unit.into(), state, slot),
