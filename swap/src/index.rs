@@ -7,17 +7,16 @@
 //! Host addresses and region offsets are guestmem's
 //! ([`guestmem::addr::Hva`], [`guestmem::addr::RegionOffset`]), store
 //! slots are [`crate::store::SlotId`], and a page of a split chunk is a
-//! `PageRef` (a unit index and a page index). The raw
+//! [`crate::chunk::PageRef`] (a unit index and a page index). The raw
 //! integer comes out (`.get()`, `.raw()`) only where it meets the kernel,
 //! a store, or a message.
 
 use std::fmt;
-use std::ops::Range;
 
 use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
-use crate::chunk::PAGES_PER_CHUNK;
+use crate::chunk::{PageRef, PAGES_PER_CHUNK};
 
 /// A unit's index in the chunk table (`0..units`): the unit that starts
 /// `index * unit_bytes` bytes into the managed region. For 2 MiB units
@@ -26,6 +25,9 @@ use crate::chunk::PAGES_PER_CHUNK;
 pub struct UnitIndex(usize);
 
 impl UnitIndex {
+    /// The first unit of the region.
+    pub const FIRST: UnitIndex = UnitIndex(0);
+
     /// Unit number `index`.
     pub const fn new(index: usize) -> UnitIndex {
         UnitIndex(index)
@@ -41,14 +43,30 @@ impl UnitIndex {
         UnitIndex(self.0 + 1)
     }
 
+    /// The unit after this one in a table of `units` units, the first
+    /// after the last (a CLOCK hand's next position).
+    pub const fn wrapping_next(self, units: usize) -> UnitIndex {
+        UnitIndex((self.0 + 1) % units)
+    }
+
     /// Where the unit starts in the region, for units of `unit_bytes`.
     pub const fn region_offset(self, unit_bytes: u64) -> RegionOffset {
         RegionOffset::new(self.0 as u64 * unit_bytes)
     }
 
-    /// The units with indices in `range`, in order.
-    pub fn each(range: Range<usize>) -> impl DoubleEndedIterator<Item = UnitIndex> + Clone {
-        range.map(UnitIndex)
+    /// Page `page` of this (split) chunk.
+    pub const fn page(self, page: PageIndex) -> PageRef {
+        PageRef { chunk: self, page }
+    }
+
+    /// The chunk's first page.
+    pub const fn first_page(self) -> PageRef {
+        self.page(PageIndex::FIRST)
+    }
+
+    /// The chunk's pages, first to last.
+    pub fn pages(self) -> impl Iterator<Item = PageRef> {
+        PageIndex::all().map(move |page| self.page(page))
     }
 }
 
@@ -57,6 +75,59 @@ impl fmt::Display for UnitIndex {
         fmt::Display::fmt(&self.0, f)
     }
 }
+
+/// Consecutive units `[start, end)` of the chunk table, first to last.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitRange {
+    next: usize,
+    end: usize,
+}
+
+impl UnitRange {
+    /// The units from `start` up to, not including, `end` (none if `end`
+    /// is not after `start`).
+    pub const fn new(start: UnitIndex, end: UnitIndex) -> UnitRange {
+        UnitRange {
+            next: start.0,
+            end: if end.0 > start.0 { end.0 } else { start.0 },
+        }
+    }
+
+    /// Every unit of a table of `units` units.
+    pub const fn all(units: usize) -> UnitRange {
+        UnitRange {
+            next: 0,
+            end: units,
+        }
+    }
+}
+
+impl Iterator for UnitRange {
+    type Item = UnitIndex;
+
+    fn next(&mut self) -> Option<UnitIndex> {
+        (self.next < self.end).then(|| {
+            self.next += 1;
+            UnitIndex(self.next - 1)
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.end - self.next;
+        (left, Some(left))
+    }
+}
+
+impl DoubleEndedIterator for UnitRange {
+    fn next_back(&mut self) -> Option<UnitIndex> {
+        (self.next < self.end).then(|| {
+            self.end -= 1;
+            UnitIndex(self.end)
+        })
+    }
+}
+
+impl ExactSizeIterator for UnitRange {}
 
 /// A page's index within its 2 MiB chunk (`0..PAGES_PER_CHUNK`): the page
 /// that starts `index * 4 KiB` into the chunk.
@@ -76,6 +147,18 @@ impl PageIndex {
     /// The index, for a table lookup.
     pub const fn get(self) -> usize {
         self.0
+    }
+
+    /// The page after this one, the first after the last (a CLOCK hand's
+    /// next position).
+    pub const fn wrapping_next(self) -> PageIndex {
+        self.wrapping_add(1)
+    }
+
+    /// The page `pages` after this one, counting on from the first after
+    /// the last.
+    pub const fn wrapping_add(self, pages: usize) -> PageIndex {
+        PageIndex((self.0 + pages) % PAGES_PER_CHUNK)
     }
 
     /// Bytes from the chunk's start to the page's.
@@ -154,6 +237,42 @@ impl fmt::LowerHex for Gpa {
     }
 }
 
+/// The number a store files a unit or page under and names it by in
+/// errors: its guest-physical address, or its region offset where no guest
+/// range covers it. A key, never a way to reach memory, so neither a
+/// [`Gpa`] nor a [`RegionOffset`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StoreKey(u64);
+
+impl StoreKey {
+    /// The key of what sits at guest-physical address `gpa`.
+    pub const fn of_guest(gpa: Gpa) -> StoreKey {
+        StoreKey(gpa.raw())
+    }
+
+    /// The key of what sits at region offset `offset`, outside every guest
+    /// range.
+    pub const fn of_region_offset(offset: RegionOffset) -> StoreKey {
+        StoreKey(offset.get())
+    }
+
+    /// The key of what sits `bytes` further on (a page of a unit).
+    pub const fn offset_by(self, bytes: u64) -> StoreKey {
+        StoreKey(self.0 + bytes)
+    }
+
+    /// The key as the store takes it.
+    pub const fn raw(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::LowerHex for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::LowerHex::fmt(&self.0, f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,9 +282,17 @@ mod tests {
         let unit = UnitIndex::new(3);
         assert_eq!(unit.region_offset(2 << 20).get(), 6 << 20);
         assert_eq!(unit.next(), UnitIndex::new(4));
-        let last = PageIndex::all().last().unwrap();
-        assert_eq!(last.offset_bytes(), (2 << 20) - PAGE_BYTES);
+        assert_eq!(unit.wrapping_next(4), UnitIndex::FIRST);
+        assert_eq!(unit.first_page().page, PageIndex::FIRST);
+        let last = unit.pages().last().unwrap();
+        assert_eq!(last.chunk, unit);
+        assert_eq!(last.page.offset_bytes(), (2 << 20) - PAGE_BYTES);
         assert_eq!(PageIndex::all().count(), PAGES_PER_CHUNK);
+        let run: Vec<_> = UnitRange::new(UnitIndex::new(2), unit.next()).collect();
+        assert_eq!(run, [UnitIndex::new(2), UnitIndex::new(3)]);
+        assert_eq!(UnitRange::new(unit, UnitIndex::new(1)).len(), 0);
+        assert_eq!(UnitRange::all(3).next_back(), Some(UnitIndex::new(2)));
+        assert_eq!(last.page.wrapping_next(), PageIndex::FIRST);
     }
 
     #[test]

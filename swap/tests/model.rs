@@ -24,9 +24,10 @@ use shuttle::thread;
 use std::collections::HashMap;
 use std::sync::Arc;
 use swap::chunk::{ChunkTable, Restored, Settled, Tag, UnitRef};
+use swap::index::UnitIndex;
 use swap::store::SlotId;
 
-const UNIT: usize = 0;
+const UNIT: UnitIndex = UnitIndex::FIRST;
 
 fn at() -> UnitRef {
     UnitRef::unit(UNIT)

@@ -6,6 +6,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use super::hooks::{EngineHooks, NoHooks};
+use crate::index::Gpa;
+use guestmem::addr::RegionOffset;
 
 /// Size of the unit the engine swaps and restores whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -102,11 +104,12 @@ pub struct ManagedRegion {
 impl ManagedRegion {
     /// Guest-physical address of a region offset (the offset itself, marked
     /// by the caller, when no range covers it).
-    pub fn gpa_of(&self, offset: u64) -> Option<u64> {
+    pub fn gpa_of(&self, offset: RegionOffset) -> Option<Gpa> {
+        let offset = offset.get();
         self.gpa_ranges
             .iter()
             .find(|&&(_, start, len)| offset >= start && offset < start + len)
-            .map(|&(gpa, start, _)| gpa + (offset - start))
+            .map(|&(gpa, start, _)| Gpa::new(gpa).offset_by(offset - start))
     }
 }
 
@@ -224,8 +227,9 @@ mod tests {
             kind: MemoryKind::Anonymous,
             gpa_ranges: vec![(0, 0, 2 << 20), (1 << 32, 2 << 20, 6 << 20)],
         };
-        assert_eq!(r.gpa_of(4096), Some(4096));
-        assert_eq!(r.gpa_of((2 << 20) + 5), Some((1 << 32) + 5));
-        assert_eq!(r.gpa_of(9 << 20), None);
+        let gpa_of = |offset| r.gpa_of(RegionOffset::new(offset)).map(Gpa::raw);
+        assert_eq!(gpa_of(4096), Some(4096));
+        assert_eq!(gpa_of((2 << 20) + 5), Some((1 << 32) + 5));
+        assert_eq!(gpa_of(9 << 20), None);
     }
 }

@@ -28,7 +28,7 @@ use super::parking::Parking;
 use super::recycle::{RestoreBuffer, RestoreBuffers};
 use super::stats::{bump, Counters, FaultSource};
 use crate::chunk::PageRef;
-use crate::index::ParkingSlot;
+use crate::index::{ParkingSlot, UnitIndex};
 use crate::uffd::{CopyOptions, MoveOptions, Uffd, UffdError};
 use guestmem::host::{AnonMapping, PAGE_BYTES};
 
@@ -63,10 +63,14 @@ impl Installer {
     /// buffer was one huge page. An EEXIST means the unit was populated by
     /// someone else: the caller's data would be lost, which the state
     /// machine rules out, so it is reported as an error.
-    pub fn install_thp_buffer(&self, unit: usize, buf: RestoreBuffer) -> Result<bool, SwapError> {
+    pub fn install_thp_buffer(
+        &self,
+        unit: UnitIndex,
+        buf: RestoreBuffer,
+    ) -> Result<bool, SwapError> {
         let s = self;
         let unit_bytes = s.geo.unit_bytes;
-        let dst = s.geo.unit_addr(unit);
+        let dst = s.geo.unit_addr(unit).raw();
         let huge = buf.huge;
         let options = MoveOptions {
             allow_src_holes: false,
@@ -138,9 +142,9 @@ impl Installer {
     }
 
     /// Fills the unit with zeros, not waking; true when it is mapped huge.
-    pub fn zero_fill(&self, unit: usize) -> Result<bool, SwapError> {
+    pub fn zero_fill(&self, unit: UnitIndex) -> Result<bool, SwapError> {
         let s = self;
-        let dst = s.geo.unit_addr(unit);
+        let dst = s.geo.unit_addr(unit).raw();
         let unit_bytes = s.geo.unit_bytes;
         let huge = match s.mode {
             InstallMode::Thp => s.install_thp_buffer(unit, s.buffers.zeroed())?,
@@ -183,12 +187,12 @@ impl Installer {
     /// write-protected). True when the unit is mapped huge.
     pub fn install_read_back(
         &self,
-        unit: usize,
+        unit: UnitIndex,
         buf: RestoreBuffer,
         write_protect: bool,
     ) -> Result<bool, SwapError> {
         let s = self;
-        let dst = s.geo.unit_addr(unit);
+        let dst = s.geo.unit_addr(unit).raw();
         let unit_bytes = s.geo.unit_bytes;
         let huge = match s.mode {
             InstallMode::Thp => {
@@ -257,14 +261,14 @@ impl Installer {
     /// slot is released here.
     pub fn hand_back(
         &self,
-        unit: usize,
+        unit: UnitIndex,
         p: ParkingSlot,
         writing: bool,
         parked_huge: bool,
     ) -> Result<bool, SwapError> {
         let s = self;
         let unit_bytes = s.geo.unit_bytes;
-        let dst = s.geo.unit_addr(unit);
+        let dst = s.geo.unit_addr(unit).raw();
         let src = s.parking.addr(p).raw();
         let fail = |e: UffdError| {
             SwapError::unit_uffd(
@@ -314,16 +318,16 @@ impl Installer {
 
     /// Removes the write protection of a whole unit and wakes its writers
     /// (whole, so that a huge mapping keeps its PMD).
-    pub fn unprotect(&self, unit: usize) -> Result<(), UffdError> {
+    pub fn unprotect(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
-            .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, true)
+            .write_unprotect(self.geo.unit_addr(unit).raw(), self.geo.unit_bytes, true)
     }
 
     /// Removes the write protection of a whole unit without waking anyone
     /// (the caller holds the unit and wakes later, if at all).
-    pub fn unprotect_without_waking(&self, unit: usize) -> Result<(), UffdError> {
+    pub fn unprotect_without_waking(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
-            .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, false)
+            .write_unprotect(self.geo.unit_addr(unit).raw(), self.geo.unit_bytes, false)
     }
 
     /// Maps the zero page at a hole in a resident unit, not waking; false
@@ -351,9 +355,9 @@ impl Installer {
 
     /// Wakes every thread blocked on the unit, once its new state is
     /// published.
-    pub fn wake(&self, unit: usize, source: Option<FaultSource>) -> Result<Outcome, SwapError> {
+    pub fn wake(&self, unit: UnitIndex, source: Option<FaultSource>) -> Result<Outcome, SwapError> {
         self.uffd
-            .wake(self.geo.unit_addr(unit), self.geo.unit_bytes)
+            .wake(self.geo.unit_addr(unit).raw(), self.geo.unit_bytes)
             .map_err(|e| {
                 SwapError::unit_uffd(
                     format!("wake the threads faulting on {}", self.geo.unit_name(unit)),
@@ -372,14 +376,14 @@ impl Installer {
             dont_wake: true,
         };
         self.uffd
-            .copy_all(self.geo.page_addr(at), src, PAGE_BYTES, options)
+            .copy_all(self.geo.page_addr(at).raw(), src, PAGE_BYTES, options)
     }
 
     /// Removes the write protection of one page of a split chunk and wakes
     /// its writers.
     pub fn unprotect_page(&self, at: PageRef) -> Result<(), UffdError> {
         self.uffd
-            .write_unprotect(self.geo.page_addr(at), PAGE_BYTES, true)
+            .write_unprotect(self.geo.page_addr(at).raw(), PAGE_BYTES, true)
     }
 
     /// Wakes every thread blocked on one page of a split chunk.
@@ -389,12 +393,12 @@ impl Installer {
         source: Option<FaultSource>,
     ) -> Result<Outcome, SwapError> {
         self.uffd
-            .wake(self.geo.page_addr(at), PAGE_BYTES)
+            .wake(self.geo.page_addr(at).raw(), PAGE_BYTES)
             .map_err(|e| {
                 SwapError::unit_uffd(
                     format!(
                         "wake the threads faulting on guest address {:#x}",
-                        self.geo.page_gpa(at)
+                        self.geo.page_store_key(at)
                     ),
                     e,
                 )

@@ -72,6 +72,7 @@ pub use thread_setup::{EngineThread, ThreadSetup};
 
 use crate::chunk::Tag;
 use crate::chunk::{ChunkTable, PageTable, TagCounts, UnitState};
+use crate::index::{PageIndex, UnitIndex};
 use crate::store::SharedStore;
 use crate::uffd::Uffd;
 use buffers::PoolMode;
@@ -82,6 +83,7 @@ use evict::EvictService;
 use fault::FaultService;
 use geometry::Geometry;
 use granularity::{CollapseReason, Fixed, GranularityPolicy, SplitReason};
+use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 use install::Installer;
 use lifecycle::Lifecycle;
@@ -450,12 +452,12 @@ impl SwapEngine {
     /// waits until their writes completed.
     pub fn evict_range(&self, offset: u64, len: u64) -> Result<EvictReport, SwapError> {
         self.evictor
-            .evict_range(self.geo.units_overlapping(offset, len))
+            .evict_range(self.geo.units_overlapping(RegionOffset::new(offset), len))
     }
 
     /// Evicts every resident unit and waits until the writes completed.
     pub fn evict_all(&self) -> Result<EvictReport, SwapError> {
-        self.evictor.evict_range(0..self.geo.units)
+        self.evictor.evict_range(self.geo.all_units())
     }
 
     /// Drops the units inside `[offset, offset+len)` (whole units only; a
@@ -464,7 +466,7 @@ impl SwapEngine {
     /// zeros.
     pub fn discard_range(&self, offset: u64, len: u64) -> Result<DiscardReport, SwapError> {
         self.discarder
-            .discard_units(self.geo.units_inside(offset, len))
+            .discard_units(self.geo.units_inside(RegionOffset::new(offset), len))
     }
 
     /// Splits every chunk overlapping `[offset, offset+len)` that is
@@ -480,7 +482,7 @@ impl SwapEngine {
             ));
         };
         let mut splits = 0;
-        for chunk in self.geo.units_overlapping(offset, len) {
+        for chunk in self.geo.units_overlapping(RegionOffset::new(offset), len) {
             let state = s.table.load(chunk);
             if state.pinned() {
                 continue;
@@ -514,7 +516,7 @@ impl SwapEngine {
         let Some(collapser) = &s.collapser else {
             return Ok(0);
         };
-        for chunk in self.geo.units_overlapping(offset, len) {
+        for chunk in self.geo.units_overlapping(RegionOffset::new(offset), len) {
             if s.table.load(chunk).tag() != Tag::Split {
                 continue;
             }
@@ -529,14 +531,12 @@ impl SwapEngine {
     /// split (for tests and debugging).
     pub fn page_state(&self, offset: u64) -> Option<crate::chunk::PageState> {
         let s = self;
-        let chunk = (offset / s.geo.unit_bytes) as usize;
+        let chunk = UnitIndex::new((offset / s.geo.unit_bytes) as usize);
         if s.table.load(chunk).tag() != Tag::Split {
             return None;
         }
-        let page = ((offset % s.geo.unit_bytes) / PAGE_BYTES) as usize;
-        s.table
-            .pages()
-            .map(|pages| pages.load(crate::chunk::PageRef { chunk, page }))
+        let page = PageIndex::new(((offset % s.geo.unit_bytes) / PAGE_BYTES) as usize);
+        s.table.pages().map(|pages| pages.load(chunk.page(page)))
     }
 
     /// Changes the memory limit at run time (`None`: no limit). A limit
@@ -578,7 +578,8 @@ impl SwapEngine {
     /// The state of the unit holding region offset `offset` (for tests and
     /// debugging).
     pub fn unit_state(&self, offset: u64) -> UnitState {
-        self.table.load((offset / self.geo.unit_bytes) as usize)
+        self.table
+            .load(UnitIndex::new((offset / self.geo.unit_bytes) as usize))
     }
 
     /// Bytes of one unit.

@@ -38,6 +38,7 @@ use super::outcome::Outcome;
 use super::recycle::RestoreBuffers;
 use super::stats::{add, bump, Counters, FaultSource};
 use crate::chunk::{ChunkTable, PageRef, PageState, PageTable, PageTag, Tag, UnitState};
+use crate::index::{PageIndex, UnitIndex};
 use crate::store::SharedStore;
 use crate::uffd::FaultKind;
 use blockio::AlignedBuf;
@@ -79,7 +80,7 @@ impl Splitter {
     /// reported (the chunk stays `Loading`, its faults blocked).
     pub(crate) fn split_on_restore(
         &self,
-        chunk: usize,
+        chunk: UnitIndex,
         loading: UnitState,
         from: UnitState,
         reason: SplitReason,
@@ -97,7 +98,7 @@ impl Splitter {
                 let data = unsafe { range.slice_mut(offset, s.geo.unit_bytes) };
                 let read = s
                     .store
-                    .read_and_split(slot, s.geo.unit_store_key(chunk), data);
+                    .read_and_split(slot, s.geo.unit_store_key(chunk).raw(), data);
                 s.buffers.give_back_populated(buf);
                 if let Err(e) = read {
                     s.life.fatal(&SwapError::unit_store(
@@ -130,7 +131,7 @@ impl Splitter {
     /// `origin`: what it was before its restore, for the stats.
     pub(crate) fn split_resident(
         &self,
-        chunk: usize,
+        chunk: UnitIndex,
         origin: Tag,
         reason: SplitReason,
     ) -> Result<(), SwapError> {
@@ -176,14 +177,14 @@ impl Splitter {
     /// chunk changed mode meanwhile; the caller reads its word again.
     pub(crate) fn page_fault(
         &self,
-        chunk: usize,
+        chunk: UnitIndex,
         address: u64,
         kind: FaultKind,
     ) -> Result<Option<Outcome>, SwapError> {
         let s = self;
         let pages = &s.pages;
-        let page = ((address - s.geo.unit_addr(chunk)) / PAGE_BYTES) as usize;
-        let at = PageRef { chunk, page };
+        let page = (address - s.geo.unit_addr(chunk).raw()) / PAGE_BYTES;
+        let at = chunk.page(PageIndex::new(page as usize));
         loop {
             let state = pages.load(at);
             match state.tag() {
@@ -229,7 +230,7 @@ impl Splitter {
         let name = || {
             format!(
                 "page at guest address {:#x} of the split chunk at {}",
-                s.geo.page_gpa(at),
+                s.geo.page_store_key(at),
                 s.geo.unit_name(at.chunk)
             )
         };
@@ -241,10 +242,12 @@ impl Splitter {
                 .split_slot()
                 .expect("a stored page lives in its chunk's slot");
             let mut buf = AlignedBuf::new(PAGE_BYTES as usize, PAGE_BYTES as usize);
-            if let Err(e) = s
-                .store
-                .read_page(slot, at.page, s.geo.page_gpa(at), &mut buf)
-            {
+            if let Err(e) = s.store.read_page(
+                slot,
+                at.page.get(),
+                s.geo.page_store_key(at).raw(),
+                &mut buf,
+            ) {
                 // Never zero-fill: the page stays Loading, its faults blocked.
                 s.life.fatal(&SwapError::unit_store(
                     format!("restore the swapped-out {}", name()),
@@ -309,7 +312,7 @@ impl Splitter {
             SwapError::unit_uffd(
                 format!(
                     "resolve a fault on the resident page at guest address {:#x}",
-                    s.geo.page_gpa(at)
+                    s.geo.page_store_key(at)
                 ),
                 e,
             )

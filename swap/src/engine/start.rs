@@ -9,6 +9,7 @@ use super::config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 use super::error::SwapError;
 use super::parking::Parking;
 use crate::chunk::ChunkTable;
+use crate::index::UnitIndex;
 use crate::store::SharedStore;
 use crate::uffd::{feature, mode, Uffd};
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
@@ -264,7 +265,7 @@ pub(super) fn unit_table(
         let end = (offset + len).div_ceil(unit_bytes).min(units as u64);
         for unit in first..end {
             // Nothing else runs yet: the word cannot change under us.
-            let _ = table.pin((unit as usize).into());
+            let _ = table.pin(UnitIndex::new(unit as usize).into());
         }
     }
     table

@@ -43,7 +43,6 @@ pub(crate) mod background;
 mod page;
 mod unit;
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,8 +55,8 @@ use super::parking::Parking;
 use super::policy::{EvictionPolicy, Victim};
 use super::recycle::RestoreBuffers;
 use super::stats::{bump, Counters};
-use crate::chunk::{ChunkTable, PageRef, PageTable, Tag, PAGES_PER_CHUNK};
-use crate::index::ParkingSlot;
+use crate::chunk::{ChunkTable, PageRef, PageTable, Tag};
+use crate::index::{ParkingSlot, UnitIndex, UnitRange};
 use crate::store::{SharedStore, SlotId};
 use crate::uffd::Uffd;
 
@@ -128,7 +127,7 @@ const PAGE_BATCH: usize = 64;
 /// Staged whole units waiting for their batch write: the unit and its
 /// parking slot.
 struct UnitBatch {
-    batch: Vec<(usize, ParkingSlot)>,
+    batch: Vec<(UnitIndex, ParkingSlot)>,
 }
 
 /// Evicted pages of split chunks waiting for their write.
@@ -218,7 +217,7 @@ impl<'a> Evictor<'a> {
 impl EvictService {
     /// Evicts every resident unit of `units` and waits until their writes (and
     /// writes of units other evictors staged there) completed.
-    pub(crate) fn evict_range(&self, units: Range<usize>) -> Result<EvictReport, SwapError> {
+    pub(crate) fn evict_range(&self, units: UnitRange) -> Result<EvictReport, SwapError> {
         let s = self;
         let mut evictor = Evictor::new(s);
         for unit in units.clone() {
@@ -251,10 +250,8 @@ impl EvictService {
                 std::thread::sleep(Duration::from_micros(200));
             }
             if let (Tag::Split, Some(pages)) = (s.table.load(unit).tag(), s.pages.as_deref()) {
-                for page in 0..PAGES_PER_CHUNK {
-                    pages.wait_settled(PageRef { chunk: unit, page }, &|| {
-                        s.life.stopping() || s.life.failed()
-                    });
+                for at in unit.pages() {
+                    pages.wait_settled(at, &|| s.life.stopping() || s.life.failed());
                 }
             }
         }

@@ -10,16 +10,16 @@ use crate::chunk::{PageRef, PageTag, PageTransition, Tag, PAGES_PER_CHUNK};
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
-use crate::index::ParkingSlot;
+use crate::index::{ParkingSlot, UnitIndex};
 use crate::store::{PageWrite, SlotId};
 use crate::uffd::MoveOptions;
 use guestmem::host::PAGE_BYTES;
 
 impl Evictor<'_> {
     /// Evicts every resident page of a split chunk.
-    pub(super) fn evict_split(&mut self, chunk: usize) -> Result<(), SwapError> {
-        for page in 0..PAGES_PER_CHUNK {
-            self.evict_page(PageRef { chunk, page })?;
+    pub(super) fn evict_split(&mut self, chunk: UnitIndex) -> Result<(), SwapError> {
+        for at in chunk.pages() {
+            self.evict_page(at)?;
         }
         Ok(())
     }
@@ -77,7 +77,7 @@ impl Evictor<'_> {
             // page (empty: a fresh or discarded slot); raw addresses only.
             match unsafe {
                 s.uffd
-                    .move_all(parked, s.geo.page_addr(at), PAGE_BYTES, options)
+                    .move_all(parked, s.geo.page_addr(at).raw(), PAGE_BYTES, options)
             } {
                 Ok(()) => break,
                 Err(e) if e.errno() == Some(libc::EBUSY) && tries < 3 => {
@@ -95,7 +95,7 @@ impl Evictor<'_> {
                     let e = SwapError::uffd(
                         format!(
                             "moving out the page at guest address {:#x}",
-                            s.geo.page_gpa(at)
+                            s.geo.page_store_key(at)
                         ),
                         e,
                     );
@@ -156,13 +156,13 @@ impl Evictor<'_> {
         // page; the guest page is empty since the move out.
         unsafe {
             s.uffd
-                .move_all(s.geo.page_addr(at), parked, PAGE_BYTES, options)
+                .move_all(s.geo.page_addr(at).raw(), parked, PAGE_BYTES, options)
         }
         .map_err(|e| {
             let e = SwapError::uffd(
                 format!(
                     "putting back the page at guest address {:#x}",
-                    s.geo.page_gpa(at)
+                    s.geo.page_store_key(at)
                 ),
                 e,
             );
@@ -192,7 +192,7 @@ impl Evictor<'_> {
     }
 
     /// while this evictor holds one of the chunk's pages `Evicting`.
-    pub(super) fn split_slot(&self, chunk: usize) -> Result<Option<SlotId>, SwapError> {
+    pub(super) fn split_slot(&self, chunk: UnitIndex) -> Result<Option<SlotId>, SwapError> {
         let s = self.s;
         loop {
             let word = s.table.load(chunk);
@@ -204,7 +204,7 @@ impl Evictor<'_> {
             }
             let slot = s
                 .store
-                .allocate_paged(s.geo.unit_store_key(chunk))
+                .allocate_paged(s.geo.unit_store_key(chunk).raw())
                 .map_err(|e| {
                     SwapError::unit_store(
                         format!(
@@ -239,8 +239,8 @@ impl Evictor<'_> {
             let writes: Vec<PageWrite<'_>> = group
                 .iter()
                 .map(|&(at, index, _)| PageWrite {
-                    page: at.page,
-                    gpa: s.geo.page_gpa(at),
+                    page: at.page.get(),
+                    gpa: s.geo.page_store_key(at).raw(),
                     // SAFETY: the parking page is populated and stays in
                     // place until this batch settles.
                     data: unsafe {
@@ -272,7 +272,7 @@ impl Evictor<'_> {
                         let error = SwapError::unit_store(
                             format!(
                                 "swap out the page at guest address {:#x} of the split chunk at {}",
-                                s.geo.page_gpa(at),
+                                s.geo.page_store_key(at),
                                 s.geo.unit_name(chunk)
                             ),
                             e,

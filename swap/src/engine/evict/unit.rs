@@ -10,14 +10,14 @@ use crate::engine::config::InstallMode;
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
-use crate::index::ParkingSlot;
+use crate::index::{ParkingSlot, UnitIndex};
 use crate::store::{SlotId, WriteRequest};
 use crate::uffd::MoveOptions;
 use guestmem::host::{punch_hole, PAGE_BYTES};
 
 impl Evictor<'_> {
     /// Evicts one unit if it is resident and not pinned.
-    pub(super) fn evict(&mut self, unit: usize) -> Result<(), SwapError> {
+    pub(super) fn evict(&mut self, unit: UnitIndex) -> Result<(), SwapError> {
         let s = self.s;
         let (resident, evicting) = loop {
             let state = s.table.load(unit);
@@ -68,12 +68,12 @@ impl Evictor<'_> {
     /// kernel refused (pinned pages); nothing was taken.
     pub(super) fn take_away(
         &mut self,
-        unit: usize,
+        unit: UnitIndex,
         resident: UnitState,
         p: ParkingSlot,
     ) -> Result<bool, SwapError> {
         let s = self.s;
-        let src = s.geo.unit_addr(unit);
+        let src = s.geo.unit_addr(unit).raw();
         let dst = s.parking.addr(p).raw();
         let len = s.geo.unit_bytes;
         match s.mode {
@@ -143,7 +143,7 @@ impl Evictor<'_> {
                         )
                     })?;
                 }
-                let offset = unit as u64 * len;
+                let offset = s.geo.unit_offset(unit).get();
                 s.parking
                     .raw()
                     .copy_from(s.parking.offset(p).get(), &s.geo.guest, offset, len);
@@ -187,7 +187,7 @@ impl Evictor<'_> {
     /// Decides the fate of a unit parked in `p`.
     pub(super) fn classify(
         &mut self,
-        unit: usize,
+        unit: UnitIndex,
         evicting: UnitState,
         p: ParkingSlot,
     ) -> Result<(), SwapError> {
@@ -264,7 +264,7 @@ impl Evictor<'_> {
         let requests: Vec<WriteRequest<'_>> = batch
             .iter()
             .map(|&(unit, p)| WriteRequest {
-                gpa: s.geo.unit_store_key(unit),
+                gpa: s.geo.unit_store_key(unit).raw(),
                 // SAFETY: slot `p` is populated and stays in place while
                 // WRITING is set: the fault path only copies out of it then.
                 data: unsafe {
@@ -307,7 +307,7 @@ impl Evictor<'_> {
     }
 
     /// write (`None`).
-    pub(super) fn complete(&mut self, unit: usize, p: ParkingSlot, slot: Option<SlotId>) {
+    pub(super) fn complete(&mut self, unit: UnitIndex, p: ParkingSlot, slot: Option<SlotId>) {
         let s = self.s;
         loop {
             let state = s.table.load(unit);
