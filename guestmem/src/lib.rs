@@ -44,3 +44,7 @@ pub use size::{format_size, format_size_arg, parse_size, SizeError};
 pub const CHUNK_BYTES: u64 = host::HUGE_PAGE_BYTES;
 
 pub use host::PAGE_BYTES;
+
+/// A guest-physical address, as the layout and [`GuestRam`] take it
+/// (re-exported so that callers need not depend on vm-memory to name it).
+pub use vm_memory::GuestAddress;

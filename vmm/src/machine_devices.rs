@@ -19,6 +19,7 @@ use std::io::Write;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
 use swap::engine::SwapEngine;
+use vm_memory::GuestAddress;
 use vmm_sys_util::eventfd::EventFd;
 
 /// First virtio-mmio window, inside the `[3 GiB, 4 GiB)` hole.
@@ -232,8 +233,8 @@ impl FreeChunkDropper {
     fn drop_range(&self, gpa: u64, len_bytes: u64) -> Result<(), String> {
         let layout = self.ram.layout();
         let offset = layout
-            .gpa_to_offset(gpa)
-            .filter(|_| layout.contains(gpa, len_bytes))
+            .gpa_to_offset(GuestAddress(gpa))
+            .filter(|_| layout.contains(GuestAddress(gpa), len_bytes))
             .ok_or_else(|| format!("free range {gpa:#x}+{len_bytes:#x} is not guest RAM"))?;
         if gpa < self.keep_below {
             return Err(format!(
@@ -243,7 +244,7 @@ impl FreeChunkDropper {
         }
         if let Some(engine) = self.engine.get() {
             return engine
-                .discard_range(offset, len_bytes)
+                .discard_range(offset.get(), len_bytes)
                 .map(|_| ())
                 .map_err(|e| e.to_string());
         }

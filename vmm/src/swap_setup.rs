@@ -10,6 +10,7 @@ use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapUnit
 use swap::store::file::OldContent;
 use swap::store::spec::OpenedStore;
 use swap::store::{CapacityNeed, Integrity, StoreSpec};
+use vm_memory::Address;
 
 /// The swap options of a run.
 #[derive(Clone, Debug)]
@@ -77,14 +78,14 @@ pub fn start(
         Backing::Thp | Backing::Small4k => MemoryKind::Anonymous,
     };
     let region = ManagedRegion {
-        host_base: ram.host_base_addr(),
+        host_base: ram.host_base_addr().raw(),
         len_bytes: ram.len_bytes(),
         kind,
         gpa_ranges: ram
             .layout()
             .regions()
             .iter()
-            .map(|r| (r.gpa, r.backing_offset, r.len_bytes))
+            .map(|r| (r.gpa.raw_value(), r.backing_offset.get(), r.len_bytes))
             .collect(),
     };
     let config = EngineConfig {
