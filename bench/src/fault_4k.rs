@@ -54,6 +54,7 @@ use super::limits::seqwrite_chunk;
 use super::report::Table;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
+use guestmem::addr::RegionOffset;
 
 const PAGE: u64 = 4096;
 /// Pages per batch in the write comparison.
@@ -848,7 +849,7 @@ impl Registered {
         }
         let map = AnonMapping::new(pages as u64 * PAGE).context("cannot map a region")?;
         let r = map.range();
-        r.advise_nohugepage(0, r.len())
+        r.advise_nohugepage(RegionOffset::ZERO, r.len())
             .context("madvise(MADV_NOHUGEPAGE)")?;
         // SAFETY: the mapping is this measurement's own and only reached
         // through raw addresses; its missing pages are touched only by the
@@ -867,7 +868,7 @@ impl Registered {
 fn small_buffer(pages: usize) -> Result<AnonMapping> {
     let map = AnonMapping::new(pages as u64 * PAGE).context("cannot map a buffer")?;
     map.range()
-        .advise_nohugepage(0, map.range().len())
+        .advise_nohugepage(RegionOffset::ZERO, map.range().len())
         .context("madvise(MADV_NOHUGEPAGE)")?;
     Ok(map)
 }
@@ -876,7 +877,7 @@ fn small_buffer(pages: usize) -> Result<AnonMapping> {
 fn fill_page(dst: &RawRange, offset: u64, pattern: &[u8]) {
     // SAFETY: `dst` is an unregistered buffer of the caller's, nothing else
     // uses the page during the copy.
-    let page = unsafe { dst.slice_mut(offset, PAGE) };
+    let page = unsafe { dst.slice_mut(RegionOffset::new(offset), PAGE) };
     page.copy_from_slice(&pattern[..PAGE as usize]);
 }
 
@@ -893,9 +894,9 @@ fn round_trips(
 ) -> Result<()> {
     let r = reg.range();
     assert!(n as u64 * PAGE <= r.len() && n as u64 * PAGE <= src.len());
-    r.discard(0, r.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
     if how == Install::Move {
-        src.touch(0, n as u64 * PAGE);
+        src.touch(RegionOffset::ZERO, n as u64 * PAGE);
     }
     let base = Instant::now();
     let ns = move || base.elapsed().as_nanos() as u64;
@@ -1010,8 +1011,8 @@ fn round_trips(
     let cpu_us = |a: u64, b: u64| (b - a) as f64 / 1e3 / n as f64;
     out.cpu[0].push(round, cpu_us(w_before.1, w_after.1));
     out.cpu[1].push(round, cpu_us(s_before.1, s_after.1));
-    r.discard(0, r.len())?;
-    src.discard(0, src.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
+    src.discard(RegionOffset::ZERO, src.len())?;
     Ok(())
 }
 
@@ -1039,7 +1040,7 @@ fn ioctl_round(
     let r = reg.range();
     let u = &reg.uffd;
     let at = |area: u64, i: usize| r.base() + (area * n as u64 + i as u64) * PAGE;
-    r.discard(0, r.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
     let no_wake = CopyOptions {
         write_protect: false,
         dont_wake: true,
@@ -1062,7 +1063,7 @@ fn ioctl_round(
         // A moved-in page leaves a hole in its buffer: the next read needs
         // a fresh page there, which a touch (allocate and clear) gives.
         let t = Instant::now();
-        src.touch(i as u64 * PAGE, PAGE);
+        src.touch(RegionOffset::new(i as u64 * PAGE), PAGE);
         out.refill.push(round, us_since(t));
 
         let t = Instant::now();
@@ -1101,8 +1102,8 @@ fn ioctl_round(
         .context("UFFDIO_MOVE (move-out)")?;
         out.move_out.push(round, us_since(t));
     }
-    r.discard(0, r.len())?;
-    src.discard(0, src.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
+    src.discard(RegionOffset::ZERO, src.len())?;
     Ok(())
 }
 

@@ -28,6 +28,7 @@ use super::hist::{median, sample_summary_json};
 use super::limits::seqwrite_chunk;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
+use guestmem::addr::RegionOffset;
 
 const PAGE: u64 = 4096;
 
@@ -135,10 +136,10 @@ impl Registered {
         let map = AnonMapping::new(len).context("cannot map the destination region")?;
         let r = map.range();
         if huge {
-            r.advise_hugepage(0, r.len())
+            r.advise_hugepage(RegionOffset::ZERO, r.len())
                 .context("madvise(MADV_HUGEPAGE)")?;
         } else {
-            r.advise_nohugepage(0, r.len())
+            r.advise_nohugepage(RegionOffset::ZERO, r.len())
                 .context("madvise(MADV_NOHUGEPAGE)")?;
         }
         // SAFETY: the mapping is this measurement's own, reached through raw
@@ -207,17 +208,17 @@ fn thp_restores(
     let mut pmd = true;
     for i in 0..n {
         let t = Instant::now();
-        b.touch(0, PAGE);
-        if b.collapse(0, CHUNK_BYTES).is_err() {
+        b.touch(RegionOffset::ZERO, PAGE);
+        if b.collapse(RegionOffset::ZERO, CHUNK_BYTES).is_err() {
             // Not huge: populate every page so the move leaves no hole.
-            b.touch(0, CHUNK_BYTES);
+            b.touch(RegionOffset::ZERO, CHUNK_BYTES);
         }
         fill.push(us(t));
         if let Some(store) = store {
             let t = Instant::now();
             // SAFETY: the buffer is a private, populated mapping of this
             // function's caller that nothing else accesses during the call.
-            let data = unsafe { b.slice_mut(0, CHUNK_BYTES) };
+            let data = unsafe { b.slice_mut(RegionOffset::ZERO, CHUNK_BYTES) };
             store
                 .read(slots[i % slots.len()], 1 << 32, data)
                 .context("floor: store read failed")?;
@@ -245,7 +246,7 @@ fn thp_restores(
         }
         // Empty the destination again (frees the huge page) without
         // touching it.
-        d.discard(dst_addr - d.base(), CHUNK_BYTES)
+        d.discard(RegionOffset::new(dst_addr - d.base()), CHUNK_BYTES)
             .context("floor: MADV_DONTNEED")?;
     }
     Ok((Parts::from_samples(&read, &fill, &install), pmd))
@@ -283,7 +284,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
         Ok(dst) => {
             let buf = AnonMapping::new(CHUNK_BYTES).context("floor: cannot map the buffer")?;
             buf.range()
-                .advise_hugepage(0, CHUNK_BYTES)
+                .advise_hugepage(RegionOffset::ZERO, CHUNK_BYTES)
                 .context("madvise(MADV_HUGEPAGE)")?;
             // One untimed round warms the code paths and the allocator.
             thp_restores(&dst, &buf, Some(file.as_ref()), &file_slots, 2)?;
@@ -347,14 +348,14 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
                     .context("floor: UFFDIO_COPY failed")?;
                 dst.uffd.wake(addr, PAGE)?;
                 copy.push(us(t));
-                d.discard(addr - d.base(), PAGE)?;
+                d.discard(RegionOffset::new(addr - d.base()), PAGE)?;
                 let t = Instant::now();
                 dst.uffd
                     .zeropage(addr, PAGE, true)
                     .context("floor: UFFDIO_ZEROPAGE failed")?;
                 dst.uffd.wake(addr, PAGE)?;
                 zero.push(us(t));
-                d.discard(addr - d.base(), PAGE)?;
+                d.discard(RegionOffset::new(addr - d.base()), PAGE)?;
             }
             f.store_file_4k = Parts::from_samples(&read, &[], &copy);
             f.zero_4k = Parts::from_samples(&[], &[], &zero);

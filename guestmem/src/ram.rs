@@ -136,7 +136,10 @@ impl GuestRam {
             // MADV_DONTNEED on private anonymous memory only drops pages,
             // which then read as zero. Nothing in the VMM holds references
             // into guest RAM across this call.
-            None => self.mapping.range().discard(offset, len_bytes),
+            None => self
+                .mapping
+                .range()
+                .discard(RegionOffset::new(offset), len_bytes),
         };
         result.map_err(|error| GuestMemError::Discard {
             offset,

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{config, get, put, start_guest, Guest};
+use guestmem::addr::RegionOffset;
 use guestmem::host::{PagemapScanner, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::chunk::PageTag;
 use swap::engine::{EngineConfig, SwapUnit};
@@ -72,7 +73,7 @@ fn check_all(g: &Guest, pages: std::ops::Range<u64>, round: u64) {
 fn is_huge(g: &Guest, chunk: u64) -> bool {
     PagemapScanner::open()
         .unwrap()
-        .is_huge(g.mem.range(), chunk * CHUNK, CHUNK)
+        .is_huge(g.mem.range(), RegionOffset::new(chunk * CHUNK), CHUNK)
         .unwrap()
 }
 

@@ -4,6 +4,7 @@
 mod common;
 
 use common::smaps::huge_and_rss_bytes;
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::uffd::{feature, ioctl_bit, mode, CopyOptions, FaultKind, MoveOptions, Uffd, UffdEvent};
 
@@ -20,10 +21,12 @@ fn next_fault(uffd: &Uffd) -> UffdEvent {
 
 fn thp_buffer(value: u8) -> AnonMapping {
     let buf = AnonMapping::new(MB2).unwrap();
-    buf.range().advise_hugepage(0, MB2).unwrap();
-    buf.range().touch(0, MB2);
+    buf.range()
+        .advise_hugepage(RegionOffset::ZERO, MB2)
+        .unwrap();
+    buf.range().touch(RegionOffset::ZERO, MB2);
     // SAFETY: the buffer is ours, populated, and not shared.
-    unsafe { buf.range().slice_mut(0, MB2) }.fill(value);
+    unsafe { buf.range().slice_mut(RegionOffset::ZERO, MB2) }.fill(value);
     buf
 }
 
@@ -44,7 +47,7 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     let uffd = Uffd::open(0).unwrap();
     let guest = AnonMapping::new(4 * MB2).unwrap();
     let g = *guest.range();
-    g.advise_hugepage(0, 4 * MB2).unwrap();
+    g.advise_hugepage(RegionOffset::ZERO, 4 * MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
     let ioctls = unsafe { uffd.register(g.base(), g.len(), mode::MISSING | mode::WP) }.unwrap();
@@ -128,7 +131,7 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     let (huge, _) = huge_and_rss_bytes(park.range().base(), MB2);
     assert_eq!(huge, MB2, "parked chunk stays huge");
     // SAFETY: the parked chunk is populated and owned by the test.
-    assert!(unsafe { park.range().slice(0, MB2) }
+    assert!(unsafe { park.range().slice(RegionOffset::ZERO, MB2) }
         .iter()
         .all(|&b| b == 0xab));
     uffd.unregister(g.base(), g.len()).unwrap();
@@ -139,7 +142,7 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
     let uffd = Uffd::open(0).unwrap();
     let guest = AnonMapping::new(MB2).unwrap();
     let g = *guest.range();
-    g.advise_hugepage(0, MB2).unwrap();
+    g.advise_hugepage(RegionOffset::ZERO, MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
     unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
@@ -169,7 +172,7 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
     // Discarding a write-protected chunk: does the next touch fault
     // MISSING (no WP marker left on anonymous memory)?
     uffd.write_protect(g.base(), MB2).unwrap();
-    g.discard(0, MB2).unwrap();
+    g.discard(RegionOffset::ZERO, MB2).unwrap();
     let reader = std::thread::spawn(move || {
         // SAFETY: as above.
         unsafe { std::ptr::write_volatile(addr as *mut u8, 1) };
@@ -189,14 +192,14 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     let uffd = Uffd::open(0).unwrap();
     let guest = AnonMapping::new(MB2).unwrap();
     let g = *guest.range();
-    g.advise_nohugepage(0, MB2).unwrap();
+    g.advise_nohugepage(RegionOffset::ZERO, MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
     unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
     let src = AnonMapping::new(MB2).unwrap();
-    src.range().touch(0, MB2);
+    src.range().touch(RegionOffset::ZERO, MB2);
     // SAFETY: test-owned populated buffer.
-    unsafe { src.range().slice_mut(0, PAGE_BYTES) }.fill(5);
+    unsafe { src.range().slice_mut(RegionOffset::ZERO, PAGE_BYTES) }.fill(5);
     uffd.copy(
         g.base(),
         src.range().base(),
@@ -219,7 +222,7 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     uffd.zeropage(g.base() + PAGE_BYTES, PAGE_BYTES, false)
         .unwrap();
     // SAFETY: the page was just populated by COPY.
-    assert_eq!(unsafe { g.slice(0, 1) }[0], 5);
+    assert_eq!(unsafe { g.slice(RegionOffset::ZERO, 1) }[0], 5);
     // Move a copied page and a zero page out to a registered parking area.
     let park = AnonMapping::new(MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
@@ -276,7 +279,7 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     .unwrap();
     let mut present = Vec::new();
     park.range()
-        .residency(0, 4 * PAGE_BYTES, &mut present)
+        .residency(RegionOffset::ZERO, 4 * PAGE_BYTES, &mut present)
         .unwrap();
     println!("parking residency after moves: {present:?}");
     assert_eq!(present[0] & 1, 1);

@@ -39,6 +39,7 @@
 use std::sync::{Condvar, Mutex};
 
 use crate::index::ParkingSlot;
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
 
 /// How the pool's buffers are used.
@@ -124,9 +125,13 @@ impl BufferPool {
         let mapping = AnonMapping::new(count as u64 * buf_bytes)?;
         // Restore buffers hold guest memory read (and decrypted) from the
         // store: kept out of core dumps like the parking area.
-        mapping.range().dont_dump(0, mapping.range().len())?;
+        mapping
+            .range()
+            .dont_dump(RegionOffset::ZERO, mapping.range().len())?;
         match mode {
-            PoolMode::Thp => mapping.range().advise_hugepage(0, mapping.range().len())?,
+            PoolMode::Thp => mapping
+                .range()
+                .advise_hugepage(RegionOffset::ZERO, mapping.range().len())?,
             PoolMode::Reusable => {}
         }
         let pool = BufferPool {
@@ -170,7 +175,8 @@ impl BufferPool {
     /// test hook): they fill with small pages and every restore takes the
     /// small-page path.
     pub fn refuse_huge_pages(&self) -> std::io::Result<()> {
-        self.range().advise_nohugepage(0, self.range().len())
+        self.range()
+            .advise_nohugepage(RegionOffset::ZERO, self.range().len())
     }
 
     /// The pool's size: the bound on idle buffers.
@@ -188,13 +194,13 @@ impl BufferPool {
     }
 
     /// Offset of a buffer within [`BufferPool::raw`].
-    pub fn offset_of(&self, buf: &Buffer) -> u64 {
-        buf.index as u64 * self.buf_bytes
+    pub fn offset_of(&self, buf: &Buffer) -> RegionOffset {
+        RegionOffset::new(buf.index as u64 * self.buf_bytes)
     }
 
     /// Populates buffer `index`; returns whether it is one huge page.
     fn fill(&self, index: usize, filler: Filler) -> bool {
-        let offset = index as u64 * self.buf_bytes;
+        let offset = RegionOffset::new(index as u64 * self.buf_bytes);
         match self.mode {
             PoolMode::Reusable => {
                 self.range().touch(offset, self.buf_bytes);

@@ -217,15 +217,11 @@ impl Collapser {
         let _ = s
             .geo
             .guest
-            .discard(s.geo.unit_offset(chunk).get(), s.geo.unit_bytes);
+            .discard(s.geo.unit_offset(chunk), s.geo.unit_bytes);
         s.installer.install_thp_buffer(chunk, buf)?;
         let huge = s.pagemap.as_ref().is_some_and(|scanner| {
             scanner
-                .is_huge(
-                    &s.geo.guest,
-                    s.geo.unit_offset(chunk).get(),
-                    s.geo.unit_bytes,
-                )
+                .is_huge(&s.geo.guest, s.geo.unit_offset(chunk), s.geo.unit_bytes)
                 .unwrap_or(false)
         });
         merging.free_slot(s);
@@ -242,7 +238,7 @@ impl Collapser {
     /// PAGEMAP_SCAN then sees one huge mapping.
     fn collapse_in_place(&self, merging: &Merging) -> bool {
         let s = self;
-        let offset = s.geo.unit_offset(merging.chunk).get();
+        let offset = s.geo.unit_offset(merging.chunk);
         let huge = s.geo.guest.collapse(offset, s.geo.unit_bytes).is_ok()
             && s.pagemap.as_ref().is_some_and(|scanner| {
                 scanner
@@ -300,7 +296,7 @@ impl Collapser {
                     let src = unsafe {
                         s.parking
                             .raw()
-                            .slice(parked.offset_by(at.page.offset_bytes()).get(), PAGE_BYTES)
+                            .slice(parked.offset_by(at.page.offset_bytes()), PAGE_BYTES)
                     };
                     data[bytes].copy_from_slice(src);
                 }
@@ -339,7 +335,7 @@ impl Collapser {
         if let Err(e) = s
             .geo
             .guest
-            .discard(s.geo.unit_offset(chunk).get(), s.geo.unit_bytes)
+            .discard(s.geo.unit_offset(chunk), s.geo.unit_bytes)
         {
             merging.abort(s);
             return Err(SwapError::os(

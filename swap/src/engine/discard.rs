@@ -128,13 +128,13 @@ impl Discarder {
                     let Ok(evicting) = s.table.begin_evict(unit.into(), state) else {
                         continue;
                     };
-                    let offset = s.geo.unit_offset(unit).get();
+                    let offset = s.geo.unit_offset(unit);
                     let zapped = match s.mode {
                         InstallMode::Thp | InstallMode::Small => {
                             s.geo.guest.discard(offset, s.geo.unit_bytes)
                         }
                         InstallMode::Hugetlb { memfd } => {
-                            punch_hole(memfd, offset, s.geo.unit_bytes)
+                            punch_hole(memfd, offset.get(), s.geo.unit_bytes)
                         }
                     };
                     if let Err(e) = zapped {

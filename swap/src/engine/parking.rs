@@ -51,7 +51,9 @@ impl Parking {
         // Parked units are guest memory on its way to the store: a core
         // dump of hugevmm must not hold them (with --swap-encrypt the store
         // only ever sees them sealed; docs/ENCRYPTION.md).
-        mapping.range().dont_dump(0, mapping.range().len())?;
+        mapping
+            .range()
+            .dont_dump(RegionOffset::ZERO, mapping.range().len())?;
         Ok(Parking {
             mapping,
             slot_bytes,
@@ -106,7 +108,7 @@ impl Parking {
         let taken = !self.free.lock().unwrap_or_else(|e| e.into_inner()).is_free[slot.index()];
         assert_taken(taken, slot);
         // Discarding makes the slot a valid (empty) move destination again.
-        let _ = self.raw().discard(self.offset(slot).get(), self.slot_bytes);
+        let _ = self.raw().discard(self.offset(slot), self.slot_bytes);
         self.release_empty(slot);
     }
 

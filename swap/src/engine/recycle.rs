@@ -46,6 +46,7 @@ use super::limit::Limiter;
 use super::parking::Parking;
 use super::stats::{bump, Counters};
 use crate::index::ParkingSlot;
+use guestmem::addr::RegionOffset;
 use guestmem::host::{PagemapScanner, RawRange};
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,10 +127,10 @@ impl RestoreBuffers {
     }
 
     /// The range holding the buffer and the buffer's offset in it.
-    pub fn place(&self, buf: &RestoreBuffer) -> (&RawRange, u64) {
+    pub fn place(&self, buf: &RestoreBuffer) -> (&RawRange, RegionOffset) {
         match &buf.origin {
             Origin::Pool(pool_buf) => (self.pool.raw(), self.pool.offset_of(pool_buf)),
-            Origin::Parked(slot) => (self.parking.raw(), self.parking.offset(*slot).get()),
+            Origin::Parked(slot) => (self.parking.raw(), self.parking.offset(*slot)),
         }
     }
 
@@ -139,7 +140,7 @@ impl RestoreBuffers {
         range.copy_from(
             offset,
             self.parking.raw(),
-            self.parking.offset(p).get(),
+            self.parking.offset(p),
             self.unit_bytes,
         );
     }
@@ -148,11 +149,7 @@ impl RestoreBuffers {
     fn parked_huge(&self, p: ParkingSlot) -> bool {
         self.pagemap.as_ref().is_some_and(|scanner| {
             scanner
-                .is_huge(
-                    self.parking.raw(),
-                    self.parking.offset(p).get(),
-                    self.unit_bytes,
-                )
+                .is_huge(self.parking.raw(), self.parking.offset(p), self.unit_bytes)
                 .unwrap_or(false)
         })
     }
@@ -206,7 +203,7 @@ impl RestoreBuffers {
         unsafe {
             self.parking
                 .raw()
-                .slice_mut(self.parking.offset(slot).get(), self.unit_bytes)
+                .slice_mut(self.parking.offset(slot), self.unit_bytes)
         }
         .fill(0);
     }

@@ -12,6 +12,7 @@ use crate::chunk::ChunkTable;
 use crate::index::UnitIndex;
 use crate::store::SharedStore;
 use crate::uffd::{feature, mode, Uffd};
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 
 /// How guest RAM of `kind` is swapped in `unit`s.
@@ -113,11 +114,11 @@ pub(super) fn register_guest(
     let guest = unsafe { RawRange::new(region.host_base, region.len_bytes) };
     match backing {
         InstallMode::Thp => guest
-            .advise_hugepage(0, guest.len())
+            .advise_hugepage(RegionOffset::ZERO, guest.len())
             .map_err(|e| SwapError::os("madvise(MADV_HUGEPAGE) on guest RAM", e))?,
         // The 4 KiB baseline must not be rescued by khugepaged.
         InstallMode::Small => guest
-            .advise_nohugepage(0, guest.len())
+            .advise_nohugepage(RegionOffset::ZERO, guest.len())
             .map_err(|e| SwapError::os("madvise(MADV_NOHUGEPAGE) on guest RAM", e))?,
         InstallMode::Hugetlb { .. } => {}
     }
@@ -213,7 +214,7 @@ pub(super) fn zero_source(backing: InstallMode) -> Result<Option<AnonMapping>, S
         InstallMode::Hugetlb { .. } => {
             let zero = AnonMapping::new(HUGE_PAGE_BYTES)
                 .map_err(|e| SwapError::os("mapping the zero buffer", e))?;
-            zero.range().touch(0, HUGE_PAGE_BYTES);
+            zero.range().touch(RegionOffset::ZERO, HUGE_PAGE_BYTES);
             Ok(Some(zero))
         }
         _ => Ok(None),

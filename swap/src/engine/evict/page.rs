@@ -13,6 +13,7 @@ use crate::engine::stats::{add, bump};
 use crate::index::{ParkingSlot, UnitIndex};
 use crate::store::{PageWrite, SlotId};
 use crate::uffd::MoveOptions;
+use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
 impl Evictor<'_> {
@@ -104,11 +105,7 @@ impl Evictor<'_> {
                 }
             }
         }
-        let offset = s
-            .parking
-            .offset(p)
-            .offset_by(index as u64 * PAGE_BYTES)
-            .get();
+        let offset = s.parking.offset(p).offset_by(index as u64 * PAGE_BYTES);
         self.fill_page_hole(offset)?;
         // SAFETY: the parking page is populated (moved in, or its hole
         // filled) and owned by this evictor until released.
@@ -172,7 +169,7 @@ impl Evictor<'_> {
     }
 
     /// guest page was a hole).
-    pub(super) fn fill_page_hole(&mut self, offset: u64) -> Result<(), SwapError> {
+    pub(super) fn fill_page_hole(&mut self, offset: RegionOffset) -> Result<(), SwapError> {
         let s = self.s;
         s.parking
             .raw()
@@ -181,7 +178,7 @@ impl Evictor<'_> {
         if self.residency[0] & 1 == 0 {
             match s
                 .uffd
-                .zeropage(s.parking.raw().base() + offset, PAGE_BYTES, true)
+                .zeropage(s.parking.raw().base() + offset.get(), PAGE_BYTES, true)
             {
                 Ok(()) => {}
                 Err(e) if e.is_eexist() => {}
@@ -245,10 +242,7 @@ impl Evictor<'_> {
                     // place until this batch settles.
                     data: unsafe {
                         s.parking.raw().slice(
-                            s.parking
-                                .offset(p)
-                                .offset_by(index as u64 * PAGE_BYTES)
-                                .get(),
+                            s.parking.offset(p).offset_by(index as u64 * PAGE_BYTES),
                             PAGE_BYTES,
                         )
                     },
@@ -290,7 +284,7 @@ impl Evictor<'_> {
             let _ = s
                 .parking
                 .raw()
-                .discard(s.parking.offset(p).get(), used as u64 * PAGE_BYTES);
+                .discard(s.parking.offset(p), used as u64 * PAGE_BYTES);
             self.pages.slot = Some((p, 0));
         } else {
             self.pages.batch = kept;

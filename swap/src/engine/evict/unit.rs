@@ -143,11 +143,11 @@ impl Evictor<'_> {
                         )
                     })?;
                 }
-                let offset = s.geo.unit_offset(unit).get();
+                let offset = s.geo.unit_offset(unit);
                 s.parking
                     .raw()
-                    .copy_from(s.parking.offset(p).get(), &s.geo.guest, offset, len);
-                punch_hole(memfd, offset, len).map_err(|e| {
+                    .copy_from(s.parking.offset(p), &s.geo.guest, offset, len);
+                punch_hole(memfd, offset.get(), len).map_err(|e| {
                     SwapError::os(
                         format!("punching the hugetlb chunk at {}", s.geo.unit_name(unit)),
                         e,
@@ -163,11 +163,7 @@ impl Evictor<'_> {
         let s = self.s;
         s.parking
             .raw()
-            .residency(
-                s.parking.offset(p).get(),
-                s.geo.unit_bytes,
-                &mut self.residency,
-            )
+            .residency(s.parking.offset(p), s.geo.unit_bytes, &mut self.residency)
             .map_err(|e| SwapError::os("mincore on the parking area", e))?;
         for (i, &present) in self.residency.iter().enumerate() {
             if present & 1 == 0 {
@@ -194,11 +190,7 @@ impl Evictor<'_> {
         let s = self.s;
         // SAFETY: slot `p` is populated (moved in and holes filled, or
         // copied) and owned by this thread until released or staged.
-        let data = unsafe {
-            s.parking
-                .raw()
-                .slice(s.parking.offset(p).get(), s.geo.unit_bytes)
-        };
+        let data = unsafe { s.parking.raw().slice(s.parking.offset(p), s.geo.unit_bytes) };
         // Without a recorded hash the write-protection is exact (the unit
         // was installed write-protected by UFFDIO_COPY): skip the scan.
         let recorded = s.table.hash(unit);
@@ -267,11 +259,7 @@ impl Evictor<'_> {
                 gpa: s.geo.unit_store_key(unit).raw(),
                 // SAFETY: slot `p` is populated and stays in place while
                 // WRITING is set: the fault path only copies out of it then.
-                data: unsafe {
-                    s.parking
-                        .raw()
-                        .slice(s.parking.offset(p).get(), s.geo.unit_bytes)
-                },
+                data: unsafe { s.parking.raw().slice(s.parking.offset(p), s.geo.unit_bytes) },
             })
             .collect();
         let results = s.store.write_batch(&requests);
