@@ -246,7 +246,7 @@ impl FreeChunkDropper {
         }
         if let Some(engine) = self.engine.get() {
             return engine
-                .discard_range(offset.get(), len_bytes)
+                .discard_range(offset, len_bytes)
                 .map(|_| ())
                 .map_err(|e| e.to_string());
         }

@@ -70,10 +70,17 @@ impl Geometry {
         if offset >= self.guest.len() {
             return None;
         }
-        Some((
+        Some(self.unit_at(RegionOffset::new(offset)))
+    }
+
+    /// The unit and the page within it that region offset `offset` falls
+    /// in (not checked against the region's length).
+    pub fn unit_at(&self, offset: RegionOffset) -> (UnitIndex, PageIndex) {
+        let offset = offset.get();
+        (
             UnitIndex::new((offset / self.unit_bytes) as usize),
             PageIndex::new((offset % self.unit_bytes / PAGE_BYTES) as usize),
-        ))
+        )
     }
 
     /// The units overlapping region bytes `[offset, offset + len_bytes)`.

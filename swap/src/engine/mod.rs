@@ -72,7 +72,6 @@ pub use thread_setup::{EngineThread, ThreadSetup};
 
 use crate::chunk::Tag;
 use crate::chunk::{ChunkTable, PageTable, TagCounts, UnitState};
-use crate::index::{PageIndex, UnitIndex};
 use crate::store::SharedStore;
 use crate::uffd::Uffd;
 use buffers::PoolMode;
@@ -450,9 +449,9 @@ impl SwapEngine {
 
     /// Evicts every resident unit overlapping `[offset, offset+len)` and
     /// waits until their writes completed.
-    pub fn evict_range(&self, offset: u64, len: u64) -> Result<EvictReport, SwapError> {
+    pub fn evict_range(&self, offset: RegionOffset, len: u64) -> Result<EvictReport, SwapError> {
         self.evictor
-            .evict_range(self.geo.units_overlapping(RegionOffset::new(offset), len))
+            .evict_range(self.geo.units_overlapping(offset, len))
     }
 
     /// Evicts every resident unit and waits until the writes completed.
@@ -464,9 +463,13 @@ impl SwapEngine {
     /// partly covered unit at either end is left alone): the guest declared
     /// this memory free, so nothing is written and the next touch reads
     /// zeros.
-    pub fn discard_range(&self, offset: u64, len: u64) -> Result<DiscardReport, SwapError> {
+    pub fn discard_range(
+        &self,
+        offset: RegionOffset,
+        len: u64,
+    ) -> Result<DiscardReport, SwapError> {
         self.discarder
-            .discard_units(self.geo.units_inside(RegionOffset::new(offset), len))
+            .discard_units(self.geo.units_inside(offset, len))
     }
 
     /// Splits every chunk overlapping `[offset, offset+len)` that is
@@ -474,7 +477,7 @@ impl SwapEngine {
     /// chunks are left alone); returns how many split. Errors (a store read
     /// of a stored chunk) are also reported as fatal. For tests and the
     /// granularity policy; needs a configuration where chunks split.
-    pub fn split_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
+    pub fn split_range(&self, offset: RegionOffset, len: u64) -> Result<u64, SwapError> {
         let s = self;
         let Some(splitter) = &s.splitter else {
             return Err(SwapError::Config(
@@ -482,7 +485,7 @@ impl SwapEngine {
             ));
         };
         let mut splits = 0;
-        for chunk in self.geo.units_overlapping(RegionOffset::new(offset), len) {
+        for chunk in self.geo.units_overlapping(offset, len) {
             let state = s.table.load(chunk);
             if state.pinned() {
                 continue;
@@ -510,13 +513,13 @@ impl SwapEngine {
     /// offset+len)` into one huge mapping (restoring its absent and stored
     /// pages first); returns how many are one huge mapping afterwards, as
     /// PAGEMAP_SCAN confirmed.
-    pub fn collapse_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
+    pub fn collapse_range(&self, offset: RegionOffset, len: u64) -> Result<u64, SwapError> {
         let s = self;
         let mut huge = 0;
         let Some(collapser) = &s.collapser else {
             return Ok(0);
         };
-        for chunk in self.geo.units_overlapping(RegionOffset::new(offset), len) {
+        for chunk in self.geo.units_overlapping(offset, len) {
             if s.table.load(chunk).tag() != Tag::Split {
                 continue;
             }
@@ -529,13 +532,12 @@ impl SwapEngine {
 
     /// The state of the page at region offset `offset` if its chunk is
     /// split (for tests and debugging).
-    pub fn page_state(&self, offset: u64) -> Option<crate::chunk::PageState> {
+    pub fn page_state(&self, offset: RegionOffset) -> Option<crate::chunk::PageState> {
         let s = self;
-        let chunk = UnitIndex::new((offset / s.geo.unit_bytes) as usize);
+        let (chunk, page) = s.geo.unit_at(offset);
         if s.table.load(chunk).tag() != Tag::Split {
             return None;
         }
-        let page = PageIndex::new(((offset % s.geo.unit_bytes) / PAGE_BYTES) as usize);
         s.table.pages().map(|pages| pages.load(chunk.page(page)))
     }
 
@@ -577,9 +579,8 @@ impl SwapEngine {
 
     /// The state of the unit holding region offset `offset` (for tests and
     /// debugging).
-    pub fn unit_state(&self, offset: u64) -> UnitState {
-        self.table
-            .load(UnitIndex::new((offset / self.geo.unit_bytes) as usize))
+    pub fn unit_state(&self, offset: RegionOffset) -> UnitState {
+        self.table.load(self.geo.unit_at(offset).0)
     }
 
     /// Bytes of one unit.
