@@ -55,6 +55,7 @@ use super::report::Table;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
 use guestmem::addr::RegionOffset;
+use swap::index::StoreKey;
 
 const PAGE: u64 = 4096;
 /// Pages per batch in the write comparison.
@@ -1137,7 +1138,7 @@ fn fill_store(store: &dyn Store, slots: usize, unit: usize, pattern: &[u8]) -> R
             .map(|&i| {
                 let off = (i % per_chunk) * unit;
                 WriteRequest {
-                    gpa: (1 << 32) + (i * unit) as u64,
+                    gpa: StoreKey::new((1 << 32) + (i * unit) as u64),
                     data: &pattern[off..off + unit],
                 }
             })
@@ -1179,10 +1180,15 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
     let order = permutation(STORE_SLOTS, round as u64 + 7);
     for &i in order.iter().take(plan.ops) {
         out.read_file
-            .time(round, 1, || s.file4k.read(s.slots4k[i], 1 << 32, &mut buf))
+            .time(round, 1, || {
+                s.file4k
+                    .read(s.slots4k[i], StoreKey::new(1 << 32), &mut buf)
+            })
             .context("4 KiB file store read")?;
         out.read_lz4
-            .time(round, 1, || s.lz4.read(s.lz4_slots[i], 1 << 32, &mut buf))
+            .time(round, 1, || {
+                s.lz4.read(s.lz4_slots[i], StoreKey::new(1 << 32), &mut buf)
+            })
             .context("4 KiB mem:lz4 read")?;
     }
     // Writes go where the store has room after long use: slots freed at
@@ -1197,7 +1203,7 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                     for (k, &v) in victims[..BATCH_PAGES].iter().enumerate() {
                         s.file4k.free(s.slots4k[v]);
                         let req = [WriteRequest {
-                            gpa: (1 << 32) + v as u64 * PAGE,
+                            gpa: StoreKey::new((1 << 32) + v as u64 * PAGE),
                             data: page(k),
                         }];
                         let r = out.write_one.time(round, 1, || s.file4k.write_batch(&req));
@@ -1217,7 +1223,7 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                         .iter()
                         .enumerate()
                         .map(|(k, &v)| WriteRequest {
-                            gpa: (1 << 32) + v as u64 * PAGE,
+                            gpa: StoreKey::new((1 << 32) + v as u64 * PAGE),
                             data: page(k),
                         })
                         .collect();
@@ -1233,7 +1239,7 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                     s.file256k.free(s.slots256k[v]);
                     let big = BATCH_PAGES * PAGE as usize;
                     let req = [WriteRequest {
-                        gpa: 1 << 32,
+                        gpa: StoreKey::new(1 << 32),
                         data: &s.pattern[..big],
                     }];
                     let r = out

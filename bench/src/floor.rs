@@ -29,6 +29,7 @@ use super::limits::seqwrite_chunk;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
 use guestmem::addr::RegionOffset;
+use swap::index::StoreKey;
 
 const PAGE: u64 = 4096;
 
@@ -182,7 +183,7 @@ fn write_slots(store: &dyn Store, n: usize, unit: u64) -> Result<Vec<SlotId>> {
             .map(|&i| {
                 let off = (i as u64 * unit) % CHUNK_BYTES;
                 WriteRequest {
-                    gpa: (1 << 32) + i as u64 * unit,
+                    gpa: StoreKey::new((1 << 32) + i as u64 * unit),
                     data: &chunk[off as usize..(off + unit) as usize],
                 }
             })
@@ -220,7 +221,7 @@ fn thp_restores(
             // function's caller that nothing else accesses during the call.
             let data = unsafe { b.slice_mut(RegionOffset::ZERO, CHUNK_BYTES) };
             store
-                .read(slots[i % slots.len()], 1 << 32, data)
+                .read(slots[i % slots.len()], StoreKey::new(1 << 32), data)
                 .context("floor: store read failed")?;
             read.push(us(t));
         }
@@ -305,7 +306,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
             let mut read = Vec::new();
             for &slot in &file_slots {
                 let t = Instant::now();
-                file.read(slot, 1 << 32, &mut buf)?;
+                file.read(slot, StoreKey::new(1 << 32), &mut buf)?;
                 read.push(us(t));
             }
             f.store_file_2m = Parts::from_samples(&read, &[], &[]);
@@ -324,7 +325,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
     for &slot in &slots4k {
         let t = Instant::now();
         file4k
-            .read(slot, 1 << 32, &mut page)
+            .read(slot, StoreKey::new(1 << 32), &mut page)
             .context("floor: 4 KiB read failed")?;
         read.push(us(t));
     }

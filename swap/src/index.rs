@@ -245,6 +245,14 @@ impl fmt::LowerHex for Gpa {
 pub struct StoreKey(u64);
 
 impl StoreKey {
+    /// Key number `key`, for callers of a store that file images under
+    /// plain numbers of their own (tests, benchmarks, fuzz targets); the
+    /// engine builds its keys with [`StoreKey::of_guest`] and
+    /// [`StoreKey::of_region_offset`].
+    pub const fn new(key: u64) -> StoreKey {
+        StoreKey(key)
+    }
+
     /// The key of what sits at guest-physical address `gpa`.
     pub const fn of_guest(gpa: Gpa) -> StoreKey {
         StoreKey(gpa.raw())

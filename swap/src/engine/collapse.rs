@@ -274,7 +274,7 @@ impl Collapser {
         if whole_read {
             let slot = slot.expect("stored pages live in their chunk's slot");
             s.store
-                .read_paged_unit(slot, s.geo.unit_store_key(merging.chunk).raw(), data)
+                .read_paged_unit(slot, s.geo.unit_store_key(merging.chunk), data)
                 .map_err(|e| {
                     SwapError::unit_store(
                         format!(
@@ -304,7 +304,7 @@ impl Collapser {
                 PageTag::Stored => {
                     let slot = slot.expect("a stored page lives in its chunk's slot");
                     s.store
-                    .read_page(slot, at.page.get(), s.geo.page_store_key(at).raw(), &mut data[bytes])
+                    .read_page(slot, at.page.get(), s.geo.page_store_key(at), &mut data[bytes])
                     .map_err(|e| {
                         SwapError::unit_store(
                             format!(

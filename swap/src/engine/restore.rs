@@ -78,7 +78,7 @@ impl Restorer {
         // (a pool buffer, or a recycled page checked whole), so writing it
         // never faults into the userfaultfd, and nothing else accesses it.
         let data = unsafe { range.slice_mut(offset, s.geo.unit_bytes) };
-        if let Err(e) = s.store.read(slot, s.geo.unit_store_key(unit).raw(), data) {
+        if let Err(e) = s.store.read(slot, s.geo.unit_store_key(unit), data) {
             s.buffers.give_back_populated(buf);
             // Never zero-fill: the unit stays Loading, its faulting threads
             // stay blocked, and the VMM exits.

@@ -98,7 +98,7 @@ impl Splitter {
                 let data = unsafe { range.slice_mut(offset, s.geo.unit_bytes) };
                 let read = s
                     .store
-                    .read_and_split(slot, s.geo.unit_store_key(chunk).raw(), data);
+                    .read_and_split(slot, s.geo.unit_store_key(chunk), data);
                 s.buffers.give_back_populated(buf);
                 if let Err(e) = read {
                     s.life.fatal(&SwapError::unit_store(
@@ -242,12 +242,10 @@ impl Splitter {
                 .split_slot()
                 .expect("a stored page lives in its chunk's slot");
             let mut buf = AlignedBuf::new(PAGE_BYTES as usize, PAGE_BYTES as usize);
-            if let Err(e) = s.store.read_page(
-                slot,
-                at.page.get(),
-                s.geo.page_store_key(at).raw(),
-                &mut buf,
-            ) {
+            if let Err(e) =
+                s.store
+                    .read_page(slot, at.page.get(), s.geo.page_store_key(at), &mut buf)
+            {
                 // Never zero-fill: the page stays Loading, its faults blocked.
                 s.life.fatal(&SwapError::unit_store(
                     format!("restore the swapped-out {}", name()),

@@ -14,11 +14,12 @@ use super::retry::{RetryPolicy, RetryingStore};
 use super::seal::{Integrity, Sealer};
 use super::test_support::{check_concurrent, check_paged, check_round_trip, unit_image};
 use super::{FileStore, MemStore, PageWrite, SlotId, Store, StoreError, WriteRequest, PAGE_BYTES};
+use crate::index::StoreKey;
 use blockio::AlignedBuf;
 
 const MIB2: usize = 2 << 20;
-const GPA_A: u64 = 0x20_0000;
-const GPA_B: u64 = 0x40_0000;
+const GPA_A: StoreKey = StoreKey::new(0x20_0000);
+const GPA_B: StoreKey = StoreKey::new(0x40_0000);
 
 fn sealed() -> Integrity {
     Integrity::Sealed(Arc::new(Sealer::random().expect("a random key")))
@@ -110,7 +111,7 @@ impl Medium for MemMedium {
     }
 }
 
-fn write(store: &dyn Store, gpa: u64, data: &[u8]) -> SlotId {
+fn write(store: &dyn Store, gpa: StoreKey, data: &[u8]) -> SlotId {
     store
         .write_batch(&[WriteRequest { gpa, data }])
         .remove(0)
@@ -118,7 +119,7 @@ fn write(store: &dyn Store, gpa: u64, data: &[u8]) -> SlotId {
 }
 
 /// The error must be an authentication failure naming `want_gpa`.
-fn assert_auth(result: Result<(), StoreError>, want_gpa: u64, what: &str) {
+fn assert_auth(result: Result<(), StoreError>, want_gpa: StoreKey, what: &str) {
     match result {
         Err(e @ StoreError::Authentication { gpa, .. }) => {
             assert_eq!(gpa, want_gpa, "{what}: {e}");
@@ -185,7 +186,7 @@ fn check_tampering(m: &dyn Medium) {
     // Pages of a split chunk: each page is sealed alone.
     store.read_and_split(sb, GPA_B, &mut buf).unwrap();
     assert!(buf[..] == b[..]);
-    let page_gpa = |p: usize| GPA_B + (p * PAGE_BYTES) as u64;
+    let page_gpa = |p: usize| GPA_B.offset_by((p * PAGE_BYTES) as u64);
     let mut page = AlignedBuf::new(PAGE_BYTES, 4096);
     store.read_page(sb, 7, page_gpa(7), &mut page).unwrap();
     assert!(page[..] == b[7 * PAGE_BYTES..8 * PAGE_BYTES]);
@@ -307,18 +308,20 @@ fn the_medium_holds_no_plaintext_when_sealed_and_does_without() {
     let needle = b"kernel ";
     let write_all = |m: &FileMedium| {
         for k in 0..6u64 {
-            write(&m.store, k << 21, &unit_image(20 + k, MIB2));
+            write(&m.store, StoreKey::new(k << 21), &unit_image(20 + k, MIB2));
         }
         // And the pages of a split chunk.
-        let slot = write(&m.store, 6 << 21, &unit_image(30, MIB2));
+        let slot = write(&m.store, StoreKey::new(6 << 21), &unit_image(30, MIB2));
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        m.store.read_and_split(slot, 6 << 21, &mut buf).unwrap();
+        m.store
+            .read_and_split(slot, StoreKey::new(6 << 21), &mut buf)
+            .unwrap();
         let page = unit_image(31, PAGE_BYTES);
         let r = m.store.write_pages(
             slot,
             &[PageWrite {
                 page: 9,
-                gpa: (6 << 21) + 9 * PAGE_BYTES as u64,
+                gpa: StoreKey::new((6 << 21) + 9 * PAGE_BYTES as u64),
                 data: &page,
             }],
         );
@@ -337,7 +340,7 @@ fn the_medium_holds_no_plaintext_when_sealed_and_does_without() {
     // The mem store keeps its compression: compress, then seal.
     let mem = MemMedium::new(Codec::Lz4, sealed());
     let img = unit_image(40, MIB2);
-    let slot = write(&mem.0, 0, &img);
+    let slot = write(&mem.0, StoreKey::new(0), &img);
     assert!(
         mem.0.stored_bytes() < MIB2 as u64 * 3 / 4,
         "{}",
@@ -421,7 +424,7 @@ impl Store for ArcMem {
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>> {
         self.0 .0.write_batch(requests)
     }
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         self.0 .0.read(slot, gpa, buf)
     }
     fn free(&self, slot: SlotId) {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use guestmem::host::AnonMapping;
 use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapError, SwapUnit};
+use swap::index::StoreKey;
 use swap::store::{SharedStore, SlotId, Store, StoreError, WriteRequest};
 
 /// Guest addresses in tests start here, so messages show a recognisable gpa.
@@ -85,7 +86,7 @@ impl Store for VecStore {
             })
             .collect()
     }
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         if self.fail_reads.load(Ordering::SeqCst) {
             return Err(StoreError::Io {

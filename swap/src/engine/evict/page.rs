@@ -201,7 +201,7 @@ impl Evictor<'_> {
             }
             let slot = s
                 .store
-                .allocate_paged(s.geo.unit_store_key(chunk).raw())
+                .allocate_paged(s.geo.unit_store_key(chunk))
                 .map_err(|e| {
                     SwapError::unit_store(
                         format!(
@@ -237,7 +237,7 @@ impl Evictor<'_> {
                 .iter()
                 .map(|&(at, index, _)| PageWrite {
                     page: at.page.get(),
-                    gpa: s.geo.page_store_key(at).raw(),
+                    gpa: s.geo.page_store_key(at),
                     // SAFETY: the parking page is populated and stays in
                     // place until this batch settles.
                     data: unsafe {

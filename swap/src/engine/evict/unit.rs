@@ -256,7 +256,7 @@ impl Evictor<'_> {
         let requests: Vec<WriteRequest<'_>> = batch
             .iter()
             .map(|&(unit, p)| WriteRequest {
-                gpa: s.geo.unit_store_key(unit).raw(),
+                gpa: s.geo.unit_store_key(unit),
                 // SAFETY: slot `p` is populated and stays in place while
                 // WRITING is set: the fault path only copies out of it then.
                 data: unsafe { s.parking.raw().slice(s.parking.offset(p), s.geo.unit_bytes) },
