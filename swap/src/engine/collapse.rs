@@ -304,7 +304,7 @@ impl Collapser {
                 PageTag::Stored => {
                     let slot = slot.expect("a stored page lives in its chunk's slot");
                     s.store
-                    .read_page(slot, at.page.get(), s.geo.page_store_key(at), &mut data[bytes])
+                    .read_page(slot, at.page, s.geo.page_store_key(at), &mut data[bytes])
                     .map_err(|e| {
                         SwapError::unit_store(
                             format!(

@@ -242,9 +242,9 @@ impl Splitter {
                 .split_slot()
                 .expect("a stored page lives in its chunk's slot");
             let mut buf = AlignedBuf::new(PAGE_BYTES as usize, PAGE_BYTES as usize);
-            if let Err(e) =
-                s.store
-                    .read_page(slot, at.page.get(), s.geo.page_store_key(at), &mut buf)
+            if let Err(e) = s
+                .store
+                .read_page(slot, at.page, s.geo.page_store_key(at), &mut buf)
             {
                 // Never zero-fill: the page stays Loading, its faults blocked.
                 s.life.fatal(&SwapError::unit_store(

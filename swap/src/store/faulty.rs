@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::{PageWrite, SharedStore, SlotId, Store, StoreError, StoreReport, WriteRequest};
-use crate::index::StoreKey;
+use crate::index::{PageIndex, StoreKey};
 
 /// Which failures a [`FaultyStore`] injects. Counts are of units (one
 /// request of a batch is one write), and "after N" means the first N succeed.
@@ -404,7 +404,7 @@ impl Store for FaultyStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
+        page: PageIndex,
         gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {

@@ -49,7 +49,7 @@ use super::paged::{PageChecksums, PAGES_PER_SLOT};
 use super::seal::{Check, CheckTable, Integrity, Place};
 use super::slots::SlotTable;
 use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
-use crate::index::StoreKey;
+use crate::index::{PageIndex, StoreKey};
 use blockio::lockfile::{self, LockMode};
 use blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
 
@@ -534,7 +534,11 @@ impl FileStore {
         image.copy_from_slice(plain);
         let mut sums = PageChecksums::empty(&self.integrity);
         for (page, data) in image.chunks_exact_mut(PAGE_BYTES).enumerate() {
-            let at = Place::page(slot, page, gpa.offset_by((page * PAGE_BYTES) as u64));
+            let at = Place::page(
+                slot,
+                PageIndex::new(page),
+                gpa.offset_by((page * PAGE_BYTES) as u64),
+            );
             sums.set(page, self.integrity.protect(at, data)?);
         }
         let written = self.block.write_at(self.offset(slot), &image);
@@ -869,7 +873,7 @@ impl Store for FileStore {
             .map(|p| {
                 if !paged {
                     Some(Err(StoreError::BadSlot { gpa: p.gpa, slot }))
-                } else if p.data.len() != PAGE_BYTES || p.page >= PAGES_PER_SLOT {
+                } else if p.data.len() != PAGE_BYTES || p.page.get() >= PAGES_PER_SLOT {
                     Some(Err(self.wrong_length(p.gpa, slot, p.data.len())))
                 } else {
                     None
@@ -909,7 +913,7 @@ impl Store for FileStore {
             .iter()
             .zip(&bounces)
             .map(|(&i, bounce)| BlockOp::Write {
-                offset: self.offset(slot) + (pages[i].page * PAGE_BYTES) as u64,
+                offset: self.offset(slot) + pages[i].page.offset_bytes(),
                 buf: bounce.as_deref().unwrap_or(pages[i].data),
             })
             .collect();
@@ -936,7 +940,10 @@ impl Store for FileStore {
             results[i] = Some(match outcome {
                 Ok(()) => match slots.paged.get_mut(&slot) {
                     Some(sums) => {
-                        sums.set(page.page, checks[i].expect("checked before the write"));
+                        sums.set(
+                            page.page.get(),
+                            checks[i].expect("checked before the write"),
+                        );
                         Ok(())
                     }
                     None => Err(StoreError::BadSlot {
@@ -994,7 +1001,11 @@ impl Store for FileStore {
         buf[got_bytes..].fill(0);
         for (page, data) in buf.chunks_exact_mut(PAGE_BYTES).enumerate() {
             if let Some(check) = sums.get(page) {
-                let at = Place::page(slot, page, gpa.offset_by((page * PAGE_BYTES) as u64));
+                let at = Place::page(
+                    slot,
+                    PageIndex::new(page),
+                    gpa.offset_by((page * PAGE_BYTES) as u64),
+                );
                 self.integrity.verify(at, check, data)?;
             }
         }
@@ -1004,20 +1015,20 @@ impl Store for FileStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
+        page: PageIndex,
         gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
-        if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
+        if buf.len() != PAGE_BYTES || page.get() >= PAGES_PER_SLOT {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
         let check = self
             .slots()
             .paged
             .get(&slot)
-            .and_then(|sums| sums.get(page))
+            .and_then(|sums| sums.get(page.get()))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
-        let offset = self.offset(slot) + (page * PAGE_BYTES) as u64;
+        let offset = self.offset(slot) + page.offset_bytes();
         self.read_verified(offset, Place::page(slot, page, gpa), check, buf)
     }
 

@@ -21,7 +21,7 @@ use super::paged::PAGES_PER_SLOT;
 use super::seal::{Check, Integrity, Place};
 use super::slots::SlotTable;
 use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
-use crate::index::StoreKey;
+use crate::index::{PageIndex, StoreKey};
 use std::collections::HashMap;
 
 /// Shards of the slot map: enough that a fault-service thread, an eviction
@@ -417,7 +417,11 @@ impl Store for MemStore {
         for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
             match self.pack(
                 data,
-                Place::page(slot, page, gpa.offset_by((page * PAGE_BYTES) as u64)),
+                Place::page(
+                    slot,
+                    PageIndex::new(page),
+                    gpa.offset_by((page * PAGE_BYTES) as u64),
+                ),
             ) {
                 Ok(entry) => pages.push(Some(entry)),
                 Err(e) => {
@@ -441,7 +445,7 @@ impl Store for MemStore {
         pages
             .iter()
             .map(|p| {
-                if p.data.len() != PAGE_BYTES || p.page >= PAGES_PER_SLOT {
+                if p.data.len() != PAGE_BYTES || p.page.get() >= PAGES_PER_SLOT {
                     return Err(Self::wrong_length(p.gpa, slot, p.data.len(), PAGE_BYTES));
                 }
                 if !self.paged().contains_key(&slot) {
@@ -451,7 +455,7 @@ impl Store for MemStore {
                 let mut paged = self.paged();
                 match paged.get_mut(&slot) {
                     Some(pages) => {
-                        if let Some(old) = pages[p.page].replace(entry) {
+                        if let Some(old) = pages[p.page.get()].replace(entry) {
                             self.unpack_budget(&old);
                         }
                         Ok(())
@@ -487,7 +491,11 @@ impl Store for MemStore {
             .enumerate()
         {
             if let Some(image) = image {
-                let at = Place::page(slot, page, gpa.offset_by((page * PAGE_BYTES) as u64));
+                let at = Place::page(
+                    slot,
+                    PageIndex::new(page),
+                    gpa.offset_by((page * PAGE_BYTES) as u64),
+                );
                 self.unpack(image, at, data)?;
             }
         }
@@ -497,17 +505,17 @@ impl Store for MemStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
+        page: PageIndex,
         gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
-        if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
+        if buf.len() != PAGE_BYTES || page.get() >= PAGES_PER_SLOT {
             return Err(Self::wrong_length(gpa, slot, buf.len(), PAGE_BYTES));
         }
         let image = self
             .paged()
             .get(&slot)
-            .and_then(|pages| pages[page].as_ref())
+            .and_then(|pages| pages[page.get()].as_ref())
             .map(|e| (Arc::clone(&e.data), e.raw, e.check))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
         self.unpack(image, Place::page(slot, page, gpa), buf)

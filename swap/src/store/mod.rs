@@ -1,7 +1,7 @@
 //! Stores keep chunk images (one unit each: 2 MiB, or 4 KiB for the
 //! baseline unit) in numbered slots. The engine only sees this trait.
 
-use crate::index::StoreKey;
+use crate::index::{PageIndex, StoreKey};
 use std::sync::Arc;
 
 mod bounce;
@@ -81,8 +81,8 @@ pub struct WriteRequest<'a> {
 /// One page of a split chunk, written in place into the chunk's slot
 /// ([`Store::write_pages`]).
 pub struct PageWrite<'a> {
-    /// The page's index in the chunk (0..512).
-    pub page: usize,
+    /// The page's index in the chunk.
+    pub page: PageIndex,
     /// The page's key (its guest-physical address, where it has one), used
     /// only to name it in errors and to bind a sealed image to it.
     pub gpa: StoreKey,
@@ -277,7 +277,7 @@ pub trait Store: Send + Sync {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
+        page: PageIndex,
         gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {

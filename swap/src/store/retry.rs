@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::{PageWrite, SharedStore, SlotId, Store, StoreError, WriteRequest};
-use crate::index::StoreKey;
+use crate::index::{PageIndex, StoreKey};
 
 /// How often and how patiently transient errors are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,7 +428,7 @@ impl Store for RetryingStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
+        page: PageIndex,
         gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
@@ -552,12 +552,12 @@ mod tests {
             slot,
             &[
                 PageWrite {
-                    page: 3,
+                    page: PageIndex::new(3),
                     gpa: StoreKey::new(0x20_3000),
                     data: &page,
                 },
                 PageWrite {
-                    page: 7,
+                    page: PageIndex::new(7),
                     gpa: StoreKey::new(0x20_7000),
                     data: &page,
                 },
@@ -566,7 +566,7 @@ mod tests {
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         let mut buf = AlignedBuf::new(PAGE_BYTES, 4096);
         store
-            .read_page(slot, 7, StoreKey::new(0x20_7000), &mut buf)
+            .read_page(slot, PageIndex::new(7), StoreKey::new(0x20_7000), &mut buf)
             .unwrap();
         assert!(buf[..] == page[..]);
         let mut unit = AlignedBuf::new(MIB2, 4096);

@@ -47,7 +47,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::{SlotId, StoreError};
-use crate::index::StoreKey;
+use crate::index::{PageIndex, StoreKey};
 
 /// Bytes of an AES-256 key, and of an operator key file.
 pub const KEY_BYTES: usize = 32;
@@ -80,7 +80,7 @@ pub struct Place {
     /// The slot.
     pub slot: SlotId,
     /// The page of a paged slot (split chunk), or `None` for the whole unit.
-    pub page: Option<usize>,
+    pub page: Option<PageIndex>,
     /// Guest address of the unit or page.
     pub gpa: StoreKey,
 }
@@ -96,7 +96,7 @@ impl Place {
     }
 
     /// Page `page` of the paged `slot`, at guest address `gpa`.
-    pub fn page(slot: SlotId, page: usize, gpa: StoreKey) -> Place {
+    pub fn page(slot: SlotId, page: PageIndex, gpa: StoreKey) -> Place {
         Place {
             slot,
             page: Some(page),
@@ -385,7 +385,7 @@ impl Sealer {
         let mut ad = [0u8; 36];
         ad[..8].copy_from_slice(AD_DOMAIN);
         ad[8..12].copy_from_slice(&at.slot.get().to_le_bytes());
-        let page = at.page.map_or(WHOLE_UNIT, |p| p as u32);
+        let page = at.page.map_or(WHOLE_UNIT, |p| p.get() as u32);
         ad[12..16].copy_from_slice(&page.to_le_bytes());
         ad[16..20].copy_from_slice(&(len as u32).to_le_bytes());
         ad[20..28].copy_from_slice(&at.gpa.raw().to_le_bytes());
@@ -602,7 +602,7 @@ mod tests {
     fn every_binding_is_checked() {
         let s = sealer();
         let plain = vec![0x42u8; 4096];
-        let at = Place::page(SlotId::new(7), 5, StoreKey::new(0x20_5000));
+        let at = Place::page(SlotId::new(7), PageIndex::new(5), StoreKey::new(0x20_5000));
         let mut sealed = plain.clone();
         let seal = s.seal(at, &mut sealed).unwrap();
         let fails = |at: Place, seal: Seal, data: &[u8]| {
@@ -628,7 +628,7 @@ mod tests {
         );
         fails(
             Place {
-                page: Some(6),
+                page: Some(PageIndex::new(6)),
                 ..at
             },
             seal,

@@ -14,7 +14,7 @@ use super::retry::{RetryPolicy, RetryingStore};
 use super::seal::{Integrity, Sealer};
 use super::test_support::{check_concurrent, check_paged, check_round_trip, unit_image};
 use super::{FileStore, MemStore, PageWrite, SlotId, Store, StoreError, WriteRequest, PAGE_BYTES};
-use crate::index::StoreKey;
+use crate::index::{PageIndex, StoreKey};
 use blockio::AlignedBuf;
 
 const MIB2: usize = 2 << 20;
@@ -188,7 +188,9 @@ fn check_tampering(m: &dyn Medium) {
     assert!(buf[..] == b[..]);
     let page_gpa = |p: usize| GPA_B.offset_by((p * PAGE_BYTES) as u64);
     let mut page = AlignedBuf::new(PAGE_BYTES, 4096);
-    store.read_page(sb, 7, page_gpa(7), &mut page).unwrap();
+    store
+        .read_page(sb, PageIndex::new(7), page_gpa(7), &mut page)
+        .unwrap();
     assert!(page[..] == b[7 * PAGE_BYTES..8 * PAGE_BYTES]);
     let v1 = unit_image(10, PAGE_BYTES);
     let v2 = unit_image(11, PAGE_BYTES);
@@ -196,7 +198,7 @@ fn check_tampering(m: &dyn Medium) {
         let r = store.write_pages(
             sb,
             &[PageWrite {
-                page: 5,
+                page: PageIndex::new(5),
                 gpa: page_gpa(5),
                 data: v,
             }],
@@ -209,14 +211,14 @@ fn check_tampering(m: &dyn Medium) {
     flipped[0] ^= 0x80;
     m.put(sb, Some(5), &flipped);
     assert_auth(
-        store.read_page(sb, 5, page_gpa(5), &mut page),
+        store.read_page(sb, PageIndex::new(5), page_gpa(5), &mut page),
         page_gpa(5),
         "flipped bit in a page",
     );
     // Another page (a valid image) copied over it.
     m.put(sb, Some(5), &m.get(sb, Some(7)));
     assert_auth(
-        store.read_page(sb, 5, page_gpa(5), &mut page),
+        store.read_page(sb, PageIndex::new(5), page_gpa(5), &mut page),
         page_gpa(5),
         "page copied over another",
     );
@@ -227,13 +229,15 @@ fn check_tampering(m: &dyn Medium) {
         "collapse read of a damaged page",
     );
     m.put(sb, Some(5), &page5);
-    store.read_page(sb, 5, page_gpa(5), &mut page).unwrap();
+    store
+        .read_page(sb, PageIndex::new(5), page_gpa(5), &mut page)
+        .unwrap();
     assert!(page[..] == v2[..]);
     // An older image of the page written back.
     let r = store.write_pages(
         sb,
         &[PageWrite {
-            page: 6,
+            page: PageIndex::new(6),
             gpa: page_gpa(6),
             data: &v1,
         }],
@@ -243,7 +247,7 @@ fn check_tampering(m: &dyn Medium) {
     let r = store.write_pages(
         sb,
         &[PageWrite {
-            page: 6,
+            page: PageIndex::new(6),
             gpa: page_gpa(6),
             data: &v2,
         }],
@@ -251,7 +255,7 @@ fn check_tampering(m: &dyn Medium) {
     assert!(r.into_iter().all(|r| r.is_ok()));
     m.put(sb, Some(6), &old6);
     assert_auth(
-        store.read_page(sb, 6, page_gpa(6), &mut page),
+        store.read_page(sb, PageIndex::new(6), page_gpa(6), &mut page),
         page_gpa(6),
         "old page image written back",
     );
@@ -320,7 +324,7 @@ fn the_medium_holds_no_plaintext_when_sealed_and_does_without() {
         let r = m.store.write_pages(
             slot,
             &[PageWrite {
-                page: 9,
+                page: PageIndex::new(9),
                 gpa: StoreKey::new((6 << 21) + 9 * PAGE_BYTES as u64),
                 data: &page,
             }],

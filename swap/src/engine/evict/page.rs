@@ -236,7 +236,7 @@ impl Evictor<'_> {
             let writes: Vec<PageWrite<'_>> = group
                 .iter()
                 .map(|&(at, index, _)| PageWrite {
-                    page: at.page.get(),
+                    page: at.page,
                     gpa: s.geo.page_store_key(at),
                     // SAFETY: the parking page is populated and stays in
                     // place until this batch settles.
