@@ -489,10 +489,14 @@ impl Rig {
             faulty
         };
         let region = ManagedRegion {
-            host_base: mem.range().base(),
+            host_base: guestmem::addr::Hva::new(mem.range().base()),
             len_bytes: len,
             kind: MemoryKind::Anonymous,
-            gpa_ranges: vec![(GPA_BASE, 0, len)],
+            gpa_ranges: vec![(
+                swap::index::Gpa::new(GPA_BASE),
+                guestmem::addr::RegionOffset::ZERO,
+                len,
+            )],
         };
         let config = EngineConfig {
             unit: setup.unit,

@@ -177,7 +177,7 @@ fn clean_chunks_are_dropped_without_a_write_and_writes_are_tracked() {
 fn unit_states_follow_the_documented_transitions() {
     let store = VecStore::new(CHUNK as usize);
     let mut cfg = config(SwapUnit::Huge2M);
-    cfg.pinned_offsets = vec![(0, CHUNK)];
+    cfg.pinned_offsets = vec![(RegionOffset::ZERO, CHUNK)];
     let g = start_guest(8 * MB, store.clone(), cfg);
     let e = g.engine();
     let base = g.base();

@@ -37,13 +37,15 @@ pub(super) fn check_region(
     unit: SwapUnit,
 ) -> Result<usize, SwapError> {
     let unit_bytes = unit.bytes();
-    if region.host_base & (unit_bytes - 1) != 0
+    if region.host_base.raw() & (unit_bytes - 1) != 0
         || region.len_bytes & (unit_bytes - 1) != 0
         || region.len_bytes == 0
     {
         return Err(SwapError::Config(format!(
             "region {:#x}+{:#x} is not aligned to the {} unit; align guest RAM and its size to {unit_bytes} bytes",
-            region.host_base, region.len_bytes, unit
+            region.host_base.raw(),
+            region.len_bytes,
+            unit
         )));
     }
     if store.unit_bytes() as u64 != unit_bytes {
@@ -111,7 +113,7 @@ pub(super) fn register_guest(
 ) -> Result<RawRange, SwapError> {
     // SAFETY: the VMM hands us this mapping for the engine's lifetime
     // and accesses it only as guest memory (raw pointers, KVM).
-    let guest = unsafe { RawRange::new(region.host_base, region.len_bytes) };
+    let guest = unsafe { RawRange::new(region.host_base.raw(), region.len_bytes) };
     match backing {
         InstallMode::Thp => guest
             .advise_hugepage(RegionOffset::ZERO, guest.len())
@@ -262,6 +264,7 @@ pub(super) fn unit_table(
         backing == InstallMode::Thp && track_clean,
     );
     for &(offset, len) in &config.pinned_offsets {
+        let offset = offset.get();
         let first = offset / unit_bytes;
         let end = (offset + len).div_ceil(unit_bytes).min(units as u64);
         for unit in first..end {

@@ -156,10 +156,14 @@ impl Drop for Guest {
 pub fn start_guest(len: u64, store: SharedStore, config: EngineConfig) -> Guest {
     let mem = AnonMapping::new(len).unwrap();
     let region = ManagedRegion {
-        host_base: mem.range().base(),
+        host_base: guestmem::addr::Hva::new(mem.range().base()),
         len_bytes: len,
         kind: MemoryKind::Anonymous,
-        gpa_ranges: vec![(GPA_BASE, 0, len)],
+        gpa_ranges: vec![(
+            swap::index::Gpa::new(GPA_BASE),
+            guestmem::addr::RegionOffset::ZERO,
+            len,
+        )],
     };
     let fatal = Arc::new(Mutex::new(Vec::new()));
     let log = fatal.clone();
