@@ -56,7 +56,7 @@ use super::policy::{EvictionPolicy, Victim};
 use super::recycle::RestoreBuffers;
 use super::stats::{bump, Counters};
 use crate::chunk::{ChunkTable, PageRef, PageTable, Tag};
-use crate::index::{ParkingSlot, UnitIndex, UnitRange};
+use crate::index::{PageIndex, ParkingSlot, UnitIndex, UnitRange};
 use crate::store::{SharedStore, SlotId};
 use crate::uffd::Uffd;
 
@@ -133,10 +133,11 @@ struct UnitBatch {
 /// Evicted pages of split chunks waiting for their write.
 struct PageBatch {
     /// The parking slot whose pages hold this evictor's evicted pages, and
-    /// the next free page in it.
+    /// how many of its pages are taken (the next free one's index, or
+    /// `PAGES_PER_CHUNK` when full).
     slot: Option<(ParkingSlot, usize)>,
     /// The page, where it is parked in `slot`, and its chunk's store slot.
-    batch: Vec<(PageRef, usize, SlotId)>,
+    batch: Vec<(PageRef, PageIndex, SlotId)>,
 }
 
 /// One call's eviction: its batches, written when full and at the end.

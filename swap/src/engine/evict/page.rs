@@ -10,7 +10,7 @@ use crate::chunk::{PageRef, PageTag, PageTransition, Tag, PAGES_PER_CHUNK};
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
-use crate::index::{ParkingSlot, UnitIndex};
+use crate::index::{PageIndex, ParkingSlot, UnitIndex};
 use crate::store::{PageWrite, SlotId};
 use crate::uffd::MoveOptions;
 use guestmem::addr::RegionOffset;
@@ -26,18 +26,18 @@ impl Evictor<'_> {
     }
 
     /// the page batch when the slot is full.
-    pub(super) fn page_parking(&mut self) -> Result<(ParkingSlot, usize), SwapError> {
+    pub(super) fn page_parking(&mut self) -> Result<(ParkingSlot, PageIndex), SwapError> {
         if let Some((p, next)) = self.pages.slot {
             if next < PAGES_PER_CHUNK {
                 self.pages.slot = Some((p, next + 1));
-                return Ok((p, next));
+                return Ok((p, PageIndex::new(next)));
             }
             self.flush_pages()?;
             return self.page_parking();
         }
         let p = self.parking_slot()?;
         self.pages.slot = Some((p, 1));
-        Ok((p, 0))
+        Ok((p, PageIndex::FIRST))
     }
 
     /// Evicts one page of a split chunk if it is resident.
@@ -67,7 +67,7 @@ impl Evictor<'_> {
                 return Err(e);
             }
         };
-        let parked = s.parking.addr(p).offset_by(index as u64 * PAGE_BYTES).raw();
+        let parked = s.parking.addr(p).offset_by(index.offset_bytes()).raw();
         let options = MoveOptions {
             allow_src_holes: true,
             dont_wake: false,
@@ -105,7 +105,7 @@ impl Evictor<'_> {
                 }
             }
         }
-        let offset = s.parking.offset(p).offset_by(index as u64 * PAGE_BYTES);
+        let offset = s.parking.offset(p).offset_by(index.offset_bytes());
         self.fill_page_hole(offset)?;
         // SAFETY: the parking page is populated (moved in, or its hole
         // filled) and owned by this evictor until released.
@@ -242,7 +242,7 @@ impl Evictor<'_> {
                     // place until this batch settles.
                     data: unsafe {
                         s.parking.raw().slice(
-                            s.parking.offset(p).offset_by(index as u64 * PAGE_BYTES),
+                            s.parking.offset(p).offset_by(index.offset_bytes()),
                             PAGE_BYTES,
                         )
                     },
