@@ -54,6 +54,7 @@ use super::limits::seqwrite_chunk;
 use super::report::Table;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
+use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use swap::index::StoreKey;
 
@@ -855,7 +856,7 @@ impl Registered {
         // SAFETY: the mapping is this measurement's own and only reached
         // through raw addresses; its missing pages are touched only by the
         // round trip's writer while a server thread serves this userfaultfd.
-        unsafe { uffd.register(r.base(), r.len(), mode::MISSING) }
+        unsafe { uffd.register(Hva::new(r.base()), r.len(), mode::MISSING) }
             .context("cannot register the region with the userfaultfd")?;
         Ok(Registered { uffd, map })
     }
@@ -931,10 +932,10 @@ fn round_trips(
                     let page = address & !(PAGE - 1);
                     let i = (page - r.base()) / PAGE;
                     let done = match how {
-                        Install::Zero => uffd.zeropage(page, PAGE, true),
+                        Install::Zero => uffd.zeropage(Hva::new(page), PAGE, true),
                         Install::Copy => uffd.copy(
-                            page,
-                            data_addr,
+                            Hva::new(page),
+                            Hva::new(data_addr),
                             PAGE,
                             CopyOptions {
                                 write_protect: false,
@@ -946,8 +947,8 @@ fn round_trips(
                         // is the missing page the writer waits on.
                         Install::Move => unsafe {
                             uffd.move_pages(
-                                page,
-                                src.base() + i * PAGE,
+                                Hva::new(page),
+                                Hva::new(src.base() + i * PAGE),
                                 PAGE,
                                 MoveOptions {
                                     allow_src_holes: false,
@@ -959,10 +960,10 @@ fn round_trips(
                     if let Err(e) = done {
                         error.get_or_insert(format!("{}: {e}", how.name()));
                         // The writer must not wait for ever.
-                        let _ = uffd.zeropage(page, PAGE, true);
+                        let _ = uffd.zeropage(Hva::new(page), PAGE, true);
                     }
                     let t_install = ns();
-                    if let Err(e) = uffd.wake(page, PAGE) {
+                    if let Err(e) = uffd.wake(Hva::new(page), PAGE) {
                         error.get_or_insert(format!("wake: {e}"));
                     }
                     records.push([t_poll, t_read, t_install, ns()]);
@@ -971,7 +972,7 @@ fn round_trips(
             if error.is_some() {
                 // Unregistering wakes a writer still waiting and lets its
                 // next writes fault as plain memory.
-                let _ = uffd.unregister(r.base(), r.len());
+                let _ = uffd.unregister(Hva::new(r.base()), r.len());
             }
             let after = (thread_usage(), thread_cpu_ns());
             (records, error, before, after)
@@ -1048,17 +1049,17 @@ fn ioctl_round(
     };
     for i in 0..n {
         let t = Instant::now();
-        u.copy(at(0, i), data_addr, PAGE, no_wake)
+        u.copy(Hva::new(at(0, i)), Hva::new(data_addr), PAGE, no_wake)
             .context("UFFDIO_COPY")?;
         out.copy.push(round, us_since(t));
 
         let t = Instant::now();
-        u.zeropage(at(1, i), PAGE, true)
+        u.zeropage(Hva::new(at(1, i)), PAGE, true)
             .context("UFFDIO_ZEROPAGE")?;
         out.zeropage.push(round, us_since(t));
 
         let t = Instant::now();
-        u.wake(at(0, i), PAGE).context("UFFDIO_WAKE")?;
+        u.wake(Hva::new(at(0, i)), PAGE).context("UFFDIO_WAKE")?;
         out.wake.push(round, us_since(t));
 
         // A moved-in page leaves a hole in its buffer: the next read needs
@@ -1072,8 +1073,8 @@ fn ioctl_round(
         // once; the destination is a missing page of the region.
         unsafe {
             u.move_pages(
-                at(2, i),
-                src.base() + i as u64 * PAGE,
+                Hva::new(at(2, i)),
+                Hva::new(src.base() + i as u64 * PAGE),
                 PAGE,
                 MoveOptions {
                     allow_src_holes: false,
@@ -1091,8 +1092,8 @@ fn ioctl_round(
         // installed by the copy above and nobody touches it.
         unsafe {
             u.move_pages(
-                at(3, i),
-                at(0, i),
+                Hva::new(at(3, i)),
+                Hva::new(at(0, i)),
                 PAGE,
                 MoveOptions {
                     allow_src_holes: true,

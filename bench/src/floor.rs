@@ -28,6 +28,7 @@ use super::hist::{median, sample_summary_json};
 use super::limits::seqwrite_chunk;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
+use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use swap::index::StoreKey;
 
@@ -146,7 +147,7 @@ impl Registered {
         // SAFETY: the mapping is this measurement's own, reached through raw
         // addresses only; nothing touches a missing page of it (the floor
         // only installs chunks, it never faults on them).
-        unsafe { uffd.register(r.base(), r.len(), mode::MISSING) }
+        unsafe { uffd.register(Hva::new(r.base()), r.len(), mode::MISSING) }
             .context("cannot register the destination with the userfaultfd")?;
         Ok(Registered { uffd, map })
     }
@@ -235,11 +236,11 @@ fn thp_restores(
         // mappings, reached through raw addresses only.
         unsafe {
             dst.uffd
-                .move_pages(dst_addr, b.base(), CHUNK_BYTES, options)
+                .move_pages(Hva::new(dst_addr), Hva::new(b.base()), CHUNK_BYTES, options)
         }
         .context("floor: UFFDIO_MOVE failed")?;
         dst.uffd
-            .wake(dst_addr, CHUNK_BYTES)
+            .wake(Hva::new(dst_addr), CHUNK_BYTES)
             .context("floor: UFFDIO_WAKE failed")?;
         install.push(us(t));
         if i == 0 {
@@ -338,8 +339,8 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
                 let t = Instant::now();
                 dst.uffd
                     .copy(
-                        addr,
-                        page.as_ptr() as u64,
+                        Hva::new(addr),
+                        Hva::new(page.as_ptr() as u64),
                         PAGE,
                         CopyOptions {
                             write_protect: false,
@@ -347,14 +348,14 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
                         },
                     )
                     .context("floor: UFFDIO_COPY failed")?;
-                dst.uffd.wake(addr, PAGE)?;
+                dst.uffd.wake(Hva::new(addr), PAGE)?;
                 copy.push(us(t));
                 d.discard(RegionOffset::new(addr - d.base()), PAGE)?;
                 let t = Instant::now();
                 dst.uffd
-                    .zeropage(addr, PAGE, true)
+                    .zeropage(Hva::new(addr), PAGE, true)
                     .context("floor: UFFDIO_ZEROPAGE failed")?;
-                dst.uffd.wake(addr, PAGE)?;
+                dst.uffd.wake(Hva::new(addr), PAGE)?;
                 zero.push(us(t));
                 d.discard(RegionOffset::new(addr - d.base()), PAGE)?;
             }

@@ -5,6 +5,7 @@
 //! findings are written up in docs/KERNEL_FACTS.md ("Mixing 2 MiB and
 //! 4 KiB in one chunk"); each test prints what it saw.
 
+use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd};
@@ -31,7 +32,7 @@ impl Setup {
                 .unwrap();
             // SAFETY: the test owns these mappings, reaches them through
             // raw addresses only, and never touches an empty page of them.
-            unsafe { uffd.register(m.range().base(), m.range().len(), modes) }.unwrap();
+            unsafe { uffd.register(Hva::new(m.range().base()), m.range().len(), modes) }.unwrap();
         }
         Setup {
             uffd,
@@ -57,8 +58,8 @@ impl Setup {
         // SAFETY: the chunk is empty and the buffer ours; raw addresses only.
         unsafe {
             self.uffd.move_all(
-                self.g().base() + chunk * MB2,
-                buf.range().base(),
+                Hva::new(self.g().base() + chunk * MB2),
+                Hva::new(buf.range().base()),
                 MB2,
                 MoveOptions::default(),
             )
@@ -73,8 +74,8 @@ impl Setup {
         // SAFETY: our own populated buffer.
         unsafe { src.range().slice_mut(RegionOffset::ZERO, PAGE_BYTES) }.fill(value);
         self.uffd.copy_all(
-            self.g().base() + page * PAGE_BYTES,
-            src.range().base(),
+            Hva::new(self.g().base() + page * PAGE_BYTES),
+            Hva::new(src.range().base()),
             PAGE_BYTES,
             CopyOptions::default(),
         )
@@ -107,8 +108,8 @@ fn a_4k_move_out_of_a_huge_chunk_splits_its_pmd_and_keeps_the_other_pages() {
     // SAFETY: page 7 is present; parking page 7 is empty; raw addresses.
     unsafe {
         s.uffd.move_all(
-            s.parking.range().base() + 7 * PAGE_BYTES,
-            s.g().base() + 7 * PAGE_BYTES,
+            Hva::new(s.parking.range().base() + 7 * PAGE_BYTES),
+            Hva::new(s.g().base() + 7 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -150,8 +151,8 @@ fn a_thp_moved_into_a_chunk_that_held_4k_pages_maps_huge_only_after_dontneed() {
     // SAFETY: page 5 is present, parking page 5 empty; raw addresses.
     unsafe {
         s.uffd.move_all(
-            s.parking.range().base() + 5 * PAGE_BYTES,
-            s.g().base() + 5 * PAGE_BYTES,
+            Hva::new(s.parking.range().base() + 5 * PAGE_BYTES),
+            Hva::new(s.g().base() + 5 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -203,7 +204,7 @@ fn madv_collapse_on_a_registered_range_needs_every_page_present() {
         s.copy_page(2 * PAGES + page, 7).unwrap();
     }
     s.uffd
-        .zeropage(s.g().base() + 2 * MB2, PAGE_BYTES, false)
+        .zeropage(Hva::new(s.g().base() + 2 * MB2), PAGE_BYTES, false)
         .unwrap();
     let zero = s.g().collapse(RegionOffset::new(2 * MB2), MB2);
     println!(
@@ -230,11 +231,11 @@ fn madv_collapse_is_aborted_by_a_write_protected_page() {
         s.copy_page(page, 1).unwrap();
     }
     s.uffd
-        .write_protect(s.g().base() + 9 * PAGE_BYTES, PAGE_BYTES)
+        .write_protect(Hva::new(s.g().base() + 9 * PAGE_BYTES), PAGE_BYTES)
         .unwrap();
     let protected = s.g().collapse(RegionOffset::ZERO, MB2);
     s.uffd
-        .write_unprotect(s.g().base() + 9 * PAGE_BYTES, PAGE_BYTES, false)
+        .write_unprotect(Hva::new(s.g().base() + 9 * PAGE_BYTES), PAGE_BYTES, false)
         .unwrap();
     let unprotected = s.g().collapse(RegionOffset::ZERO, MB2);
     println!(

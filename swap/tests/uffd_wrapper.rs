@@ -4,6 +4,7 @@
 mod common;
 
 use common::smaps::huge_and_rss_bytes;
+use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::uffd::{feature, ioctl_bit, mode, CopyOptions, FaultKind, MoveOptions, Uffd, UffdEvent};
@@ -50,7 +51,8 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     g.advise_hugepage(RegionOffset::ZERO, 4 * MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    let ioctls = unsafe { uffd.register(g.base(), g.len(), mode::MISSING | mode::WP) }.unwrap();
+    let ioctls =
+        unsafe { uffd.register(Hva::new(g.base()), g.len(), mode::MISSING | mode::WP) }.unwrap();
     assert!(ioctls & (1 << ioctl_bit::MOVE) != 0, "ioctls {ioctls:#x}");
     let addr = g.base() + MB2 + 12345;
     let toucher = std::thread::spawn(move || {
@@ -70,8 +72,8 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            g.base() + MB2,
-            buf.range().base(),
+            Hva::new(g.base() + MB2),
+            Hva::new(buf.range().base()),
             MB2,
             MoveOptions::default(),
         )
@@ -88,8 +90,8 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     // addresses only, and serves the faults it causes itself.
     let err = unsafe {
         uffd.move_pages(
-            g.base() + MB2,
-            buf2.range().base(),
+            Hva::new(g.base() + MB2),
+            Hva::new(buf2.range().base()),
             MB2,
             MoveOptions::default(),
         )
@@ -105,8 +107,8 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     // addresses only, and serves the faults it causes itself.
     let err = unsafe {
         uffd.move_pages(
-            unreg.range().base(),
-            g.base() + MB2,
+            Hva::new(unreg.range().base()),
+            Hva::new(g.base() + MB2),
             MB2,
             MoveOptions::default(),
         )
@@ -116,13 +118,13 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     let park = AnonMapping::new(MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(park.range().base(), MB2, mode::MISSING) }.unwrap();
+    unsafe { uffd.register(Hva::new(park.range().base()), MB2, mode::MISSING) }.unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            park.range().base(),
-            g.base() + MB2,
+            Hva::new(park.range().base()),
+            Hva::new(g.base() + MB2),
             MB2,
             MoveOptions::default(),
         )
@@ -134,7 +136,7 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     assert!(unsafe { park.range().slice(RegionOffset::ZERO, MB2) }
         .iter()
         .all(|&b| b == 0xab));
-    uffd.unregister(g.base(), g.len()).unwrap();
+    uffd.unregister(Hva::new(g.base()), g.len()).unwrap();
 }
 
 #[test]
@@ -145,12 +147,20 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
     g.advise_hugepage(RegionOffset::ZERO, MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
+    unsafe { uffd.register(Hva::new(g.base()), MB2, mode::MISSING | mode::WP) }.unwrap();
     let buf = thp_buffer(7);
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.move_pages(g.base(), buf.range().base(), MB2, MoveOptions::default()) }.unwrap();
-    uffd.write_protect(g.base(), MB2).unwrap();
+    unsafe {
+        uffd.move_pages(
+            Hva::new(g.base()),
+            Hva::new(buf.range().base()),
+            MB2,
+            MoveOptions::default(),
+        )
+    }
+    .unwrap();
+    uffd.write_protect(Hva::new(g.base()), MB2).unwrap();
     let addr = g.base() + 4096 * 3;
     let writer = std::thread::spawn(move || {
         // SAFETY: writes a registered, populated page; the test thread
@@ -164,14 +174,15 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    uffd.write_unprotect(g.base(), MB2, false).unwrap();
+    uffd.write_unprotect(Hva::new(g.base()), MB2, false)
+        .unwrap();
     writer.join().unwrap();
     let (huge, _) = huge_and_rss_bytes(g.base(), MB2);
     assert_eq!(huge, MB2, "unprotecting the whole chunk keeps the PMD");
 
     // Discarding a write-protected chunk: does the next touch fault
     // MISSING (no WP marker left on anonymous memory)?
-    uffd.write_protect(g.base(), MB2).unwrap();
+    uffd.write_protect(Hva::new(g.base()), MB2).unwrap();
     g.discard(RegionOffset::ZERO, MB2).unwrap();
     let reader = std::thread::spawn(move || {
         // SAFETY: as above.
@@ -183,7 +194,7 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
     };
     println!("touch after discard of a WP chunk faults {kind:?}");
     assert_eq!(kind, FaultKind::Missing);
-    uffd.zeropage(g.base(), MB2, false).unwrap();
+    uffd.zeropage(Hva::new(g.base()), MB2, false).unwrap();
     reader.join().unwrap();
 }
 
@@ -195,14 +206,14 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     g.advise_nohugepage(RegionOffset::ZERO, MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
+    unsafe { uffd.register(Hva::new(g.base()), MB2, mode::MISSING | mode::WP) }.unwrap();
     let src = AnonMapping::new(MB2).unwrap();
     src.range().touch(RegionOffset::ZERO, MB2);
     // SAFETY: test-owned populated buffer.
     unsafe { src.range().slice_mut(RegionOffset::ZERO, PAGE_BYTES) }.fill(5);
     uffd.copy(
-        g.base(),
-        src.range().base(),
+        Hva::new(g.base()),
+        Hva::new(src.range().base()),
         PAGE_BYTES,
         CopyOptions {
             write_protect: true,
@@ -212,14 +223,14 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     .unwrap();
     let err = uffd
         .copy(
-            g.base(),
-            src.range().base(),
+            Hva::new(g.base()),
+            Hva::new(src.range().base()),
             PAGE_BYTES,
             CopyOptions::default(),
         )
         .unwrap_err();
     assert!(err.is_eexist());
-    uffd.zeropage(g.base() + PAGE_BYTES, PAGE_BYTES, false)
+    uffd.zeropage(Hva::new(g.base() + PAGE_BYTES), PAGE_BYTES, false)
         .unwrap();
     // SAFETY: the page was just populated by COPY.
     assert_eq!(unsafe { g.slice(RegionOffset::ZERO, 1) }[0], 5);
@@ -227,13 +238,13 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     let park = AnonMapping::new(MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(park.range().base(), MB2, mode::MISSING) }.unwrap();
+    unsafe { uffd.register(Hva::new(park.range().base()), MB2, mode::MISSING) }.unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            park.range().base(),
-            g.base(),
+            Hva::new(park.range().base()),
+            Hva::new(g.base()),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -243,8 +254,8 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     // addresses only, and serves the faults it causes itself.
     let zero_move = unsafe {
         uffd.move_pages(
-            park.range().base() + PAGE_BYTES,
-            g.base() + PAGE_BYTES,
+            Hva::new(park.range().base() + PAGE_BYTES),
+            Hva::new(g.base() + PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -255,8 +266,8 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     // addresses only, and serves the faults it causes itself.
     let err = unsafe {
         uffd.move_pages(
-            park.range().base() + 2 * PAGE_BYTES,
-            g.base() + 2 * PAGE_BYTES,
+            Hva::new(park.range().base() + 2 * PAGE_BYTES),
+            Hva::new(g.base() + 2 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -267,8 +278,8 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            park.range().base() + 2 * PAGE_BYTES,
-            g.base() + 2 * PAGE_BYTES,
+            Hva::new(park.range().base() + 2 * PAGE_BYTES),
+            Hva::new(g.base() + 2 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions {
                 allow_src_holes: true,

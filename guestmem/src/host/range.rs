@@ -4,7 +4,7 @@
 use std::io;
 
 use super::PAGE_BYTES;
-use crate::addr::RegionOffset;
+use crate::addr::{Hva, RegionOffset};
 
 /// An address range of this process managed through raw pointers only.
 #[derive(Debug, Clone, Copy)]
@@ -29,6 +29,12 @@ impl RawRange {
     /// Start address.
     pub fn base(&self) -> u64 {
         self.base
+    }
+
+    /// The address of `offset` in the range (not checked against its
+    /// length: the caller hands it to the kernel, which checks).
+    pub fn addr(&self, offset: RegionOffset) -> Hva {
+        Hva::new(self.base + offset.get())
     }
 
     /// Length in bytes.

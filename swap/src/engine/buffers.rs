@@ -39,7 +39,7 @@
 use std::sync::{Condvar, Mutex};
 
 use crate::index::ParkingSlot;
-use guestmem::addr::RegionOffset;
+use guestmem::addr::{Hva, RegionOffset};
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
 
 /// How the pool's buffers are used.
@@ -57,7 +57,7 @@ pub enum PoolMode {
 pub struct Buffer {
     index: usize,
     /// Address of the buffer.
-    pub addr: u64,
+    pub addr: Hva,
     /// The buffer is backed by one huge page.
     pub huge: bool,
 }
@@ -242,7 +242,7 @@ impl BufferPool {
                 self.refill_wanted.notify_all();
                 return Buffer {
                     index,
-                    addr: self.range().base() + index as u64 * self.buf_bytes,
+                    addr: Hva::new(self.range().base() + index as u64 * self.buf_bytes),
                     huge,
                 };
             }
@@ -251,7 +251,7 @@ impl BufferPool {
                 let huge = self.fill(index, Filler::Fault);
                 return Buffer {
                     index,
-                    addr: self.range().base() + index as u64 * self.buf_bytes,
+                    addr: Hva::new(self.range().base() + index as u64 * self.buf_bytes),
                     huge,
                 };
             }
@@ -270,7 +270,7 @@ impl BufferPool {
         self.refill_wanted.notify_all();
         Some(Buffer {
             index,
-            addr: self.range().base() + index as u64 * self.buf_bytes,
+            addr: Hva::new(self.range().base() + index as u64 * self.buf_bytes),
             huge,
         })
     }

@@ -166,8 +166,8 @@ impl Collapser {
                 return Ok(());
             }
         };
-        let src = s.geo.unit_addr(chunk).raw();
-        let dst = s.parking.addr(p).raw();
+        let src = s.geo.unit_addr(chunk);
+        let dst = s.parking.addr(p);
         let options = MoveOptions {
             allow_src_holes: true,
             dont_wake: false,

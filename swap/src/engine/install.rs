@@ -30,6 +30,8 @@ use super::stats::{bump, Counters, FaultSource};
 use crate::chunk::PageRef;
 use crate::index::{ParkingSlot, UnitIndex};
 use crate::uffd::{CopyOptions, MoveOptions, Uffd, UffdError};
+use guestmem::addr::Hva;
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PAGE_BYTES};
 
 /// Installs units into guest RAM.
@@ -45,8 +47,8 @@ pub(crate) struct Installer {
     pub counters: Arc<Counters>,
 }
 
-fn page_of(address: u64) -> u64 {
-    address & !(PAGE_BYTES - 1)
+fn page_of(address: u64) -> Hva {
+    Hva::new(address & !(PAGE_BYTES - 1))
 }
 
 impl Installer {
@@ -70,7 +72,7 @@ impl Installer {
     ) -> Result<bool, SwapError> {
         let s = self;
         let unit_bytes = s.geo.unit_bytes;
-        let dst = s.geo.unit_addr(unit).raw();
+        let dst = s.geo.unit_addr(unit);
         let huge = buf.huge;
         let options = MoveOptions {
             allow_src_holes: false,
@@ -88,7 +90,8 @@ impl Installer {
         // The pinned-page test hook: pinned now, unpinned once the retries
         // below have run for the hook's time, as a deferred unpin would.
         let mut test_pin = match s.hooks.pin_restore_buffer_for() {
-            Some(hold) => match blockio::pin::PinnedPages::pin(buf.addr, unit_bytes as usize) {
+            Some(hold) => match blockio::pin::PinnedPages::pin(buf.addr.raw(), unit_bytes as usize)
+            {
                 Ok(pin) => Some((pin, hold)),
                 Err(e) => {
                     s.buffers.give_back_populated(buf);
@@ -112,8 +115,12 @@ impl Installer {
             // buffer; the unit's range is missing and nothing holds a
             // reference into it or into the buffer (raw addresses only).
             match unsafe {
-                s.uffd
-                    .move_all(dst + done, buf.addr + done, unit_bytes - done, options)
+                s.uffd.move_all(
+                    dst.offset_by(done),
+                    buf.addr.offset_by(done),
+                    unit_bytes - done,
+                    options,
+                )
             } {
                 Err(e)
                     if e.errno() == Some(libc::EBUSY)
@@ -144,12 +151,15 @@ impl Installer {
     /// Fills the unit with zeros, not waking; true when it is mapped huge.
     pub fn zero_fill(&self, unit: UnitIndex) -> Result<bool, SwapError> {
         let s = self;
-        let dst = s.geo.unit_addr(unit).raw();
+        let dst = s.geo.unit_addr(unit);
         let unit_bytes = s.geo.unit_bytes;
         let huge = match s.mode {
             InstallMode::Thp => s.install_thp_buffer(unit, s.buffers.zeroed())?,
             InstallMode::Hugetlb { .. } => {
-                let zero = s.zero_source.as_ref().map_or(0, |z| z.range().base());
+                let zero = s
+                    .zero_source
+                    .as_ref()
+                    .map_or(Hva::new(0), |z| z.range().addr(RegionOffset::ZERO));
                 s.uffd
                     .copy_all(
                         dst,
@@ -192,7 +202,7 @@ impl Installer {
         write_protect: bool,
     ) -> Result<bool, SwapError> {
         let s = self;
-        let dst = s.geo.unit_addr(unit).raw();
+        let dst = s.geo.unit_addr(unit);
         let unit_bytes = s.geo.unit_bytes;
         let huge = match s.mode {
             InstallMode::Thp => {
@@ -239,7 +249,7 @@ impl Installer {
     /// Moves a parked unit back into guest RAM without waking. `Ok(false)`:
     /// the pages are pinned (e.g. by device I/O) and nothing moved; the
     /// caller copies instead.
-    fn move_back(&self, dst: u64, src: u64) -> Result<bool, UffdError> {
+    fn move_back(&self, dst: Hva, src: Hva) -> Result<bool, UffdError> {
         let options = MoveOptions {
             allow_src_holes: false,
             dont_wake: true,
@@ -268,8 +278,8 @@ impl Installer {
     ) -> Result<bool, SwapError> {
         let s = self;
         let unit_bytes = s.geo.unit_bytes;
-        let dst = s.geo.unit_addr(unit).raw();
-        let src = s.parking.addr(p).raw();
+        let dst = s.geo.unit_addr(unit);
+        let src = s.parking.addr(p);
         let fail = |e: UffdError| {
             SwapError::unit_uffd(
                 format!("hand back the staged chunk at {}", s.geo.unit_name(unit)),
@@ -320,14 +330,14 @@ impl Installer {
     /// (whole, so that a huge mapping keeps its PMD).
     pub fn unprotect(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
-            .write_unprotect(self.geo.unit_addr(unit).raw(), self.geo.unit_bytes, true)
+            .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, true)
     }
 
     /// Removes the write protection of a whole unit without waking anyone
     /// (the caller holds the unit and wakes later, if at all).
     pub fn unprotect_without_waking(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
-            .write_unprotect(self.geo.unit_addr(unit).raw(), self.geo.unit_bytes, false)
+            .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, false)
     }
 
     /// Maps the zero page at a hole in a resident unit, not waking; false
@@ -357,7 +367,7 @@ impl Installer {
     /// published.
     pub fn wake(&self, unit: UnitIndex, source: Option<FaultSource>) -> Result<Outcome, SwapError> {
         self.uffd
-            .wake(self.geo.unit_addr(unit).raw(), self.geo.unit_bytes)
+            .wake(self.geo.unit_addr(unit), self.geo.unit_bytes)
             .map_err(|e| {
                 SwapError::unit_uffd(
                     format!("wake the threads faulting on {}", self.geo.unit_name(unit)),
@@ -370,20 +380,20 @@ impl Installer {
     /// Copies one page from `src` (an unregistered buffer) onto a page of
     /// a split chunk, not waking. EEXIST is returned as is: the caller
     /// knows whether the page may be there already.
-    pub fn install_page(&self, at: PageRef, src: u64) -> Result<(), UffdError> {
+    pub fn install_page(&self, at: PageRef, src: Hva) -> Result<(), UffdError> {
         let options = CopyOptions {
             write_protect: false,
             dont_wake: true,
         };
         self.uffd
-            .copy_all(self.geo.page_addr(at).raw(), src, PAGE_BYTES, options)
+            .copy_all(self.geo.page_addr(at), src, PAGE_BYTES, options)
     }
 
     /// Removes the write protection of one page of a split chunk and wakes
     /// its writers.
     pub fn unprotect_page(&self, at: PageRef) -> Result<(), UffdError> {
         self.uffd
-            .write_unprotect(self.geo.page_addr(at).raw(), PAGE_BYTES, true)
+            .write_unprotect(self.geo.page_addr(at), PAGE_BYTES, true)
     }
 
     /// Wakes every thread blocked on one page of a split chunk.
@@ -393,7 +403,7 @@ impl Installer {
         source: Option<FaultSource>,
     ) -> Result<Outcome, SwapError> {
         self.uffd
-            .wake(self.geo.page_addr(at).raw(), PAGE_BYTES)
+            .wake(self.geo.page_addr(at), PAGE_BYTES)
             .map_err(|e| {
                 SwapError::unit_uffd(
                     format!(

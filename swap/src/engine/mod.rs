@@ -604,11 +604,14 @@ impl SwapEngine {
             let _ = handle.join();
         }
         let s = &*self;
-        let _ = s.uffd.unregister(s.geo.guest.base(), s.geo.guest.len());
+        let _ = s
+            .uffd
+            .unregister(s.geo.guest.addr(RegionOffset::ZERO), s.geo.guest.len());
         if s.parking_registered {
-            let _ = s
-                .uffd
-                .unregister(s.parking.raw().base(), s.parking.raw().len());
+            let _ = s.uffd.unregister(
+                s.parking.raw().addr(RegionOffset::ZERO),
+                s.parking.raw().len(),
+            );
         }
     }
 }

@@ -46,7 +46,7 @@ use super::limit::Limiter;
 use super::parking::Parking;
 use super::stats::{bump, Counters};
 use crate::index::ParkingSlot;
-use guestmem::addr::RegionOffset;
+use guestmem::addr::{Hva, RegionOffset};
 use guestmem::host::{PagemapScanner, RawRange};
 use std::sync::Arc;
 use std::time::Duration;
@@ -66,7 +66,7 @@ enum Origin {
 #[derive(Debug)]
 pub(crate) struct RestoreBuffer {
     /// Address of the buffer.
-    pub addr: u64,
+    pub addr: Hva,
     /// The buffer is one huge page.
     pub huge: bool,
     origin: Origin,
@@ -189,7 +189,7 @@ impl RestoreBuffers {
             bump(&self.counters.buffers_recycled_uncleared);
         }
         RestoreBuffer {
-            addr: self.parking.addr(slot).raw(),
+            addr: self.parking.addr(slot),
             huge: true,
             origin: Origin::Parked(slot),
         }

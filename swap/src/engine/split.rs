@@ -42,6 +42,7 @@ use crate::index::{PageIndex, UnitIndex};
 use crate::store::SharedStore;
 use crate::uffd::FaultKind;
 use blockio::AlignedBuf;
+use guestmem::addr::Hva;
 use guestmem::host::PAGE_BYTES;
 
 /// Splits chunks and serves faults on the pages of split chunks. Exists
@@ -255,12 +256,12 @@ impl Splitter {
             }
             add(&s.counters.bytes_read, PAGE_BYTES);
             bump(&s.counters.page_faults_store);
-            let src = buf.as_ptr() as u64;
+            let src = Hva::new(buf.as_ptr() as u64);
             read_buf = Some(buf);
             (src, FaultSource::Store)
         } else {
             bump(&s.counters.page_faults_zero);
-            (s.zero_page.as_ptr() as u64, FaultSource::Zero)
+            (Hva::new(s.zero_page.as_ptr() as u64), FaultSource::Zero)
         };
         let copied = s.installer.install_page(at, src);
         drop(read_buf);
@@ -296,7 +297,10 @@ impl Splitter {
         let s = self;
         let result = match kind {
             FaultKind::WriteProtect => s.installer.unprotect_page(at),
-            FaultKind::Missing => match s.installer.install_page(at, s.zero_page.as_ptr() as u64) {
+            FaultKind::Missing => match s
+                .installer
+                .install_page(at, Hva::new(s.zero_page.as_ptr() as u64))
+            {
                 Err(e) if e.is_eexist() => {
                     bump(&s.counters.stale_faults);
                     Ok(())

@@ -129,7 +129,7 @@ pub(super) fn register_guest(
     // and reaches it only as guest memory (raw pointers, KVM, devices
     // through vm-memory); the fault threads started after this serve its
     // faults until shutdown, and they never touch guest RAM themselves.
-    unsafe { uffd.register(guest.base(), guest.len(), modes) }
+    unsafe { uffd.register(guest.addr(RegionOffset::ZERO), guest.len(), modes) }
         .map_err(|e| SwapError::uffd("registering guest RAM", e))?;
     Ok(guest)
 }
@@ -169,8 +169,14 @@ pub(super) fn staging_area(
         // SAFETY: the parking area is the engine's own mapping, reached
         // through raw addresses only; its holes are filled before any
         // thread reads them (see `parking`).
-        unsafe { uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING) }
-            .map_err(|e| SwapError::uffd("registering the parking area", e))?;
+        unsafe {
+            uffd.register(
+                parking.raw().addr(RegionOffset::ZERO),
+                parking.raw().len(),
+                mode::MISSING,
+            )
+        }
+        .map_err(|e| SwapError::uffd("registering the parking area", e))?;
     }
     let pool_mode = if backing == InstallMode::Thp {
         PoolMode::Thp

@@ -13,6 +13,7 @@ use crate::engine::stats::{add, bump};
 use crate::index::{PageIndex, ParkingSlot, UnitIndex};
 use crate::store::{PageWrite, SlotId};
 use crate::uffd::MoveOptions;
+use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
@@ -67,7 +68,7 @@ impl Evictor<'_> {
                 return Err(e);
             }
         };
-        let parked = s.parking.addr(p).offset_by(index.offset_bytes()).raw();
+        let parked = s.parking.addr(p).offset_by(index.offset_bytes());
         let options = MoveOptions {
             allow_src_holes: true,
             dont_wake: false,
@@ -78,7 +79,7 @@ impl Evictor<'_> {
             // page (empty: a fresh or discarded slot); raw addresses only.
             match unsafe {
                 s.uffd
-                    .move_all(parked, s.geo.page_addr(at).raw(), PAGE_BYTES, options)
+                    .move_all(parked, s.geo.page_addr(at), PAGE_BYTES, options)
             } {
                 Ok(()) => break,
                 Err(e) if e.errno() == Some(libc::EBUSY) && tries < 3 => {
@@ -143,7 +144,7 @@ impl Evictor<'_> {
     }
 
     /// guest (the eviction is given up).
-    pub(super) fn put_page_back(&self, at: PageRef, parked: u64) -> Result<(), SwapError> {
+    pub(super) fn put_page_back(&self, at: PageRef, parked: Hva) -> Result<(), SwapError> {
         let s = self.s;
         let options = MoveOptions {
             allow_src_holes: false,
@@ -153,7 +154,7 @@ impl Evictor<'_> {
         // page; the guest page is empty since the move out.
         unsafe {
             s.uffd
-                .move_all(s.geo.page_addr(at).raw(), parked, PAGE_BYTES, options)
+                .move_all(s.geo.page_addr(at), parked, PAGE_BYTES, options)
         }
         .map_err(|e| {
             let e = SwapError::uffd(
@@ -178,7 +179,7 @@ impl Evictor<'_> {
         if self.residency[0] & 1 == 0 {
             match s
                 .uffd
-                .zeropage(s.parking.raw().base() + offset.get(), PAGE_BYTES, true)
+                .zeropage(s.parking.raw().addr(offset), PAGE_BYTES, true)
             {
                 Ok(()) => {}
                 Err(e) if e.is_eexist() => {}

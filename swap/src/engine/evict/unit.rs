@@ -73,8 +73,8 @@ impl Evictor<'_> {
         p: ParkingSlot,
     ) -> Result<bool, SwapError> {
         let s = self.s;
-        let src = s.geo.unit_addr(unit).raw();
-        let dst = s.parking.addr(p).raw();
+        let src = s.geo.unit_addr(unit);
+        let dst = s.parking.addr(p);
         let len = s.geo.unit_bytes;
         match s.mode {
             InstallMode::Thp | InstallMode::Small => {
@@ -167,7 +167,7 @@ impl Evictor<'_> {
             .map_err(|e| SwapError::os("mincore on the parking area", e))?;
         for (i, &present) in self.residency.iter().enumerate() {
             if present & 1 == 0 {
-                let page = s.parking.addr(p).offset_by(i as u64 * PAGE_BYTES).raw();
+                let page = s.parking.addr(p).offset_by(i as u64 * PAGE_BYTES);
                 match s.uffd.zeropage(page, PAGE_BYTES, true) {
                     Ok(()) => {}
                     // Present after all (mincore reports swapped-out pages as
