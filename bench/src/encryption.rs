@@ -17,6 +17,7 @@ use swap::store::{Sealer, SlotId};
 use super::hist::median;
 use super::report::{fmt_f, Aim, Headline, Table};
 use super::runner::{RunResult, RunSpec, CHUNK_BYTES, GIB};
+use swap::index::StoreKey;
 
 /// One 2 MiB unit, as a length.
 const UNIT: usize = CHUNK_BYTES as usize;
@@ -102,7 +103,7 @@ fn measure_cipher(buffers: usize) -> Result<Cipher> {
         if i % 64 == 0 {
             interrupt::check()?;
         }
-        let at = Place::unit(SlotId::new(i as u32), (i * UNIT) as u64);
+        let at = Place::unit(SlotId::new(i as u32), StoreKey::new((i * UNIT) as u64));
         let t = Instant::now();
         let seal = sealer.seal(at, &mut buf)?;
         seal_s += t.elapsed().as_secs_f64();

@@ -54,6 +54,9 @@ use super::limits::seqwrite_chunk;
 use super::report::Table;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
+use guestmem::addr::Hva;
+use guestmem::addr::RegionOffset;
+use swap::index::StoreKey;
 
 const PAGE: u64 = 4096;
 /// Pages per batch in the write comparison.
@@ -848,12 +851,12 @@ impl Registered {
         }
         let map = AnonMapping::new(pages as u64 * PAGE).context("cannot map a region")?;
         let r = map.range();
-        r.advise_nohugepage(0, r.len())
+        r.advise_nohugepage(RegionOffset::ZERO, r.len())
             .context("madvise(MADV_NOHUGEPAGE)")?;
         // SAFETY: the mapping is this measurement's own and only reached
         // through raw addresses; its missing pages are touched only by the
         // round trip's writer while a server thread serves this userfaultfd.
-        unsafe { uffd.register(r.base(), r.len(), mode::MISSING) }
+        unsafe { uffd.register(Hva::new(r.base()), r.len(), mode::MISSING) }
             .context("cannot register the region with the userfaultfd")?;
         Ok(Registered { uffd, map })
     }
@@ -867,7 +870,7 @@ impl Registered {
 fn small_buffer(pages: usize) -> Result<AnonMapping> {
     let map = AnonMapping::new(pages as u64 * PAGE).context("cannot map a buffer")?;
     map.range()
-        .advise_nohugepage(0, map.range().len())
+        .advise_nohugepage(RegionOffset::ZERO, map.range().len())
         .context("madvise(MADV_NOHUGEPAGE)")?;
     Ok(map)
 }
@@ -876,7 +879,7 @@ fn small_buffer(pages: usize) -> Result<AnonMapping> {
 fn fill_page(dst: &RawRange, offset: u64, pattern: &[u8]) {
     // SAFETY: `dst` is an unregistered buffer of the caller's, nothing else
     // uses the page during the copy.
-    let page = unsafe { dst.slice_mut(offset, PAGE) };
+    let page = unsafe { dst.slice_mut(RegionOffset::new(offset), PAGE) };
     page.copy_from_slice(&pattern[..PAGE as usize]);
 }
 
@@ -893,9 +896,9 @@ fn round_trips(
 ) -> Result<()> {
     let r = reg.range();
     assert!(n as u64 * PAGE <= r.len() && n as u64 * PAGE <= src.len());
-    r.discard(0, r.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
     if how == Install::Move {
-        src.touch(0, n as u64 * PAGE);
+        src.touch(RegionOffset::ZERO, n as u64 * PAGE);
     }
     let base = Instant::now();
     let ns = move || base.elapsed().as_nanos() as u64;
@@ -929,10 +932,10 @@ fn round_trips(
                     let page = address & !(PAGE - 1);
                     let i = (page - r.base()) / PAGE;
                     let done = match how {
-                        Install::Zero => uffd.zeropage(page, PAGE, true),
+                        Install::Zero => uffd.zeropage(Hva::new(page), PAGE, true),
                         Install::Copy => uffd.copy(
-                            page,
-                            data_addr,
+                            Hva::new(page),
+                            Hva::new(data_addr),
                             PAGE,
                             CopyOptions {
                                 write_protect: false,
@@ -944,8 +947,8 @@ fn round_trips(
                         // is the missing page the writer waits on.
                         Install::Move => unsafe {
                             uffd.move_pages(
-                                page,
-                                src.base() + i * PAGE,
+                                Hva::new(page),
+                                Hva::new(src.base() + i * PAGE),
                                 PAGE,
                                 MoveOptions {
                                     allow_src_holes: false,
@@ -957,10 +960,10 @@ fn round_trips(
                     if let Err(e) = done {
                         error.get_or_insert(format!("{}: {e}", how.name()));
                         // The writer must not wait for ever.
-                        let _ = uffd.zeropage(page, PAGE, true);
+                        let _ = uffd.zeropage(Hva::new(page), PAGE, true);
                     }
                     let t_install = ns();
-                    if let Err(e) = uffd.wake(page, PAGE) {
+                    if let Err(e) = uffd.wake(Hva::new(page), PAGE) {
                         error.get_or_insert(format!("wake: {e}"));
                     }
                     records.push([t_poll, t_read, t_install, ns()]);
@@ -969,7 +972,7 @@ fn round_trips(
             if error.is_some() {
                 // Unregistering wakes a writer still waiting and lets its
                 // next writes fault as plain memory.
-                let _ = uffd.unregister(r.base(), r.len());
+                let _ = uffd.unregister(Hva::new(r.base()), r.len());
             }
             let after = (thread_usage(), thread_cpu_ns());
             (records, error, before, after)
@@ -1010,8 +1013,8 @@ fn round_trips(
     let cpu_us = |a: u64, b: u64| (b - a) as f64 / 1e3 / n as f64;
     out.cpu[0].push(round, cpu_us(w_before.1, w_after.1));
     out.cpu[1].push(round, cpu_us(s_before.1, s_after.1));
-    r.discard(0, r.len())?;
-    src.discard(0, src.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
+    src.discard(RegionOffset::ZERO, src.len())?;
     Ok(())
 }
 
@@ -1039,30 +1042,30 @@ fn ioctl_round(
     let r = reg.range();
     let u = &reg.uffd;
     let at = |area: u64, i: usize| r.base() + (area * n as u64 + i as u64) * PAGE;
-    r.discard(0, r.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
     let no_wake = CopyOptions {
         write_protect: false,
         dont_wake: true,
     };
     for i in 0..n {
         let t = Instant::now();
-        u.copy(at(0, i), data_addr, PAGE, no_wake)
+        u.copy(Hva::new(at(0, i)), Hva::new(data_addr), PAGE, no_wake)
             .context("UFFDIO_COPY")?;
         out.copy.push(round, us_since(t));
 
         let t = Instant::now();
-        u.zeropage(at(1, i), PAGE, true)
+        u.zeropage(Hva::new(at(1, i)), PAGE, true)
             .context("UFFDIO_ZEROPAGE")?;
         out.zeropage.push(round, us_since(t));
 
         let t = Instant::now();
-        u.wake(at(0, i), PAGE).context("UFFDIO_WAKE")?;
+        u.wake(Hva::new(at(0, i)), PAGE).context("UFFDIO_WAKE")?;
         out.wake.push(round, us_since(t));
 
         // A moved-in page leaves a hole in its buffer: the next read needs
         // a fresh page there, which a touch (allocate and clear) gives.
         let t = Instant::now();
-        src.touch(i as u64 * PAGE, PAGE);
+        src.touch(RegionOffset::new(i as u64 * PAGE), PAGE);
         out.refill.push(round, us_since(t));
 
         let t = Instant::now();
@@ -1070,8 +1073,8 @@ fn ioctl_round(
         // once; the destination is a missing page of the region.
         unsafe {
             u.move_pages(
-                at(2, i),
-                src.base() + i as u64 * PAGE,
+                Hva::new(at(2, i)),
+                Hva::new(src.base() + i as u64 * PAGE),
                 PAGE,
                 MoveOptions {
                     allow_src_holes: false,
@@ -1089,8 +1092,8 @@ fn ioctl_round(
         // installed by the copy above and nobody touches it.
         unsafe {
             u.move_pages(
-                at(3, i),
-                at(0, i),
+                Hva::new(at(3, i)),
+                Hva::new(at(0, i)),
                 PAGE,
                 MoveOptions {
                     allow_src_holes: true,
@@ -1101,8 +1104,8 @@ fn ioctl_round(
         .context("UFFDIO_MOVE (move-out)")?;
         out.move_out.push(round, us_since(t));
     }
-    r.discard(0, r.len())?;
-    src.discard(0, src.len())?;
+    r.discard(RegionOffset::ZERO, r.len())?;
+    src.discard(RegionOffset::ZERO, src.len())?;
     Ok(())
 }
 
@@ -1136,7 +1139,7 @@ fn fill_store(store: &dyn Store, slots: usize, unit: usize, pattern: &[u8]) -> R
             .map(|&i| {
                 let off = (i % per_chunk) * unit;
                 WriteRequest {
-                    gpa: (1 << 32) + (i * unit) as u64,
+                    gpa: StoreKey::new((1 << 32) + (i * unit) as u64),
                     data: &pattern[off..off + unit],
                 }
             })
@@ -1178,10 +1181,15 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
     let order = permutation(STORE_SLOTS, round as u64 + 7);
     for &i in order.iter().take(plan.ops) {
         out.read_file
-            .time(round, 1, || s.file4k.read(s.slots4k[i], 1 << 32, &mut buf))
+            .time(round, 1, || {
+                s.file4k
+                    .read(s.slots4k[i], StoreKey::new(1 << 32), &mut buf)
+            })
             .context("4 KiB file store read")?;
         out.read_lz4
-            .time(round, 1, || s.lz4.read(s.lz4_slots[i], 1 << 32, &mut buf))
+            .time(round, 1, || {
+                s.lz4.read(s.lz4_slots[i], StoreKey::new(1 << 32), &mut buf)
+            })
             .context("4 KiB mem:lz4 read")?;
     }
     // Writes go where the store has room after long use: slots freed at
@@ -1196,7 +1204,7 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                     for (k, &v) in victims[..BATCH_PAGES].iter().enumerate() {
                         s.file4k.free(s.slots4k[v]);
                         let req = [WriteRequest {
-                            gpa: (1 << 32) + v as u64 * PAGE,
+                            gpa: StoreKey::new((1 << 32) + v as u64 * PAGE),
                             data: page(k),
                         }];
                         let r = out.write_one.time(round, 1, || s.file4k.write_batch(&req));
@@ -1216,7 +1224,7 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                         .iter()
                         .enumerate()
                         .map(|(k, &v)| WriteRequest {
-                            gpa: (1 << 32) + v as u64 * PAGE,
+                            gpa: StoreKey::new((1 << 32) + v as u64 * PAGE),
                             data: page(k),
                         })
                         .collect();
@@ -1232,7 +1240,7 @@ fn store_round(s: &mut Stores, plan: &Plan, round: usize, out: &mut StoreParts) 
                     s.file256k.free(s.slots256k[v]);
                     let big = BATCH_PAGES * PAGE as usize;
                     let req = [WriteRequest {
-                        gpa: 1 << 32,
+                        gpa: StoreKey::new(1 << 32),
                         data: &s.pattern[..big],
                     }];
                     let r = out

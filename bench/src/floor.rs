@@ -28,6 +28,9 @@ use super::hist::{median, sample_summary_json};
 use super::limits::seqwrite_chunk;
 use super::runner::CHUNK_BYTES;
 use super::{interrupt, Ctx, Mode};
+use guestmem::addr::Hva;
+use guestmem::addr::RegionOffset;
+use swap::index::StoreKey;
 
 const PAGE: u64 = 4096;
 
@@ -135,16 +138,16 @@ impl Registered {
         let map = AnonMapping::new(len).context("cannot map the destination region")?;
         let r = map.range();
         if huge {
-            r.advise_hugepage(0, r.len())
+            r.advise_hugepage(RegionOffset::ZERO, r.len())
                 .context("madvise(MADV_HUGEPAGE)")?;
         } else {
-            r.advise_nohugepage(0, r.len())
+            r.advise_nohugepage(RegionOffset::ZERO, r.len())
                 .context("madvise(MADV_NOHUGEPAGE)")?;
         }
         // SAFETY: the mapping is this measurement's own, reached through raw
         // addresses only; nothing touches a missing page of it (the floor
         // only installs chunks, it never faults on them).
-        unsafe { uffd.register(r.base(), r.len(), mode::MISSING) }
+        unsafe { uffd.register(Hva::new(r.base()), r.len(), mode::MISSING) }
             .context("cannot register the destination with the userfaultfd")?;
         Ok(Registered { uffd, map })
     }
@@ -181,7 +184,7 @@ fn write_slots(store: &dyn Store, n: usize, unit: u64) -> Result<Vec<SlotId>> {
             .map(|&i| {
                 let off = (i as u64 * unit) % CHUNK_BYTES;
                 WriteRequest {
-                    gpa: (1 << 32) + i as u64 * unit,
+                    gpa: StoreKey::new((1 << 32) + i as u64 * unit),
                     data: &chunk[off as usize..(off + unit) as usize],
                 }
             })
@@ -207,19 +210,19 @@ fn thp_restores(
     let mut pmd = true;
     for i in 0..n {
         let t = Instant::now();
-        b.touch(0, PAGE);
-        if b.collapse(0, CHUNK_BYTES).is_err() {
+        b.touch(RegionOffset::ZERO, PAGE);
+        if b.collapse(RegionOffset::ZERO, CHUNK_BYTES).is_err() {
             // Not huge: populate every page so the move leaves no hole.
-            b.touch(0, CHUNK_BYTES);
+            b.touch(RegionOffset::ZERO, CHUNK_BYTES);
         }
         fill.push(us(t));
         if let Some(store) = store {
             let t = Instant::now();
             // SAFETY: the buffer is a private, populated mapping of this
             // function's caller that nothing else accesses during the call.
-            let data = unsafe { b.slice_mut(0, CHUNK_BYTES) };
+            let data = unsafe { b.slice_mut(RegionOffset::ZERO, CHUNK_BYTES) };
             store
-                .read(slots[i % slots.len()], 1 << 32, data)
+                .read(slots[i % slots.len()], StoreKey::new(1 << 32), data)
                 .context("floor: store read failed")?;
             read.push(us(t));
         }
@@ -233,11 +236,11 @@ fn thp_restores(
         // mappings, reached through raw addresses only.
         unsafe {
             dst.uffd
-                .move_pages(dst_addr, b.base(), CHUNK_BYTES, options)
+                .move_pages(Hva::new(dst_addr), Hva::new(b.base()), CHUNK_BYTES, options)
         }
         .context("floor: UFFDIO_MOVE failed")?;
         dst.uffd
-            .wake(dst_addr, CHUNK_BYTES)
+            .wake(Hva::new(dst_addr), CHUNK_BYTES)
             .context("floor: UFFDIO_WAKE failed")?;
         install.push(us(t));
         if i == 0 {
@@ -245,7 +248,7 @@ fn thp_restores(
         }
         // Empty the destination again (frees the huge page) without
         // touching it.
-        d.discard(dst_addr - d.base(), CHUNK_BYTES)
+        d.discard(RegionOffset::new(dst_addr - d.base()), CHUNK_BYTES)
             .context("floor: MADV_DONTNEED")?;
     }
     Ok((Parts::from_samples(&read, &fill, &install), pmd))
@@ -283,7 +286,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
         Ok(dst) => {
             let buf = AnonMapping::new(CHUNK_BYTES).context("floor: cannot map the buffer")?;
             buf.range()
-                .advise_hugepage(0, CHUNK_BYTES)
+                .advise_hugepage(RegionOffset::ZERO, CHUNK_BYTES)
                 .context("madvise(MADV_HUGEPAGE)")?;
             // One untimed round warms the code paths and the allocator.
             thp_restores(&dst, &buf, Some(file.as_ref()), &file_slots, 2)?;
@@ -304,7 +307,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
             let mut read = Vec::new();
             for &slot in &file_slots {
                 let t = Instant::now();
-                file.read(slot, 1 << 32, &mut buf)?;
+                file.read(slot, StoreKey::new(1 << 32), &mut buf)?;
                 read.push(us(t));
             }
             f.store_file_2m = Parts::from_samples(&read, &[], &[]);
@@ -323,7 +326,7 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
     for &slot in &slots4k {
         let t = Instant::now();
         file4k
-            .read(slot, 1 << 32, &mut page)
+            .read(slot, StoreKey::new(1 << 32), &mut page)
             .context("floor: 4 KiB read failed")?;
         read.push(us(t));
     }
@@ -336,8 +339,8 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
                 let t = Instant::now();
                 dst.uffd
                     .copy(
-                        addr,
-                        page.as_ptr() as u64,
+                        Hva::new(addr),
+                        Hva::new(page.as_ptr() as u64),
                         PAGE,
                         CopyOptions {
                             write_protect: false,
@@ -345,16 +348,16 @@ pub fn measure(ctx: &mut Ctx) -> Result<Floors> {
                         },
                     )
                     .context("floor: UFFDIO_COPY failed")?;
-                dst.uffd.wake(addr, PAGE)?;
+                dst.uffd.wake(Hva::new(addr), PAGE)?;
                 copy.push(us(t));
-                d.discard(addr - d.base(), PAGE)?;
+                d.discard(RegionOffset::new(addr - d.base()), PAGE)?;
                 let t = Instant::now();
                 dst.uffd
-                    .zeropage(addr, PAGE, true)
+                    .zeropage(Hva::new(addr), PAGE, true)
                     .context("floor: UFFDIO_ZEROPAGE failed")?;
-                dst.uffd.wake(addr, PAGE)?;
+                dst.uffd.wake(Hva::new(addr), PAGE)?;
                 zero.push(us(t));
-                d.discard(addr - d.base(), PAGE)?;
+                d.discard(RegionOffset::new(addr - d.base()), PAGE)?;
             }
             f.store_file_4k = Parts::from_samples(&read, &[], &copy);
             f.zero_4k = Parts::from_samples(&[], &[], &zero);

@@ -15,6 +15,7 @@
 //! backs, as every run on a bare-metal host does. `--no-prime` measures
 //! without it.
 
+use guestmem::addr::RegionOffset;
 use guestmem::host::AnonMapping;
 
 /// Memory the VMM maps beside guest RAM (restore buffers, parking slots,
@@ -32,8 +33,8 @@ pub fn prime(guest_bytes: u64) {
     let range = mapping.range();
     // Huge pages, as the VM's THP-backed RAM will take: the order-9 blocks
     // freed below are the ones its first faults get.
-    let _ = range.advise_hugepage(0, len);
+    let _ = range.advise_hugepage(RegionOffset::ZERO, len);
     // No userfaultfd is registered on this private mapping.
-    range.touch(0, len);
+    range.touch(RegionOffset::ZERO, len);
     drop(mapping);
 }

@@ -21,7 +21,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use guestmem::{CHUNK_BYTES, PAGE_BYTES};
+use guestmem::{GuestAddress, CHUNK_BYTES, PAGE_BYTES};
+use vm_memory::Address;
 
 /// Pages in a chunk.
 const PAGES_PER_CHUNK: u64 = CHUNK_BYTES / PAGE_BYTES;
@@ -33,10 +34,10 @@ pub trait FreeMemorySink: Send + Sync {
     /// Guest RAM `[gpa, gpa + len_bytes)` is free: its content may be
     /// dropped, and the guest will not read it before writing it. Called
     /// with whole chunks only: `gpa` and `len_bytes` are multiples of 2 MiB.
-    fn free_range(&self, gpa: u64, len_bytes: u64);
+    fn free_range(&self, gpa: GuestAddress, len_bytes: u64);
     /// The guest takes `[gpa, gpa + len_bytes)` back (balloon deflate);
     /// 4 KiB granular. Content is whatever the sink left (zero after a drop).
-    fn reclaim_range(&self, gpa: u64, len_bytes: u64);
+    fn reclaim_range(&self, gpa: GuestAddress, len_bytes: u64);
 }
 
 /// The free pages of one chunk that is not wholly free.
@@ -96,7 +97,7 @@ impl Run {
 
     fn flush(&mut self, sink: &dyn FreeMemorySink) {
         if self.len_bytes > 0 {
-            sink.free_range(self.start_gpa, self.len_bytes);
+            sink.free_range(GuestAddress(self.start_gpa), self.len_bytes);
             self.len_bytes = 0;
         }
     }
@@ -145,7 +146,8 @@ impl ChunkAccumulator {
     /// 4 KiB pages inside the range count. Every chunk that becomes wholly
     /// free goes to the sink before this returns (consecutive ones in one
     /// call), and is forgotten here.
-    pub fn mark_free(&self, gpa: u64, len_bytes: u64) {
+    pub fn mark_free(&self, gpa: GuestAddress, len_bytes: u64) {
+        let gpa = gpa.raw_value();
         let end = align_down(gpa.saturating_add(len_bytes), PAGE_BYTES);
         let Some(start) = align_up(gpa, PAGE_BYTES).filter(|&start| start < end) else {
             return;
@@ -184,9 +186,9 @@ impl ChunkAccumulator {
 
     /// The guest uses `[gpa, gpa + len_bytes)` again (e.g. wrote it): every
     /// page the range touches stops counting as free.
-    pub fn forget(&self, gpa: u64, len_bytes: u64) {
+    pub fn forget(&self, gpa: GuestAddress, len_bytes: u64) {
         let mut partial = self.lock();
-        Self::forget_locked(&mut partial, gpa, len_bytes);
+        Self::forget_locked(&mut partial, gpa.raw_value(), len_bytes);
     }
 
     fn forget_locked(partial: &mut BTreeMap<u64, ChunkPages>, gpa: u64, len_bytes: u64) {
@@ -215,9 +217,9 @@ impl ChunkAccumulator {
 
     /// The guest takes `[gpa, gpa + len_bytes)` back (balloon deflate):
     /// forgets its pages and tells the sink.
-    pub fn reclaim(&self, gpa: u64, len_bytes: u64) {
+    pub fn reclaim(&self, gpa: GuestAddress, len_bytes: u64) {
         let mut partial = self.lock();
-        Self::forget_locked(&mut partial, gpa, len_bytes);
+        Self::forget_locked(&mut partial, gpa.raw_value(), len_bytes);
         self.sink.reclaim_range(gpa, len_bytes);
     }
 
@@ -228,9 +230,9 @@ impl ChunkAccumulator {
 
     /// Pages known free in the chunk holding `gpa` (0 if none, and 0 for a
     /// chunk that went to the sink).
-    pub fn free_pages_in_chunk(&self, gpa: u64) -> u32 {
+    pub fn free_pages_in_chunk(&self, gpa: GuestAddress) -> u32 {
         self.lock()
-            .get(&(gpa / CHUNK_BYTES))
+            .get(&(gpa.raw_value() / CHUNK_BYTES))
             .map_or(0, |pages| pages.free_pages)
     }
 }
@@ -260,12 +262,14 @@ pub(crate) mod tests {
     }
 
     impl FreeMemorySink for RecordingSink {
-        fn free_range(&self, gpa: u64, len_bytes: u64) {
+        fn free_range(&self, gpa: GuestAddress, len_bytes: u64) {
+            let gpa = gpa.raw_value();
             assert_eq!(gpa % CHUNK_BYTES, 0, "free_range start {gpa:#x}");
             assert_eq!(len_bytes % CHUNK_BYTES, 0, "free_range len {len_bytes:#x}");
             self.freed.lock().unwrap().push((gpa, len_bytes));
         }
-        fn reclaim_range(&self, gpa: u64, len_bytes: u64) {
+        fn reclaim_range(&self, gpa: GuestAddress, len_bytes: u64) {
+            let gpa = gpa.raw_value();
             self.reclaimed.lock().unwrap().push((gpa, len_bytes));
         }
     }
@@ -284,7 +288,7 @@ pub(crate) mod tests {
         for i in 0..PAGES_PER_CHUNK {
             let page = (i * 97) % PAGES_PER_CHUNK;
             assert!(sink.freed.lock().unwrap().is_empty(), "early at page {i}");
-            acc.mark_free(chunk + page * PAGE_BYTES, PAGE_BYTES);
+            acc.mark_free(GuestAddress(chunk + page * PAGE_BYTES), PAGE_BYTES);
         }
         assert_eq!(*sink.freed.lock().unwrap(), vec![(chunk, CHUNK_BYTES)]);
         assert_eq!(acc.partial_chunks(), 0);
@@ -295,13 +299,13 @@ pub(crate) mod tests {
         let (sink, acc) = setup();
         // From the middle of chunk 1 to the middle of chunk 5: chunks 2-4
         // are whole; the edges wait.
-        acc.mark_free(3 * MIB, 8 * MIB);
+        acc.mark_free(GuestAddress(3 * MIB), 8 * MIB);
         assert_eq!(*sink.freed.lock().unwrap(), vec![(4 * MIB, 6 * MIB)]);
         assert_eq!(acc.partial_chunks(), 2);
-        assert_eq!(acc.free_pages_in_chunk(3 * MIB), 256);
-        assert_eq!(acc.free_pages_in_chunk(10 * MIB), 256);
+        assert_eq!(acc.free_pages_in_chunk(GuestAddress(3 * MIB)), 256);
+        assert_eq!(acc.free_pages_in_chunk(GuestAddress(10 * MIB)), 256);
         // Completing chunk 1 sends it alone.
-        acc.mark_free(2 * MIB, MIB);
+        acc.mark_free(GuestAddress(2 * MIB), MIB);
         assert_eq!(sink.freed.lock().unwrap()[1], (2 * MIB, CHUNK_BYTES));
         assert_eq!(acc.partial_chunks(), 1);
     }
@@ -309,11 +313,11 @@ pub(crate) mod tests {
     #[test]
     fn partial_pages_do_not_count() {
         let (sink, acc) = setup();
-        acc.mark_free(100, 4000); // inside page 0, no whole page
-        acc.mark_free(PAGE_BYTES + 1, 2 * PAGE_BYTES); // only page 2 whole
-        assert_eq!(acc.free_pages_in_chunk(0), 1);
-        acc.mark_free(u64::MAX - 10, 100); // wraps: ignored
-        acc.mark_free(5 * PAGE_BYTES, 0);
+        acc.mark_free(GuestAddress(100), 4000); // inside page 0, no whole page
+        acc.mark_free(GuestAddress(PAGE_BYTES + 1), 2 * PAGE_BYTES); // only page 2 whole
+        assert_eq!(acc.free_pages_in_chunk(GuestAddress(0)), 1);
+        acc.mark_free(GuestAddress(u64::MAX - 10), 100); // wraps: ignored
+        acc.mark_free(GuestAddress(5 * PAGE_BYTES), 0);
         assert!(sink.freed.lock().unwrap().is_empty());
         assert_eq!(acc.partial_chunks(), 1);
     }
@@ -321,26 +325,26 @@ pub(crate) mod tests {
     #[test]
     fn forgotten_pages_must_be_reported_again() {
         let (sink, acc) = setup();
-        acc.mark_free(0, CHUNK_BYTES - PAGE_BYTES);
+        acc.mark_free(GuestAddress(0), CHUNK_BYTES - PAGE_BYTES);
         // The guest writes somewhere in the middle (unaligned, 2 pages).
-        acc.forget(100 * PAGE_BYTES + 10, PAGE_BYTES);
-        assert_eq!(acc.free_pages_in_chunk(0), 511 - 2);
-        acc.mark_free(CHUNK_BYTES - PAGE_BYTES, PAGE_BYTES);
+        acc.forget(GuestAddress(100 * PAGE_BYTES + 10), PAGE_BYTES);
+        assert_eq!(acc.free_pages_in_chunk(GuestAddress(0)), 511 - 2);
+        acc.mark_free(GuestAddress(CHUNK_BYTES - PAGE_BYTES), PAGE_BYTES);
         assert!(sink.freed.lock().unwrap().is_empty());
-        acc.mark_free(100 * PAGE_BYTES, 2 * PAGE_BYTES);
+        acc.mark_free(GuestAddress(100 * PAGE_BYTES), 2 * PAGE_BYTES);
         assert_eq!(*sink.freed.lock().unwrap(), vec![(0, CHUNK_BYTES)]);
         // Forgetting everything empties the map.
-        acc.mark_free(4 * MIB, PAGE_BYTES);
-        acc.forget(0, u64::MAX);
+        acc.mark_free(GuestAddress(4 * MIB), PAGE_BYTES);
+        acc.forget(GuestAddress(0), u64::MAX);
         assert_eq!(acc.partial_chunks(), 0);
     }
 
     #[test]
     fn reclaim_forgets_and_tells_the_sink() {
         let (sink, acc) = setup();
-        acc.mark_free(0, 16 * PAGE_BYTES);
-        acc.reclaim(0, 8 * PAGE_BYTES);
-        assert_eq!(acc.free_pages_in_chunk(0), 8);
+        acc.mark_free(GuestAddress(0), 16 * PAGE_BYTES);
+        acc.reclaim(GuestAddress(0), 8 * PAGE_BYTES);
+        assert_eq!(acc.free_pages_in_chunk(GuestAddress(0)), 8);
         assert_eq!(*sink.reclaimed.lock().unwrap(), vec![(0, 8 * PAGE_BYTES)]);
     }
 }

@@ -60,8 +60,8 @@ mod tests {
         let memory: GuestMemoryHandle = virtio::test_support::memory();
         struct NoSink;
         impl FreeMemorySink for NoSink {
-            fn free_range(&self, _gpa: u64, _len_bytes: u64) {}
-            fn reclaim_range(&self, _gpa: u64, _len_bytes: u64) {}
+            fn free_range(&self, _gpa: guestmem::GuestAddress, _len_bytes: u64) {}
+            fn reclaim_range(&self, _gpa: guestmem::GuestAddress, _len_bytes: u64) {}
         }
         let balloon = virtio::Balloon::new(Arc::new(NoSink));
         let mut mmio = MmioBus::new();

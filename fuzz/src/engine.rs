@@ -38,6 +38,7 @@ use swap::store::{
 };
 
 use crate::input::{Input, InputWriter};
+use guestmem::addr::RegionOffset;
 
 /// Guest addresses start here, so that messages name a recognisable gpa.
 const GPA_BASE: u64 = 0x1_0000_0000;
@@ -488,10 +489,14 @@ impl Rig {
             faulty
         };
         let region = ManagedRegion {
-            host_base: mem.range().base(),
+            host_base: guestmem::addr::Hva::new(mem.range().base()),
             len_bytes: len,
             kind: MemoryKind::Anonymous,
-            gpa_ranges: vec![(GPA_BASE, 0, len)],
+            gpa_ranges: vec![(
+                swap::index::Gpa::new(GPA_BASE),
+                guestmem::addr::RegionOffset::ZERO,
+                len,
+            )],
         };
         let config = EngineConfig {
             unit: setup.unit,
@@ -686,7 +691,7 @@ impl Run<'_> {
                     let _ = self
                         .rig
                         .engine()
-                        .evict_range(unit * unit_bytes, count * unit_bytes);
+                        .evict_range(RegionOffset::new(unit * unit_bytes), count * unit_bytes);
                     true
                 }
                 Op::EvictAll => {
@@ -699,7 +704,12 @@ impl Run<'_> {
                     }
                     let offset = page * PAGE;
                     let len = pages * PAGE;
-                    if self.rig.engine().discard_range(offset, len).is_ok() {
+                    if self
+                        .rig
+                        .engine()
+                        .discard_range(RegionOffset::new(offset), len)
+                        .is_ok()
+                    {
                         // Whole units inside the range only.
                         let first = offset.div_ceil(unit_bytes);
                         let end = ((offset + len) / unit_bytes).min(self.setup.units());

@@ -11,6 +11,7 @@
 use guestmem::Layout;
 
 use crate::input::Input;
+use guestmem::GuestAddress;
 use vmm::image_kind::recognize;
 use vmm::linux::decompress::{decompress_within, PayloadFormat};
 use vmm::linux::e820::e820_map;
@@ -77,12 +78,15 @@ fn load_sequence(image: &[u8], ram_bytes: u64, initrd_bytes: u64, cmdline: &str)
     let kernel_end_gpa = kernel
         .check_fits(&layout, u64::from(header.init_size_bytes()))
         .ok()?;
-    assert!(layout.contains(kernel.start_gpa(), kernel_end_gpa - kernel.start_gpa()));
+    assert!(layout.contains(
+        GuestAddress(kernel.start_gpa()),
+        kernel_end_gpa - kernel.start_gpa()
+    ));
     for segment in &kernel.segments {
         // What `VmlinuxImage::load` writes.
         let bytes = &vmlinux[segment.file_offset..segment.file_offset + segment.file_bytes];
         assert!(
-            layout.contains(segment.gpa, bytes.len() as u64),
+            layout.contains(GuestAddress(segment.gpa), bytes.len() as u64),
             "{segment:?}"
         );
     }
@@ -98,7 +102,7 @@ fn load_sequence(image: &[u8], ram_bytes: u64, initrd_bytes: u64, cmdline: &str)
     if let Some(range) = &initrd {
         assert!(range.start >= kernel_end_gpa || range.end <= kernel.start_gpa());
         assert!(
-            layout.contains(range.start, range.end - range.start),
+            layout.contains(GuestAddress(range.start), range.end - range.start),
             "{range:?}"
         );
     }

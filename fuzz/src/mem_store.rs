@@ -6,6 +6,7 @@
 use swap::store::{Codec, MemStore, Store, StoreError, WriteRequest};
 
 use crate::input::Input;
+use swap::index::StoreKey;
 
 /// Runs one input: a selector byte (codec, unit size of 4 KiB to 64 KiB), the unit's content
 /// as a pattern repeated over the unit (length-prefixed), then the image
@@ -25,7 +26,7 @@ pub fn run(data: &[u8]) {
     let image = input.rest();
 
     let store = MemStore::new(codec, unit_bytes, 4, None).expect("a valid store");
-    let gpa = 0x4000_0000;
+    let gpa = StoreKey::new(0x4000_0000);
     let slot = store
         .write_batch(&[WriteRequest { gpa, data: &unit }])
         .pop()

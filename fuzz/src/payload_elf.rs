@@ -6,6 +6,7 @@
 use guestmem::Layout;
 
 use crate::input::Input;
+use guestmem::GuestAddress;
 use vmm::image_kind::recognize;
 use vmm::payload::elf;
 
@@ -20,7 +21,11 @@ pub fn run(data: &[u8]) {
     let image = input.rest();
     let layout = Layout::new(ram_bytes).expect("the RAM sizes are valid layouts");
     let _ = recognize(image);
-    let Ok(payload) = elf::parse(image, |start, len| layout.contains(start, len), "RAM") else {
+    let Ok(payload) = elf::parse(
+        image,
+        |start, len| layout.contains(GuestAddress(start), len),
+        "RAM",
+    ) else {
         return;
     };
     assert!(!payload.segments.is_empty());
@@ -31,7 +36,7 @@ pub fn run(data: &[u8]) {
     for segment in &payload.segments {
         assert!(segment.gpa >= 2 << 20, "{segment:?} in the VMM region");
         assert!(
-            layout.contains(segment.gpa, segment.mem_bytes),
+            layout.contains(GuestAddress(segment.gpa), segment.mem_bytes),
             "{segment:?}"
         );
         assert!(segment.file_bytes <= segment.mem_bytes, "{segment:?}");

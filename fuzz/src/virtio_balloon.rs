@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use devices::virtio::{Balloon, MmioTransport};
 use devices::FreeMemorySink;
+use vm_memory::{Address, GuestAddress};
 
 use crate::input::Input;
 use crate::virtio::{guest_memory, transport, Driver, Host, RAM};
@@ -33,7 +34,8 @@ struct CheckingSink {
 }
 
 impl FreeMemorySink for CheckingSink {
-    fn free_range(&self, gpa: u64, len_bytes: u64) {
+    fn free_range(&self, gpa: GuestAddress, len_bytes: u64) {
+        let gpa = gpa.raw_value();
         assert!(
             gpa % CHUNK == 0 && len_bytes % CHUNK == 0 && len_bytes > 0,
             "free_range({gpa:#x}, {len_bytes:#x}) is not whole chunks"
@@ -45,7 +47,8 @@ impl FreeMemorySink for CheckingSink {
         self.freed.lock().unwrap().push((gpa, len_bytes));
     }
 
-    fn reclaim_range(&self, gpa: u64, len_bytes: u64) {
+    fn reclaim_range(&self, gpa: GuestAddress, len_bytes: u64) {
+        let gpa = gpa.raw_value();
         assert!(
             gpa % PAGE == 0 && len_bytes % PAGE == 0,
             "reclaim_range({gpa:#x}, {len_bytes:#x}) is not whole pages"

@@ -7,6 +7,9 @@
 //! boundaries are multiples of 2 MiB, so guest-physical and host offsets stay
 //! congruent modulo [`CHUNK_BYTES`] and every chunk can be one huge page.
 
+use vm_memory::{Address, GuestAddress};
+
+use crate::addr::RegionOffset;
 use crate::size::{format_size, format_size_arg};
 use crate::CHUNK_BYTES;
 
@@ -71,20 +74,20 @@ pub enum LayoutError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RamRegion {
     /// Guest-physical start address.
-    pub gpa: u64,
+    pub gpa: GuestAddress,
     /// Length of the region.
     pub len_bytes: u64,
     /// Offset of the region's start inside the host mapping of all guest RAM.
-    pub backing_offset: u64,
+    pub backing_offset: RegionOffset,
 }
 
 impl RamRegion {
     /// Guest-physical address one past the region's last byte.
-    pub fn end_gpa(&self) -> u64 {
-        self.gpa + self.len_bytes
+    pub fn end_gpa(&self) -> GuestAddress {
+        self.gpa.unchecked_add(self.len_bytes)
     }
 
-    fn contains_gpa(&self, gpa: u64) -> bool {
+    fn contains_gpa(&self, gpa: GuestAddress) -> bool {
         gpa >= self.gpa && gpa < self.end_gpa()
     }
 }
@@ -128,15 +131,15 @@ impl Layout {
 
         let low_bytes = ram_bytes.min(LOW_RAM_END);
         let mut regions = vec![RamRegion {
-            gpa: 0,
+            gpa: GuestAddress(0),
             len_bytes: low_bytes,
-            backing_offset: 0,
+            backing_offset: RegionOffset::ZERO,
         }];
         if ram_bytes > low_bytes {
             regions.push(RamRegion {
-                gpa: HIGH_RAM_START,
+                gpa: GuestAddress(HIGH_RAM_START),
                 len_bytes: ram_bytes - low_bytes,
-                backing_offset: low_bytes,
+                backing_offset: RegionOffset::new(low_bytes),
             });
         }
         Ok(Layout { ram_bytes, regions })
@@ -160,9 +163,12 @@ impl Layout {
 
     /// Offset into the host mapping of guest-physical address `gpa`, or
     /// `None` if `gpa` is not RAM.
-    pub fn gpa_to_offset(&self, gpa: u64) -> Option<u64> {
-        self.region_of(gpa)
-            .map(|region| region.backing_offset + (gpa - region.gpa))
+    pub fn gpa_to_offset(&self, gpa: GuestAddress) -> Option<RegionOffset> {
+        self.region_of(gpa).map(|region| {
+            region
+                .backing_offset
+                .offset_by(gpa.unchecked_offset_from(region.gpa))
+        })
     }
 
     /// Guest-physical address of offset `offset` of the host mapping.
@@ -171,7 +177,8 @@ impl Layout {
     ///
     /// If `offset` is not below [`Layout::ram_bytes`]: such an offset is
     /// outside the mapping, so asking is a bug in the caller.
-    pub fn offset_to_gpa(&self, offset: u64) -> u64 {
+    pub fn offset_to_gpa(&self, offset: RegionOffset) -> GuestAddress {
+        let offset = offset.get();
         assert!(
             offset < self.ram_bytes,
             "host offset {offset:#x} is outside guest RAM of {} bytes",
@@ -181,16 +188,18 @@ impl Layout {
             .regions
             .iter()
             .rev()
-            .find(|region| offset >= region.backing_offset)
+            .find(|region| offset >= region.backing_offset.get())
             .expect("region 0 starts at offset 0");
-        region.gpa + (offset - region.backing_offset)
+        region
+            .gpa
+            .unchecked_add(offset - region.backing_offset.get())
     }
 
     /// Whether `[gpa, gpa + len_bytes)` lies entirely inside one RAM region.
     ///
     /// An empty range is contained if `gpa` is inside a region or at its
     /// end, so that e.g. a zero-length load at the very end of RAM is fine.
-    pub fn contains(&self, gpa: u64, len_bytes: u64) -> bool {
+    pub fn contains(&self, gpa: GuestAddress, len_bytes: u64) -> bool {
         let Some(end) = gpa.checked_add(len_bytes) else {
             return false;
         };
@@ -200,7 +209,7 @@ impl Layout {
     }
 
     /// Highest guest-physical RAM address plus one.
-    pub fn end_gpa(&self) -> u64 {
+    pub fn end_gpa(&self) -> GuestAddress {
         self.regions
             .last()
             .expect("a layout has at least one region")
@@ -208,7 +217,7 @@ impl Layout {
     }
 
     /// The region holding `gpa`, if any.
-    pub fn region_of(&self, gpa: u64) -> Option<&RamRegion> {
+    pub fn region_of(&self, gpa: GuestAddress) -> Option<&RamRegion> {
         self.regions.iter().find(|region| region.contains_gpa(gpa))
     }
 }
@@ -220,29 +229,47 @@ mod tests {
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
+    // The tests speak in numbers; these convert at the edge.
+    fn gpa_to_offset(layout: &Layout, gpa: u64) -> Option<u64> {
+        layout
+            .gpa_to_offset(GuestAddress(gpa))
+            .map(RegionOffset::get)
+    }
+
+    fn offset_to_gpa(layout: &Layout, offset: u64) -> u64 {
+        layout.offset_to_gpa(RegionOffset::new(offset)).raw_value()
+    }
+
+    fn contains(layout: &Layout, gpa: u64, len_bytes: u64) -> bool {
+        layout.contains(GuestAddress(gpa), len_bytes)
+    }
+
     #[test]
     fn small_ram_is_one_low_region() {
         let layout = Layout::new(64 * MIB).unwrap();
         assert_eq!(
             layout.regions(),
             &[RamRegion {
-                gpa: 0,
+                gpa: GuestAddress(0),
                 len_bytes: 64 * MIB,
-                backing_offset: 0
+                backing_offset: RegionOffset::new(0)
             }]
         );
         assert_eq!(layout.ram_bytes(), 64 * MIB);
         assert_eq!(layout.chunk_count(), 32);
-        assert_eq!(layout.end_gpa(), 64 * MIB);
+        assert_eq!(layout.end_gpa().raw_value(), 64 * MIB);
     }
 
     #[test]
     fn exactly_3g_stays_below_the_hole() {
         let layout = Layout::new(3 * GIB).unwrap();
         assert_eq!(layout.regions().len(), 1);
-        assert_eq!(layout.end_gpa(), LOW_RAM_END);
-        assert_eq!(layout.gpa_to_offset(LOW_RAM_END - 1), Some(LOW_RAM_END - 1));
-        assert_eq!(layout.gpa_to_offset(LOW_RAM_END), None);
+        assert_eq!(layout.end_gpa().raw_value(), LOW_RAM_END);
+        assert_eq!(
+            gpa_to_offset(&layout, LOW_RAM_END - 1),
+            Some(LOW_RAM_END - 1)
+        );
+        assert_eq!(gpa_to_offset(&layout, LOW_RAM_END), None);
     }
 
     #[test]
@@ -252,81 +279,89 @@ mod tests {
             layout.regions(),
             &[
                 RamRegion {
-                    gpa: 0,
+                    gpa: GuestAddress(0),
                     len_bytes: 3 * GIB,
-                    backing_offset: 0
+                    backing_offset: RegionOffset::new(0)
                 },
                 RamRegion {
-                    gpa: HIGH_RAM_START,
+                    gpa: GuestAddress(HIGH_RAM_START),
                     len_bytes: 2 * GIB,
-                    backing_offset: 3 * GIB
+                    backing_offset: RegionOffset::new(3 * GIB)
                 },
             ]
         );
-        assert_eq!(layout.end_gpa(), 6 * GIB);
+        assert_eq!(layout.end_gpa().raw_value(), 6 * GIB);
         assert_eq!(layout.chunk_count(), 5 * GIB / CHUNK_BYTES);
     }
 
     #[test]
     fn translates_between_gpa_and_offset() {
         let layout = Layout::new(3 * GIB + 4 * MIB).unwrap();
-        assert_eq!(layout.gpa_to_offset(0), Some(0));
-        assert_eq!(layout.gpa_to_offset(12345), Some(12345));
-        assert_eq!(layout.gpa_to_offset(3 * GIB + 4096), None, "in the hole");
+        assert_eq!(gpa_to_offset(&layout, 0), Some(0));
+        assert_eq!(gpa_to_offset(&layout, 12345), Some(12345));
+        assert_eq!(gpa_to_offset(&layout, 3 * GIB + 4096), None, "in the hole");
         assert_eq!(
-            layout.gpa_to_offset(HIGH_RAM_START - 1),
+            gpa_to_offset(&layout, HIGH_RAM_START - 1),
             None,
             "in the hole"
         );
-        assert_eq!(layout.gpa_to_offset(HIGH_RAM_START), Some(3 * GIB));
+        assert_eq!(gpa_to_offset(&layout, HIGH_RAM_START), Some(3 * GIB));
         assert_eq!(
-            layout.gpa_to_offset(HIGH_RAM_START + 4 * MIB - 1),
+            gpa_to_offset(&layout, HIGH_RAM_START + 4 * MIB - 1),
             Some(3 * GIB + 4 * MIB - 1)
         );
         assert_eq!(
-            layout.gpa_to_offset(HIGH_RAM_START + 4 * MIB),
+            gpa_to_offset(&layout, HIGH_RAM_START + 4 * MIB),
             None,
             "past the end"
         );
 
-        assert_eq!(layout.offset_to_gpa(0), 0);
-        assert_eq!(layout.offset_to_gpa(3 * GIB - 1), 3 * GIB - 1);
-        assert_eq!(layout.offset_to_gpa(3 * GIB), HIGH_RAM_START);
+        assert_eq!(offset_to_gpa(&layout, 0), 0);
+        assert_eq!(offset_to_gpa(&layout, 3 * GIB - 1), 3 * GIB - 1);
+        assert_eq!(offset_to_gpa(&layout, 3 * GIB), HIGH_RAM_START);
         assert_eq!(
-            layout.offset_to_gpa(3 * GIB + 4 * MIB - 1),
+            offset_to_gpa(&layout, 3 * GIB + 4 * MIB - 1),
             HIGH_RAM_START + 4 * MIB - 1
         );
         for offset in (0..layout.ram_bytes()).step_by(CHUNK_BYTES as usize) {
-            let gpa = layout.offset_to_gpa(offset);
+            let gpa = offset_to_gpa(&layout, offset);
             assert_eq!(gpa % CHUNK_BYTES, offset % CHUNK_BYTES);
-            assert_eq!(layout.gpa_to_offset(gpa), Some(offset));
+            assert_eq!(gpa_to_offset(&layout, gpa), Some(offset));
         }
     }
 
     #[test]
     #[should_panic(expected = "outside guest RAM")]
     fn offset_past_ram_panics() {
-        Layout::new(64 * MIB).unwrap().offset_to_gpa(64 * MIB);
+        Layout::new(64 * MIB)
+            .unwrap()
+            .offset_to_gpa(RegionOffset::new(64 * MIB));
     }
 
     #[test]
     fn contains_needs_one_region() {
         let layout = Layout::new(3 * GIB + 4 * MIB).unwrap();
-        assert!(layout.contains(0, 3 * GIB));
-        assert!(layout.contains(2 * MIB, 4096));
-        assert!(!layout.contains(3 * GIB - 4096, 8192), "runs into the hole");
+        assert!(contains(&layout, 0, 3 * GIB));
+        assert!(contains(&layout, 2 * MIB, 4096));
         assert!(
-            !layout.contains(3 * GIB - 4096, HIGH_RAM_START),
+            !contains(&layout, 3 * GIB - 4096, 8192),
+            "runs into the hole"
+        );
+        assert!(
+            !contains(&layout, 3 * GIB - 4096, HIGH_RAM_START),
             "spans the hole"
         );
-        assert!(layout.contains(HIGH_RAM_START, 4 * MIB));
-        assert!(!layout.contains(HIGH_RAM_START, 4 * MIB + 1));
+        assert!(contains(&layout, HIGH_RAM_START, 4 * MIB));
+        assert!(!contains(&layout, HIGH_RAM_START, 4 * MIB + 1));
         assert!(
-            layout.contains(HIGH_RAM_START + 4 * MIB, 0),
+            contains(&layout, HIGH_RAM_START + 4 * MIB, 0),
             "empty range at the end"
         );
-        assert!(!layout.contains(3 * GIB + 1, 0), "empty range in the hole");
-        assert!(!layout.contains(u64::MAX, 2), "overflow");
+        assert!(
+            !contains(&layout, 3 * GIB + 1, 0),
+            "empty range in the hole"
+        );
+        assert!(!contains(&layout, u64::MAX, 2), "overflow");
     }
 
     #[test]

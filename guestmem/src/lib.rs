@@ -5,6 +5,8 @@
 //! back each chunk with one huge page and KVM can map it with one 2 MiB
 //! stage-2 entry.
 //!
+//! - [`addr`]: host virtual addresses and offsets into host mappings as
+//!   types, so that one is not passed where the other is meant.
 //! - [`size`]: parsing and printing of sizes such as `512M` or `4G`.
 //! - [`layout`]: where guest RAM sits in guest-physical space (below 3 GiB
 //!   and from 4 GiB up) and where each part sits in the host mapping.
@@ -18,6 +20,7 @@
 //!   mappings are 4 KiB, 2 MiB or 1 GiB.
 #![deny(missing_docs)]
 
+pub mod addr;
 pub mod backing;
 mod error;
 pub mod host;
@@ -41,3 +44,7 @@ pub use size::{format_size, format_size_arg, parse_size, SizeError};
 pub const CHUNK_BYTES: u64 = host::HUGE_PAGE_BYTES;
 
 pub use host::PAGE_BYTES;
+
+/// A guest-physical address, as the layout and [`GuestRam`] take it
+/// (re-exported so that callers need not depend on vm-memory to name it).
+pub use vm_memory::GuestAddress;

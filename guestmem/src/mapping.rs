@@ -7,6 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr;
 
+use crate::addr::RegionOffset;
 use crate::host::{self, RawRange, ANON_FLAGS};
 use crate::hugepool::HugePool;
 use crate::{GuestMemError, CHUNK_BYTES};
@@ -57,12 +58,12 @@ impl HostMapping {
         if thp {
             mapping
                 .range
-                .advise_hugepage(0, len_bytes)
+                .advise_hugepage(RegionOffset::ZERO, len_bytes)
                 .map_err(|error| GuestMemError::ThpUnavailable { error })?;
         } else {
             mapping
                 .range
-                .advise_nohugepage(0, len_bytes)
+                .advise_nohugepage(RegionOffset::ZERO, len_bytes)
                 .map_err(|error| GuestMemError::Madvise {
                     advice: "MADV_NOHUGEPAGE",
                     error,
@@ -194,7 +195,7 @@ impl HostMapping {
     /// longer exclusive).
     fn dont_fork(&self) -> Result<(), GuestMemError> {
         self.range
-            .dont_fork(0, self.range.len())
+            .dont_fork(RegionOffset::ZERO, self.range.len())
             .map_err(|error| GuestMemError::Madvise {
                 advice: "MADV_DONTFORK",
                 error,

@@ -11,8 +11,9 @@ use std::sync::{Mutex, PoisonError};
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::VmFd;
 use vm_memory::mmap::MmapRegionBuilder;
-use vm_memory::{Bytes, GuestAddress, GuestRegionMmap};
+use vm_memory::{Address, Bytes, GuestAddress, GuestRegionMmap};
 
+use crate::addr::{Hva, RegionOffset};
 use crate::host;
 use crate::mapping::{to_usize, HostMapping};
 use crate::memslot::VmSlots;
@@ -80,9 +81,9 @@ impl GuestRam {
         self.mapping.base()
     }
 
-    /// [`GuestRam::host_base`] as a number.
-    pub fn host_base_addr(&self) -> u64 {
-        self.mapping.base() as u64
+    /// [`GuestRam::host_base`] as an address.
+    pub fn host_base_addr(&self) -> Hva {
+        Hva::new(self.mapping.base() as u64)
     }
 
     /// Size of the mapping, equal to the guest RAM size.
@@ -102,10 +103,10 @@ impl GuestRam {
 
     /// Host-virtual address of guest-physical `gpa`, or `None` if `gpa` is
     /// not RAM.
-    pub fn hva(&self, gpa: u64) -> Option<u64> {
+    pub fn hva(&self, gpa: GuestAddress) -> Option<Hva> {
         self.layout
             .gpa_to_offset(gpa)
-            .map(|offset| self.host_base_addr() + offset)
+            .map(|offset| self.host_base_addr().offset_by(offset.get()))
     }
 
     /// The hugetlb memfd behind guest RAM (`Backing::Hugetlb` only). Offset
@@ -119,7 +120,8 @@ impl GuestRam {
     /// the guest reads zeros there next. Used for memory the guest declared
     /// free when no swap engine manages guest RAM (with one, use its
     /// discard, which also keeps its chunk table true).
-    pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), GuestMemError> {
+    pub fn discard(&self, offset: RegionOffset, len_bytes: u64) -> Result<(), GuestMemError> {
+        let offset = offset.get();
         let end = offset
             .checked_add(len_bytes)
             .filter(|end| *end <= self.len_bytes());
@@ -134,7 +136,10 @@ impl GuestRam {
             // MADV_DONTNEED on private anonymous memory only drops pages,
             // which then read as zero. Nothing in the VMM holds references
             // into guest RAM across this call.
-            None => self.mapping.range().discard(offset, len_bytes),
+            None => self
+                .mapping
+                .range()
+                .discard(RegionOffset::new(offset), len_bytes),
         };
         result.map_err(|error| GuestMemError::Discard {
             offset,
@@ -170,23 +175,23 @@ impl GuestRam {
         let slots = registrations.last_mut().expect("just pushed");
         for (index, region) in self.layout.regions().iter().enumerate() {
             let slot = u32::try_from(index).expect("a layout has at most two regions");
-            let hva = self.host_base_addr() + region.backing_offset;
+            let hva = self
+                .host_base_addr()
+                .offset_by(region.backing_offset.get())
+                .raw();
+            let gpa = region.gpa.raw_value();
             debug_assert_eq!(
-                region.gpa % CHUNK_BYTES,
+                gpa % CHUNK_BYTES,
                 hva % CHUNK_BYTES,
                 "memslot {slot} incongruent"
             );
-            if region.gpa % CHUNK_BYTES != hva % CHUNK_BYTES {
-                return Err(GuestMemError::Incongruent {
-                    slot,
-                    gpa: region.gpa,
-                    hva,
-                });
+            if gpa % CHUNK_BYTES != hva % CHUNK_BYTES {
+                return Err(GuestMemError::Incongruent { slot, gpa, hva });
             }
             let memslot = kvm_userspace_memory_region {
                 slot,
                 flags: 0,
-                guest_phys_addr: region.gpa,
+                guest_phys_addr: gpa,
                 memory_size: region.len_bytes,
                 userspace_addr: hva,
             };
@@ -197,7 +202,7 @@ impl GuestRam {
             // `slots`, and is leaked instead if deletion fails.
             unsafe { slots.add(vm, memslot) }.map_err(|error| GuestMemError::Memslot {
                 slot,
-                gpa: region.gpa,
+                gpa: region.gpa.raw_value(),
                 len_bytes: region.len_bytes,
                 error,
             })?;
@@ -209,31 +214,37 @@ impl GuestRam {
     ///
     /// Fails, naming the range, unless `[gpa, gpa + buf.len())` is inside
     /// one RAM region.
-    pub fn read_bytes(&self, gpa: u64, buf: &mut [u8]) -> Result<(), GuestMemError> {
+    pub fn read_bytes(&self, gpa: GuestAddress, buf: &mut [u8]) -> Result<(), GuestMemError> {
         self.check_range(gpa, buf.len())?;
         if buf.is_empty() {
             return Ok(());
         }
         self.memory
-            .read_slice(buf, GuestAddress(gpa))
-            .map_err(|error| GuestMemError::Access { gpa, error })
+            .read_slice(buf, gpa)
+            .map_err(|error| GuestMemError::Access {
+                gpa: gpa.raw_value(),
+                error,
+            })
     }
 
     /// Copies `data` into guest RAM at `gpa`.
     ///
     /// Fails, naming the range, unless `[gpa, gpa + data.len())` is inside
     /// one RAM region.
-    pub fn write_bytes(&self, gpa: u64, data: &[u8]) -> Result<(), GuestMemError> {
+    pub fn write_bytes(&self, gpa: GuestAddress, data: &[u8]) -> Result<(), GuestMemError> {
         self.check_range(gpa, data.len())?;
         if data.is_empty() {
             return Ok(());
         }
         self.memory
-            .write_slice(data, GuestAddress(gpa))
-            .map_err(|error| GuestMemError::Access { gpa, error })
+            .write_slice(data, gpa)
+            .map_err(|error| GuestMemError::Access {
+                gpa: gpa.raw_value(),
+                error,
+            })
     }
 
-    fn check_range(&self, gpa: u64, len: usize) -> Result<(), GuestMemError> {
+    fn check_range(&self, gpa: GuestAddress, len: usize) -> Result<(), GuestMemError> {
         let len_bytes = len as u64;
         if self.layout.contains(gpa, len_bytes) {
             return Ok(());
@@ -242,11 +253,17 @@ impl GuestRam {
             .layout
             .regions()
             .iter()
-            .map(|region| format!("[{:#x}, {:#x})", region.gpa, region.end_gpa()))
+            .map(|region| {
+                format!(
+                    "[{:#x}, {:#x})",
+                    region.gpa.raw_value(),
+                    region.end_gpa().raw_value()
+                )
+            })
             .collect::<Vec<_>>()
             .join(" and ");
         Err(GuestMemError::OutOfRam {
-            gpa,
+            gpa: gpa.raw_value(),
             len_bytes,
             ram,
         })
@@ -287,7 +304,9 @@ fn build_view(
     let mut regions = Vec::with_capacity(layout.regions().len());
     for region in layout.regions() {
         let len = to_usize(region.len_bytes);
-        let start = mapping.base().wrapping_add(to_usize(region.backing_offset));
+        let start = mapping
+            .base()
+            .wrapping_add(to_usize(region.backing_offset.get()));
         // SAFETY: [start, start + len) lies inside `mapping` (every region
         // is inside the RAM size, the mapping's length). The view is stored
         // in the `GuestRam` that owns `mapping` and is dropped before it; the
@@ -299,13 +318,12 @@ fn build_view(
             .with_hugetlbfs(backing == Backing::Hugetlb)
             .build()
             .map_err(|e| view_error(e.to_string()))?;
-        let guest_region =
-            GuestRegionMmap::new(mmap_region, GuestAddress(region.gpa)).ok_or_else(|| {
-                view_error(format!(
-                    "region at {:#x} overflows the address space",
-                    region.gpa
-                ))
-            })?;
+        let guest_region = GuestRegionMmap::new(mmap_region, region.gpa).ok_or_else(|| {
+            view_error(format!(
+                "region at {:#x} overflows the address space",
+                region.gpa.raw_value()
+            ))
+        })?;
         regions.push(guest_region);
     }
     GuestMemoryView::from_regions(regions).map_err(|e| view_error(e.to_string()))
@@ -323,15 +341,18 @@ mod tests {
     #[test]
     fn view_mirrors_the_layout() {
         let ram = GuestRam::new(Layout::new(3 * GIB + 4 * MIB).unwrap(), Backing::Small4k).unwrap();
-        assert_eq!(ram.host_base_addr() % CHUNK_BYTES, 0);
+        assert_eq!(ram.host_base_addr().raw() % CHUNK_BYTES, 0);
         let regions: Vec<_> = ram
             .memory()
             .iter()
             .map(|r| (r.start_addr().0, r.len()))
             .collect();
         assert_eq!(regions, vec![(0, 3 * GIB), (4 * GIB, 4 * MIB)]);
-        assert_eq!(ram.hva(4 * GIB), Some(ram.host_base_addr() + 3 * GIB));
-        assert_eq!(ram.hva(3 * GIB), None);
+        assert_eq!(
+            ram.hva(GuestAddress(4 * GIB)),
+            Some(ram.host_base_addr().offset_by(3 * GIB))
+        );
+        assert_eq!(ram.hva(GuestAddress(3 * GIB)), None);
         assert!(ram.memfd().is_none());
     }
 
@@ -355,33 +376,36 @@ mod tests {
     #[test]
     fn byte_copies_check_the_range() {
         let ram = GuestRam::new(Layout::new(4 * MIB).unwrap(), Backing::Small4k).unwrap();
-        ram.write_bytes(2 * MIB, b"hello").unwrap();
+        ram.write_bytes(GuestAddress(2 * MIB), b"hello").unwrap();
         let mut buf = [0u8; 5];
-        ram.read_bytes(2 * MIB, &mut buf).unwrap();
+        ram.read_bytes(GuestAddress(2 * MIB), &mut buf).unwrap();
         assert_eq!(&buf, b"hello");
-        ram.write_bytes(4 * MIB, &[]).unwrap();
+        ram.write_bytes(GuestAddress(4 * MIB), &[]).unwrap();
 
-        let err = ram.write_bytes(4 * MIB - 2, b"abc").unwrap_err();
+        let err = ram
+            .write_bytes(GuestAddress(4 * MIB - 2), b"abc")
+            .unwrap_err();
         let message = err.to_string();
         assert!(
             message.contains("0x3ffffe..0x400001 (3 bytes)"),
             "{message}"
         );
         assert!(message.contains("[0x0, 0x400000)"), "{message}");
-        assert!(ram.read_bytes(3 * GIB, &mut buf).is_err());
+        assert!(ram.read_bytes(GuestAddress(3 * GIB), &mut buf).is_err());
     }
 
     #[test]
     fn discard_drops_whole_chunks_and_refuses_parts() {
         let ram = GuestRam::new(Layout::new(8 * MIB).unwrap(), Backing::Small4k).unwrap();
         for chunk in 0..4u64 {
-            ram.write_bytes(chunk * 2 * MIB + 100, &[chunk as u8 + 1; 64])
+            ram.write_bytes(GuestAddress(chunk * 2 * MIB + 100), &[chunk as u8 + 1; 64])
                 .unwrap();
         }
-        ram.discard(2 * MIB, 4 * MIB).unwrap();
+        ram.discard(RegionOffset::new(2 * MIB), 4 * MIB).unwrap();
         let mut buf = [0u8; 64];
         for (chunk, want) in [(0u64, 1u8), (1, 0), (2, 0), (3, 4)] {
-            ram.read_bytes(chunk * 2 * MIB + 100, &mut buf).unwrap();
+            ram.read_bytes(GuestAddress(chunk * 2 * MIB + 100), &mut buf)
+                .unwrap();
             assert_eq!(buf, [want; 64], "chunk {chunk}");
         }
         for (offset, len) in [
@@ -392,13 +416,13 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    ram.discard(offset, len),
+                    ram.discard(RegionOffset::new(offset), len),
                     Err(GuestMemError::DiscardRange { .. })
                 ),
                 "{offset:#x}+{len:#x}"
             );
         }
-        ram.read_bytes(100, &mut buf).unwrap();
+        ram.read_bytes(GuestAddress(100), &mut buf).unwrap();
         assert_eq!(buf, [1; 64], "a refused discard dropped nothing");
     }
 

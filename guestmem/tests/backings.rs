@@ -3,6 +3,7 @@
 
 use std::fs;
 
+use guestmem::addr::RegionOffset;
 use guestmem::{Backing, GuestMemError, GuestRam, Layout, CHUNK_BYTES};
 use vm_memory::{Bytes, GuestAddress};
 
@@ -15,11 +16,11 @@ fn check_every_chunk(ram: &GuestRam) {
     let layout = ram.layout();
     for chunk in 0..layout.chunk_count() {
         let offset = chunk * CHUNK_BYTES;
-        let gpa = layout.offset_to_gpa(offset);
+        let gpa = layout.offset_to_gpa(RegionOffset::new(offset));
         let value = (chunk as u8) ^ 0x5a;
-        ram.memory().write_obj(value, GuestAddress(gpa)).unwrap();
+        ram.memory().write_obj(value, gpa).unwrap();
         assert_eq!(
-            ram.memory().read_obj::<u8>(GuestAddress(gpa)).unwrap(),
+            ram.memory().read_obj::<u8>(gpa).unwrap(),
             value,
             "chunk {chunk}"
         );
@@ -27,7 +28,7 @@ fn check_every_chunk(ram: &GuestRam) {
         // touches it.
         let host_value = unsafe { ram.host_base().add(offset as usize).read_volatile() };
         assert_eq!(host_value, value, "chunk {chunk} seen from the host");
-        assert_eq!(ram.hva(gpa), Some(ram.host_base_addr() + offset));
+        assert_eq!(ram.hva(gpa), Some(ram.host_base_addr().offset_by(offset)));
     }
 }
 
@@ -35,7 +36,7 @@ fn check_basics(ram: &GuestRam, backing: Backing) {
     assert_eq!(ram.backing(), backing);
     assert_eq!(ram.len_bytes(), RAM_BYTES);
     assert_eq!(
-        ram.host_base_addr() % CHUNK_BYTES,
+        ram.host_base_addr().raw() % CHUNK_BYTES,
         0,
         "host mapping must be 2 MiB aligned"
     );
@@ -202,8 +203,11 @@ fn thp_backing_gets_huge_pages() {
     // mapping asked for them, which is what this checks.
     let touched_bytes = 32 * MIB;
     let touched = vec![0x42u8; touched_bytes as usize];
-    ram.write_bytes(0, &touched).unwrap();
-    let huge = anon_huge_bytes(ram.host_base_addr(), ram.host_base_addr() + ram.len_bytes());
+    ram.write_bytes(GuestAddress(0), &touched).unwrap();
+    let huge = anon_huge_bytes(
+        ram.host_base_addr().raw(),
+        ram.host_base_addr().offset_by(ram.len_bytes()).raw(),
+    );
     let (huge_chunks, touched_chunks) = (huge / CHUNK_BYTES, touched_bytes / CHUNK_BYTES);
     println!(
         "AnonHugePages after touching 32 MiB of THP guest RAM: {} MiB ({huge_chunks} of {touched_chunks} chunks huge)",

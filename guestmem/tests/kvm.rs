@@ -79,6 +79,7 @@ fn ram_may_outlive_the_vm() {
     let ram = GuestRam::new(Layout::new((3 << 30) + 64 * MIB).unwrap(), Backing::Small4k).unwrap();
     ram.register_memslots(&vm).unwrap();
     drop(vm);
-    ram.write_bytes(4 << 30, b"still mapped").unwrap();
+    ram.write_bytes(vm_memory::GuestAddress(4 << 30), b"still mapped")
+        .unwrap();
     drop(ram);
 }

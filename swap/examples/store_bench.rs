@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use blockio::{AlignedBuf, BlockOptions, Engine};
+use swap::index::StoreKey;
 use swap::store::{Codec, FileStore, MemStore, SharedStore, SlotId, WriteRequest};
 
 const CHUNK_BYTES: usize = guestmem::CHUNK_BYTES as usize;
@@ -77,7 +78,7 @@ fn bench_pass(name: &str, store: &SharedStore, images: &[AlignedBuf], chunks: us
     for batch_start in (0..chunks).step_by(BATCH) {
         let reqs: Vec<WriteRequest<'_>> = (batch_start..(batch_start + BATCH).min(chunks))
             .map(|i| WriteRequest {
-                gpa: (i * CHUNK_BYTES) as u64,
+                gpa: StoreKey::new((i * CHUNK_BYTES) as u64),
                 data: &images[i % images.len()],
             })
             .collect();
@@ -90,7 +91,7 @@ fn bench_pass(name: &str, store: &SharedStore, images: &[AlignedBuf], chunks: us
     let start = Instant::now();
     for (i, &slot) in slots.iter().enumerate() {
         store
-            .read(slot, (i * CHUNK_BYTES) as u64, &mut buf)
+            .read(slot, StoreKey::new((i * CHUNK_BYTES) as u64), &mut buf)
             .expect("read");
     }
     let read_s = start.elapsed().as_secs_f64();

@@ -4,5 +4,6 @@
 pub mod chunk;
 mod counter_group;
 pub mod engine;
+pub mod index;
 pub mod store;
 pub mod uffd;

@@ -11,6 +11,7 @@
 //! `UFFDIO_COPY`, `UFFDIO_ZEROPAGE` and `UFFDIO_MOVE` may stop part way; the
 //! error then also carries the bytes done ([`UffdError::done_bytes`]).
 
+use guestmem::addr::Hva;
 use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -566,7 +567,8 @@ impl Uffd {
     /// behind the compiler's back), serve its faults for as long as anything
     /// may touch it, and never touch a missing page of it from the thread
     /// that serves them.
-    pub unsafe fn register(&self, start: u64, len: u64, modes: u64) -> Result<u64, UffdError> {
+    pub unsafe fn register(&self, start: Hva, len: u64, modes: u64) -> Result<u64, UffdError> {
+        let start = start.raw();
         let mut reg = UffdioRegister {
             range: UffdioRange { start, len },
             mode: modes,
@@ -589,7 +591,8 @@ impl Uffd {
     }
 
     /// Unregisters a range.
-    pub fn unregister(&self, start: u64, len: u64) -> Result<(), UffdError> {
+    pub fn unregister(&self, start: Hva, len: u64) -> Result<(), UffdError> {
+        let start = start.raw();
         let range = UffdioRange { start, len };
         // SAFETY: valid fd; `range` is a live `struct uffdio_range` the
         // kernel only reads.
@@ -600,7 +603,8 @@ impl Uffd {
     }
 
     /// Wakes threads waiting on faults in a range.
-    pub fn wake(&self, start: u64, len: u64) -> Result<(), UffdError> {
+    pub fn wake(&self, start: Hva, len: u64) -> Result<(), UffdError> {
+        let start = start.raw();
         let range = UffdioRange { start, len };
         // SAFETY: valid fd; `range` is read by the kernel only.
         let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(self, nr::uffdio_wake(), &range) };
@@ -612,11 +616,13 @@ impl Uffd {
     /// bytes already copied.
     pub fn copy(
         &self,
-        dst: u64,
-        src: u64,
+        dst: Hva,
+        src: Hva,
         len: u64,
         options: CopyOptions,
     ) -> Result<(), UffdError> {
+        let dst = dst.raw();
+        let src = src.raw();
         let mut mode = 0;
         if options.write_protect {
             mode |= COPY_MODE_WP;
@@ -647,7 +653,8 @@ impl Uffd {
     }
 
     /// Maps the zero page over the missing pages of a range.
-    pub fn zeropage(&self, start: u64, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+    pub fn zeropage(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+        let start = start.raw();
         let mode = if dont_wake { ZEROPAGE_MODE_DONTWAKE } else { 0 };
         let mut arg = UffdioZeropage {
             range: UffdioRange { start, len },
@@ -682,11 +689,13 @@ impl Uffd {
     /// engine's state table, so that no other thread expects them in place.
     pub unsafe fn move_pages(
         &self,
-        dst: u64,
-        src: u64,
+        dst: Hva,
+        src: Hva,
         len: u64,
         options: MoveOptions,
     ) -> Result<(), UffdError> {
+        let dst = dst.raw();
+        let src = src.raw();
         let mut mode = 0;
         if options.allow_src_holes {
             mode |= MOVE_MODE_ALLOW_SRC_HOLES;
@@ -727,15 +736,22 @@ impl Uffd {
     /// As for [`Uffd::move_pages`].
     pub unsafe fn move_all(
         &self,
-        dst: u64,
-        src: u64,
+        dst: Hva,
+        src: Hva,
         len: u64,
         options: MoveOptions,
     ) -> Result<(), UffdError> {
         whole_range(len, |done| {
             // SAFETY: the caller's contract covers the whole range, so
             // every part of it.
-            unsafe { self.move_pages(dst + done, src + done, len - done, options) }
+            unsafe {
+                self.move_pages(
+                    dst.offset_by(done),
+                    src.offset_by(done),
+                    len - done,
+                    options,
+                )
+            }
         })
     }
 
@@ -743,18 +759,24 @@ impl Uffd {
     /// does.
     pub fn copy_all(
         &self,
-        dst: u64,
-        src: u64,
+        dst: Hva,
+        src: Hva,
         len: u64,
         options: CopyOptions,
     ) -> Result<(), UffdError> {
         whole_range(len, |done| {
-            self.copy(dst + done, src + done, len - done, options)
+            self.copy(
+                dst.offset_by(done),
+                src.offset_by(done),
+                len - done,
+                options,
+            )
         })
     }
 
     /// Write-protects a range (needs WP registration). Never wakes.
-    pub fn write_protect(&self, start: u64, len: u64) -> Result<(), UffdError> {
+    pub fn write_protect(&self, start: Hva, len: u64) -> Result<(), UffdError> {
+        let start = start.raw();
         self.writeprotect_ioctl(
             start,
             len,
@@ -765,7 +787,8 @@ impl Uffd {
 
     /// Removes write protection from a range and, unless `dont_wake`, wakes
     /// the threads blocked on write-protect faults there.
-    pub fn write_unprotect(&self, start: u64, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+    pub fn write_unprotect(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+        let start = start.raw();
         let mode = if dont_wake {
             WRITEPROTECT_MODE_DONTWAKE
         } else {
@@ -793,7 +816,8 @@ impl Uffd {
     }
 
     /// Maps pages already in the page cache over a MINOR-registered range.
-    pub fn continue_range(&self, start: u64, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+    pub fn continue_range(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+        let start = start.raw();
         let mode = if dont_wake { CONTINUE_MODE_DONTWAKE } else { 0 };
         let mut arg = UffdioContinue {
             range: UffdioRange { start, len },

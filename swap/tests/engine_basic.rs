@@ -5,6 +5,7 @@ mod common;
 
 use common::smaps::huge_and_rss_bytes;
 use common::*;
+use guestmem::addr::RegionOffset;
 use swap::chunk::Tag;
 use swap::engine::SwapUnit;
 use swap::store::Store;
@@ -126,7 +127,7 @@ fn clean_chunks_are_dropped_without_a_write_and_writes_are_tracked() {
     })
     .join()
     .unwrap();
-    let s = g.engine().unit_state(0);
+    let s = g.engine().unit_state(RegionOffset::ZERO);
     assert_eq!(s.tag(), Tag::Resident);
     assert!(s.clean() && s.wp() && s.huge(), "{s:?}");
     let report = g.engine().evict_all().unwrap();
@@ -147,7 +148,7 @@ fn clean_chunks_are_dropped_without_a_write_and_writes_are_tracked() {
     .unwrap();
     let st = g.engine().stats();
     assert_eq!(st.wp_faults, chunks / 2);
-    let d = g.engine().unit_state(0);
+    let d = g.engine().unit_state(RegionOffset::ZERO);
     assert!(!d.clean() && !d.wp() && d.tag() == Tag::Resident, "{d:?}");
     let (huge, _) = huge_and_rss_bytes(g.base(), g.len());
     assert_eq!(huge, chunks * CHUNK, "unprotecting keeps the PMDs");
@@ -176,11 +177,11 @@ fn clean_chunks_are_dropped_without_a_write_and_writes_are_tracked() {
 fn unit_states_follow_the_documented_transitions() {
     let store = VecStore::new(CHUNK as usize);
     let mut cfg = config(SwapUnit::Huge2M);
-    cfg.pinned_offsets = vec![(0, CHUNK)];
+    cfg.pinned_offsets = vec![(RegionOffset::ZERO, CHUNK)];
     let g = start_guest(8 * MB, store.clone(), cfg);
     let e = g.engine();
     let base = g.base();
-    let at = |o: u64| e.unit_state(o);
+    let at = |o: u64| e.unit_state(RegionOffset::new(o));
     assert_eq!(at(CHUNK).tag(), Tag::Absent);
     assert!(at(0).pinned());
     std::thread::spawn(move || {

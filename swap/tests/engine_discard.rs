@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::hugetlb::start_hugetlb_guest;
 use common::*;
+use guestmem::addr::RegionOffset;
 use swap::chunk::Tag;
 use swap::engine::{DiscardReport, SwapEngine, SwapUnit};
 use swap::store::Store;
@@ -24,7 +25,9 @@ fn discard_drops_whole_units_only(unit: SwapUnit) {
         .join()
         .unwrap();
     // Chunks 4..8 go to the store first, so the discard meets both states.
-    g.engine().evict_range(4 * CHUNK, 4 * CHUNK).unwrap();
+    g.engine()
+        .evict_range(RegionOffset::new(4 * CHUNK), 4 * CHUNK)
+        .unwrap();
     let used_before = store.used_slots();
     assert!(used_before > 0);
     let resident_before = g.engine().stats().resident_bytes;
@@ -33,7 +36,7 @@ fn discard_drops_whole_units_only(unit: SwapUnit) {
     // stored chunk 6, which only 4 KiB units may drop.
     let report = g
         .engine()
-        .discard_range(2 * CHUNK, 4 * CHUNK + CHUNK / 2)
+        .discard_range(RegionOffset::new(2 * CHUNK), 4 * CHUNK + CHUNK / 2)
         .unwrap();
     println!("{unit}: {report:?}");
     let per_chunk = CHUNK / unit.bytes();
@@ -44,8 +47,14 @@ fn discard_drops_whole_units_only(unit: SwapUnit) {
     };
     assert_eq!(report.resident_units, 2 * per_chunk);
     assert_eq!(report.stored_units, 2 * per_chunk + half_chunk);
-    assert_eq!(g.engine().unit_state(2 * CHUNK).tag(), Tag::Absent);
-    assert_eq!(g.engine().unit_state(5 * CHUNK).tag(), Tag::Absent);
+    assert_eq!(
+        g.engine().unit_state(RegionOffset::new(2 * CHUNK)).tag(),
+        Tag::Absent
+    );
+    assert_eq!(
+        g.engine().unit_state(RegionOffset::new(5 * CHUNK)).tag(),
+        Tag::Absent
+    );
     assert!(
         store.used_slots() < used_before,
         "store slots of dropped chunks are freed"
@@ -107,7 +116,9 @@ fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &Ve
     std::thread::spawn(move || get(base + 6 * CHUNK))
         .join()
         .unwrap();
-    let report = engine.discard_range(6 * CHUNK, CHUNK).unwrap();
+    let report = engine
+        .discard_range(RegionOffset::new(6 * CHUNK), CHUNK)
+        .unwrap();
     assert_eq!(
         (report.resident_units, report.clean_resident_units),
         (1, 1),
@@ -150,7 +161,9 @@ fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &Ve
         });
         scope.spawn(|| {
             while !stop.load(Ordering::Relaxed) {
-                engine.evict_range(0, chunks * CHUNK).unwrap();
+                engine
+                    .evict_range(RegionOffset::ZERO, chunks * CHUNK)
+                    .unwrap();
                 // Back to back, the evictor would drop every clean chunk
                 // again (without a write) before a discard could meet it.
                 std::thread::sleep(Duration::from_micros(300));
@@ -164,7 +177,9 @@ fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &Ve
                 && m.resident_units > 0
         };
         while rounds < 200 || (!all_met(&met) && started.elapsed() < Duration::from_secs(120)) {
-            let report = engine.discard_range(6 * CHUNK, 2 * CHUNK).unwrap();
+            let report = engine
+                .discard_range(RegionOffset::new(6 * CHUNK), 2 * CHUNK)
+                .unwrap();
             met.waits_loading += report.waits_loading;
             met.waits_evicting += report.waits_evicting;
             met.waits_staged += report.waits_staged;
@@ -212,7 +227,9 @@ fn discards_race_faults_and_evictions(base: u64, engine: &SwapEngine, store: &Ve
     );
     store.write_delay_us.store(0, Ordering::Relaxed);
     // The last word on chunks 6 and 7 is a discard.
-    engine.discard_range(6 * CHUNK, 2 * CHUNK).unwrap();
+    engine
+        .discard_range(RegionOffset::new(6 * CHUNK), 2 * CHUNK)
+        .unwrap();
     let states = engine.unit_states();
     assert_eq!(
         (states.loading, states.evicting),

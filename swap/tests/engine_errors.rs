@@ -6,6 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
+use guestmem::addr::RegionOffset;
 use swap::engine::SwapUnit;
 use swap::store::{Codec, Faults, FaultyStore, MemStore, SharedStore};
 
@@ -55,10 +56,17 @@ fn read_failure_is_fatal(faults: Faults, expect: &str) {
     // engine fuzz target: an evict_all racing the failing fault hung).
     for (what, result) in [
         ("evict_all", g.engine().evict_all().map(|_| ())),
-        ("evict_range", g.engine().evict_range(0, 8 * MB).map(|_| ())),
+        (
+            "evict_range",
+            g.engine()
+                .evict_range(RegionOffset::ZERO, 8 * MB)
+                .map(|_| ()),
+        ),
         (
             "discard_range",
-            g.engine().discard_range(CHUNK, CHUNK).map(|_| ()),
+            g.engine()
+                .discard_range(RegionOffset::new(CHUNK), CHUNK)
+                .map(|_| ()),
         ),
     ] {
         let err = result.expect_err(what);

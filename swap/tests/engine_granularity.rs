@@ -8,6 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{config, get, put, start_guest};
+use guestmem::addr::RegionOffset;
 use guestmem::host::{HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::chunk::PageTag;
 use swap::engine::{EngineConfig, SwapUnit};
@@ -138,15 +139,19 @@ fn a_split_chunk_used_densely_again_collapses() {
     // dense: evict the chosen chunk first, so that every page of the dense
     // pass faults whatever the evictor did meanwhile.
     let dense = (0..chunks)
-        .find(|&c| g.engine().page_state(c * CHUNK).is_some())
+        .find(|&c| {
+            g.engine()
+                .page_state(RegionOffset::new(c * CHUNK))
+                .is_some()
+        })
         .expect("a thrashing chunk split");
     g.engine()
-        .evict_range(dense * CHUNK, CHUNK)
+        .evict_range(RegionOffset::new(dense * CHUNK), CHUNK)
         .expect("evicting the split chunk");
     let resident = (0..PAGES)
         .filter(|&p| {
             g.engine()
-                .page_state(dense * CHUNK + p * PAGE_BYTES)
+                .page_state(RegionOffset::new(dense * CHUNK + p * PAGE_BYTES))
                 .expect("the evicted chunk stays split")
                 .tag()
                 == PageTag::Resident

@@ -88,10 +88,14 @@ fn lowering_the_limit_at_run_time_evicts_in_the_background() {
 fn a_limit_that_is_not_whole_units_is_refused_not_rounded() {
     let mem = guestmem::host::AnonMapping::new(16 * MB).unwrap();
     let region = swap::engine::ManagedRegion {
-        host_base: mem.range().base(),
+        host_base: guestmem::addr::Hva::new(mem.range().base()),
         len_bytes: 16 * MB,
         kind: swap::engine::MemoryKind::Anonymous,
-        gpa_ranges: vec![(GPA_BASE, 0, 16 * MB)],
+        gpa_ranges: vec![(
+            swap::index::Gpa::new(GPA_BASE),
+            guestmem::addr::RegionOffset::ZERO,
+            16 * MB,
+        )],
     };
     let refused = swap::engine::SwapEngine::start(
         region,

@@ -8,6 +8,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use common::*;
+use guestmem::addr::RegionOffset;
 use swap::engine::SwapUnit;
 
 const MB: u64 = 1 << 20;
@@ -142,7 +143,10 @@ fn writes_survive(unit: SwapUnit, len: u64, writes_per_thread: u64, min_staged: 
             g.engine().evict_all().unwrap()
         } else {
             g.engine()
-                .evict_range((round as u64 * 8 * unit_bytes) % len, len / 2)
+                .evict_range(
+                    RegionOffset::new((round as u64 * 8 * unit_bytes) % len),
+                    len / 2,
+                )
                 .unwrap()
         };
         reports.push(r);

@@ -7,6 +7,7 @@ mod common;
 use std::sync::Mutex;
 
 use common::*;
+use guestmem::addr::RegionOffset;
 use swap::engine::{EngineConfig, SwapStats, SwapUnit};
 
 const MB: u64 = 1 << 20;
@@ -143,7 +144,7 @@ fn zero_fills_read_zero_even_in_a_reused_page() {
     std::thread::spawn(move || (0..12).for_each(|c| write_chunk(base, c, 0)))
         .join()
         .unwrap();
-    e.evict_range(0, 12 * CHUNK).unwrap();
+    e.evict_range(RegionOffset::ZERO, 12 * CHUNK).unwrap();
     let before = e.stats();
     print_buffers("after evicting 12 data chunks", &before);
     assert!(
@@ -177,7 +178,9 @@ fn zero_fills_read_zero_even_in_a_reused_page() {
     })
     .join()
     .unwrap();
-    let report = e.evict_range(12 * CHUNK, 12 * CHUNK).unwrap();
+    let report = e
+        .evict_range(RegionOffset::new(12 * CHUNK), 12 * CHUNK)
+        .unwrap();
     assert_eq!(report.zero_units, 12, "{report:?}");
     std::thread::spawn(move || {
         for c in shuffled(32, 5) {

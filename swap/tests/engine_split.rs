@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use common::{config, get, put, start_guest, Guest};
+use guestmem::addr::RegionOffset;
 use guestmem::host::{PagemapScanner, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::chunk::PageTag;
 use swap::engine::{EngineConfig, SwapUnit};
@@ -72,7 +73,7 @@ fn check_all(g: &Guest, pages: std::ops::Range<u64>, round: u64) {
 fn is_huge(g: &Guest, chunk: u64) -> bool {
     PagemapScanner::open()
         .unwrap()
-        .is_huge(g.mem.range(), chunk * CHUNK, CHUNK)
+        .is_huge(g.mem.range(), RegionOffset::new(chunk * CHUNK), CHUNK)
         .unwrap()
 }
 
@@ -83,7 +84,10 @@ fn a_split_chunk_swaps_page_by_page_and_collapses_back_huge_on_every_store() {
         let g = start_guest(chunks * CHUNK, store.clone(), config(SwapUnit::Huge2M));
         let e = g.engine();
         write_all(&g, 0..chunks * PAGES, 1);
-        assert_eq!(e.split_range(0, chunks * CHUNK).unwrap(), chunks);
+        assert_eq!(
+            e.split_range(RegionOffset::ZERO, chunks * CHUNK).unwrap(),
+            chunks
+        );
         assert_eq!(e.unit_states().split, chunks, "{name}: all split");
         let report = e.evict_all().unwrap();
         assert_eq!(report.written_pages, chunks * PAGES, "{name}: {report:?}");
@@ -97,15 +101,24 @@ fn a_split_chunk_swaps_page_by_page_and_collapses_back_huge_on_every_store() {
         assert_eq!(st.bytes_read - read_before, PAGE_BYTES, "{name}");
         assert_eq!(st.split.page_faults.store, 1, "{name}");
         assert_eq!(
-            e.page_state(5 * CHUNK + 7 * PAGE_BYTES).unwrap().tag(),
+            e.page_state(RegionOffset::new(5 * CHUNK + 7 * PAGE_BYTES))
+                .unwrap()
+                .tag(),
             PageTag::Resident
         );
         assert_eq!(
-            e.page_state(5 * CHUNK + 8 * PAGE_BYTES).unwrap().tag(),
+            e.page_state(RegionOffset::new(5 * CHUNK + 8 * PAGE_BYTES))
+                .unwrap()
+                .tag(),
             PageTag::Stored
         );
         // Collapse it: the other 511 pages come from the store.
-        assert_eq!(e.collapse_range(5 * CHUNK, CHUNK).unwrap(), 1, "{name}");
+        assert_eq!(
+            e.collapse_range(RegionOffset::new(5 * CHUNK), CHUNK)
+                .unwrap(),
+            1,
+            "{name}"
+        );
         assert!(is_huge(&g, 5), "{name}: PAGEMAP_SCAN sees one huge mapping");
         assert_eq!(e.stats().resident_bytes, CHUNK, "{name}");
         assert_eq!(store.used_slots(), chunks - 1, "{name}: its slot was freed");
@@ -141,9 +154,12 @@ fn a_stored_chunk_splits_on_its_first_fault_and_reads_one_page() {
         write_all(&g, 0..8 * PAGES, 2);
         e.evict_all().unwrap();
         assert_eq!(e.unit_states().stored, 8, "{name}: stored whole");
-        assert_eq!(e.split_range(2 * CHUNK, CHUNK).unwrap(), 1);
         assert_eq!(
-            e.page_state(2 * CHUNK).unwrap().tag(),
+            e.split_range(RegionOffset::new(2 * CHUNK), CHUNK).unwrap(),
+            1
+        );
+        assert_eq!(
+            e.page_state(RegionOffset::new(2 * CHUNK)).unwrap().tag(),
             PageTag::Stored,
             "{name}: the pages stay where they were"
         );
@@ -167,7 +183,7 @@ fn an_absent_chunk_splits_into_absent_pages_and_zero_pages_are_dropped() {
     let (_, store) = stores(4).remove(0);
     let g = start_guest(4 * CHUNK, store.clone(), config(SwapUnit::Huge2M));
     let e = g.engine();
-    assert_eq!(e.split_range(0, CHUNK).unwrap(), 1);
+    assert_eq!(e.split_range(RegionOffset::ZERO, CHUNK).unwrap(), 1);
     check_all(&g, 0..0, 0);
     let base = g.base();
     std::thread::spawn(move || assert_eq!(get(base + 3 * PAGE_BYTES), 0))
@@ -181,7 +197,7 @@ fn an_absent_chunk_splits_into_absent_pages_and_zero_pages_are_dropped() {
     write_all(&g, 10..12, 4);
     e.evict_all().unwrap();
     assert_eq!(store.used_slots(), 1);
-    let discarded = e.discard_range(0, CHUNK).unwrap();
+    let discarded = e.discard_range(RegionOffset::ZERO, CHUNK).unwrap();
     assert_eq!(discarded.split_units, 1);
     assert_eq!(e.unit_states().absent, 4, "all absent");
     assert_eq!(store.used_slots(), 0, "the slot was freed");
@@ -198,7 +214,7 @@ fn faults_on_one_page_race_evictions_of_its_neighbours_and_collapses() {
         let g = start_guest(chunks * CHUNK, store, config(SwapUnit::Huge2M));
         let e = g.engine();
         write_all(&g, 0..chunks * PAGES, 0);
-        e.split_range(0, chunks * CHUNK).unwrap();
+        e.split_range(RegionOffset::ZERO, chunks * CHUNK).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let base = g.base();
         // Writers on even pages of every chunk, each keeping its own count.
@@ -221,9 +237,19 @@ fn faults_on_one_page_race_evictions_of_its_neighbours_and_collapses() {
         for i in 0..48u64 {
             let chunk = (i / 4) % chunks;
             match i % 4 {
-                0 | 1 => drop(e.evict_range(chunk * CHUNK, CHUNK).unwrap()),
-                2 => collapses += e.collapse_range(chunk * CHUNK, CHUNK).unwrap(),
-                _ => drop(e.split_range(chunk * CHUNK, CHUNK).unwrap()),
+                0 | 1 => drop(
+                    e.evict_range(RegionOffset::new(chunk * CHUNK), CHUNK)
+                        .unwrap(),
+                ),
+                2 => {
+                    collapses += e
+                        .collapse_range(RegionOffset::new(chunk * CHUNK), CHUNK)
+                        .unwrap()
+                }
+                _ => drop(
+                    e.split_range(RegionOffset::new(chunk * CHUNK), CHUNK)
+                        .unwrap(),
+                ),
             }
         }
         stop.store(true, Ordering::Relaxed);
@@ -313,7 +339,9 @@ fn a_store_error_on_a_split_chunks_page_names_the_page() {
     let store: SharedStore = Arc::new(FaultyStore::new(inner, faults));
     let mut g = start_guest(4 * CHUNK, store, config(SwapUnit::Huge2M));
     write_all(&g, 0..4 * PAGES, 5);
-    g.engine().split_range(0, 4 * CHUNK).unwrap();
+    g.engine()
+        .split_range(RegionOffset::ZERO, 4 * CHUNK)
+        .unwrap();
     g.engine().evict_all().unwrap();
     let base = g.base();
     let page = 3 * PAGES + 7;
@@ -354,7 +382,7 @@ fn a_page_read_by_two_threads_at_once_survives_evictions_under_them() {
         let g = start_guest(chunks * CHUNK, store, config(SwapUnit::Huge2M));
         let e = g.engine();
         write_all(&g, 0..chunks * PAGES, 0);
-        e.split_range(0, chunks * CHUNK).unwrap();
+        e.split_range(RegionOffset::ZERO, chunks * CHUNK).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let base = g.base();
         // Four readers walk the same pages in the same order, so that
@@ -381,7 +409,9 @@ fn a_page_read_by_two_threads_at_once_survives_evictions_under_them() {
             && !readers.iter().any(|r| r.is_finished())
         {
             for chunk in 0..chunks {
-                let _report = e.evict_range(chunk * CHUNK, CHUNK).unwrap();
+                let _report = e
+                    .evict_range(RegionOffset::new(chunk * CHUNK), CHUNK)
+                    .unwrap();
             }
             passes += 1;
         }

@@ -24,9 +24,10 @@ use shuttle::thread;
 use std::collections::HashMap;
 use std::sync::Arc;
 use swap::chunk::{ChunkTable, Restored, Settled, Tag, UnitRef};
+use swap::index::UnitIndex;
 use swap::store::SlotId;
 
-const UNIT: usize = 0;
+const UNIT: UnitIndex = UnitIndex::FIRST;
 
 fn at() -> UnitRef {
     UnitRef::unit(UNIT)
@@ -179,8 +180,13 @@ impl Model {
             return;
         }
         let p = self.parking.lock().unwrap().put(content);
-        self.table
-            .settle(at(), evicting, Settled::Dirty { parking: p });
+        self.table.settle(
+            at(),
+            evicting,
+            Settled::Dirty {
+                parking: swap::index::ParkingSlot::new(p),
+            },
+        );
         // flush(): claim the unit for writing unless it was handed back.
         loop {
             let staged = self.table.load(UNIT);

@@ -23,17 +23,21 @@ use swap::chunk::{
     ChunkTable, PageRef, PageState, PageTag, PageTransition, Restored, Tag, UnitRef,
     PAGES_PER_CHUNK,
 };
+use swap::index::{PageIndex, UnitIndex};
 use swap::store::SlotId;
 
 const A: usize = 0;
 const B: usize = 1;
 
+/// The model's one chunk.
+const CHUNK: UnitIndex = UnitIndex::FIRST;
+
 fn chunk() -> UnitRef {
-    UnitRef::unit(0)
+    UnitRef::unit(CHUNK)
 }
 
 fn page(page: usize) -> PageRef {
-    PageRef { chunk: 0, page }
+    CHUNK.page(PageIndex::new(page))
 }
 
 struct Model {
@@ -75,12 +79,12 @@ impl Model {
         }
         let loading = model
             .table
-            .begin_fault(chunk(), model.table.load(0))
+            .begin_fault(chunk(), model.table.load(CHUNK))
             .unwrap();
         model
             .table
             .finish_split(chunk(), loading, with_slot.then(|| SlotId::new(0)), &|p| {
-                PageState::new(match start.get(p).copied().flatten() {
+                PageState::new(match start.get(p.get()).copied().flatten() {
                     Some((true, _)) => PageTag::Resident,
                     Some((false, _)) => PageTag::Stored,
                     None => PageTag::Absent,
@@ -100,7 +104,7 @@ impl Model {
         // take the named steps to Stored.
         let loading = model
             .table
-            .begin_fault(chunk(), model.table.load(0))
+            .begin_fault(chunk(), model.table.load(CHUNK))
             .unwrap();
         let restored = Restored {
             huge: true,
@@ -113,10 +117,12 @@ impl Model {
         let staged = model.table.settle(
             chunk(),
             evicting,
-            swap::chunk::Settled::Dirty { parking: 0 },
+            swap::chunk::Settled::Dirty {
+                parking: swap::index::ParkingSlot::new(0),
+            },
         );
         model.table.begin_write(chunk(), staged).unwrap();
-        let writing = model.table.load(0);
+        let writing = model.table.load(CHUNK);
         model
             .table
             .finish_write(chunk(), writing, SlotId::new(0))
@@ -144,10 +150,10 @@ impl Model {
     fn fault(&self, p: usize) {
         let pages = self.table.pages().unwrap();
         loop {
-            let state = self.table.load(0);
+            let state = self.table.load(CHUNK);
             match state.tag() {
                 Tag::Loading | Tag::Evicting => {
-                    self.table.wait_settled(0, &|| false);
+                    self.table.wait_settled(CHUNK, &|| false);
                 }
                 Tag::Resident => return,
                 Tag::Stored => {
@@ -231,7 +237,7 @@ impl Model {
     /// Evicts page `p` of the split chunk, as `Evictor::evict_page` and
     /// `flush_pages` take it (zero pages are dropped).
     fn evict_page(&self, p: usize) {
-        if self.table.load(0).tag() != Tag::Split {
+        if self.table.load(CHUNK).tag() != Tag::Split {
             return;
         }
         let pages = self.table.pages().unwrap();
@@ -246,7 +252,7 @@ impl Model {
         // The chunk's slot, as `Evictor::split_slot` gets it while the page
         // is in flight: given only to a chunk whose word says Split.
         loop {
-            let word = self.table.load(0);
+            let word = self.table.load(CHUNK);
             if word.split_slot().is_some() {
                 break;
             }
@@ -278,7 +284,7 @@ impl Model {
     /// Splits the chunk if it is stored or resident, as `split_on_restore`
     /// and `split_resident` do.
     fn split_now(&self) {
-        let state = self.table.load(0);
+        let state = self.table.load(CHUNK);
         let tag = match state.tag() {
             Tag::Stored => PageTag::Stored,
             Tag::Resident => PageTag::Resident,
@@ -294,7 +300,7 @@ impl Model {
 
     /// Collapses the split chunk, as `collapse::try_collapse` does.
     fn collapse(&self) {
-        let split = self.table.load(0);
+        let split = self.table.load(CHUNK);
         if split.tag() != Tag::Split {
             return;
         }
@@ -302,7 +308,7 @@ impl Model {
             return;
         };
         let pages = self.table.pages().unwrap();
-        let before = pages.lock_all(0, &|| false).expect("never gives up");
+        let before = pages.lock_all(CHUNK, &|| false).expect("never gives up");
         if before.iter().any(|p| p.tag() == PageTag::Stored) {
             assert!(
                 loading.split_slot().is_some(),
@@ -432,7 +438,7 @@ fn an_eviction_racing_a_collapse_loses_nothing() {
         writer.join().unwrap();
         assert_eq!(model.read(A), 3);
         assert_eq!(model.read(B), 5);
-        let state = model.table.load(0);
+        let state = model.table.load(CHUNK);
         assert!(
             matches!(state.tag(), Tag::Resident | Tag::Split),
             "{state:?}"
@@ -456,7 +462,7 @@ fn faults_during_a_collapse_wait_and_keep_every_write() {
         assert_eq!(model.read(A), 11);
         assert_eq!(model.read(B), 1);
         // Pages of a chunk that is not split are locked.
-        if model.table.load(0).tag() == Tag::Resident {
+        if model.table.load(CHUNK).tag() == Tag::Resident {
             let pages = model.table.pages().unwrap();
             for p in [0, PAGES_PER_CHUNK - 1] {
                 assert_eq!(pages.load(page(p)).tag(), PageTag::Locked);

@@ -5,6 +5,8 @@
 //! findings are written up in docs/KERNEL_FACTS.md ("Mixing 2 MiB and
 //! 4 KiB in one chunk"); each test prints what it saw.
 
+use guestmem::addr::Hva;
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd};
 
@@ -25,10 +27,12 @@ impl Setup {
         let guest = AnonMapping::new(chunks * MB2).unwrap();
         let parking = AnonMapping::new(MB2).unwrap();
         for m in [&guest, &parking] {
-            m.range().advise_hugepage(0, m.range().len()).unwrap();
+            m.range()
+                .advise_hugepage(RegionOffset::ZERO, m.range().len())
+                .unwrap();
             // SAFETY: the test owns these mappings, reaches them through
             // raw addresses only, and never touches an empty page of them.
-            unsafe { uffd.register(m.range().base(), m.range().len(), modes) }.unwrap();
+            unsafe { uffd.register(Hva::new(m.range().base()), m.range().len(), modes) }.unwrap();
         }
         Setup {
             uffd,
@@ -44,7 +48,7 @@ impl Setup {
 
     fn huge(&self, chunk: u64) -> bool {
         self.pagemap
-            .is_huge(self.guest.range(), chunk * MB2, MB2)
+            .is_huge(self.guest.range(), RegionOffset::new(chunk * MB2), MB2)
             .unwrap()
     }
 
@@ -54,8 +58,8 @@ impl Setup {
         // SAFETY: the chunk is empty and the buffer ours; raw addresses only.
         unsafe {
             self.uffd.move_all(
-                self.g().base() + chunk * MB2,
-                buf.range().base(),
+                Hva::new(self.g().base() + chunk * MB2),
+                Hva::new(buf.range().base()),
                 MB2,
                 MoveOptions::default(),
             )
@@ -66,12 +70,12 @@ impl Setup {
     /// Copies one 4 KiB page filled with `value` onto page `page` of the range.
     fn copy_page(&self, page: u64, value: u8) -> Result<(), swap::uffd::UffdError> {
         let src = AnonMapping::new(MB2).unwrap();
-        src.range().touch(0, PAGE_BYTES);
+        src.range().touch(RegionOffset::ZERO, PAGE_BYTES);
         // SAFETY: our own populated buffer.
-        unsafe { src.range().slice_mut(0, PAGE_BYTES) }.fill(value);
+        unsafe { src.range().slice_mut(RegionOffset::ZERO, PAGE_BYTES) }.fill(value);
         self.uffd.copy_all(
-            self.g().base() + page * PAGE_BYTES,
-            src.range().base(),
+            Hva::new(self.g().base() + page * PAGE_BYTES),
+            Hva::new(src.range().base()),
             PAGE_BYTES,
             CopyOptions::default(),
         )
@@ -79,16 +83,18 @@ impl Setup {
 
     fn byte(&self, offset: u64) -> u8 {
         // SAFETY: the test only reads pages it knows are present.
-        unsafe { self.g().slice(offset, 1)[0] }
+        unsafe { self.g().slice(RegionOffset::new(offset), 1)[0] }
     }
 }
 
 fn thp_buffer(value: u8) -> AnonMapping {
     let buf = AnonMapping::new(MB2).unwrap();
-    buf.range().advise_hugepage(0, MB2).unwrap();
-    buf.range().touch(0, MB2);
+    buf.range()
+        .advise_hugepage(RegionOffset::ZERO, MB2)
+        .unwrap();
+    buf.range().touch(RegionOffset::ZERO, MB2);
     // SAFETY: the buffer is ours, populated, and not shared.
-    unsafe { buf.range().slice_mut(0, MB2) }.fill(value);
+    unsafe { buf.range().slice_mut(RegionOffset::ZERO, MB2) }.fill(value);
     buf
 }
 
@@ -102,8 +108,8 @@ fn a_4k_move_out_of_a_huge_chunk_splits_its_pmd_and_keeps_the_other_pages() {
     // SAFETY: page 7 is present; parking page 7 is empty; raw addresses.
     unsafe {
         s.uffd.move_all(
-            s.parking.range().base() + 7 * PAGE_BYTES,
-            s.g().base() + 7 * PAGE_BYTES,
+            Hva::new(s.parking.range().base() + 7 * PAGE_BYTES),
+            Hva::new(s.g().base() + 7 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -111,12 +117,18 @@ fn a_4k_move_out_of_a_huge_chunk_splits_its_pmd_and_keeps_the_other_pages() {
     .unwrap();
     assert!(!s.huge(0), "the chunk's PMD was split");
     let mut residency = Vec::new();
-    s.g().residency(0, MB2, &mut residency).unwrap();
+    s.g()
+        .residency(RegionOffset::ZERO, MB2, &mut residency)
+        .unwrap();
     let present = residency.iter().filter(|&&r| r & 1 != 0).count();
     assert_eq!(present as u64, PAGES - 1, "exactly the moved page left");
     assert_eq!(s.byte(8 * PAGE_BYTES), 0x5a);
     // SAFETY: the moved page is present in the parking range now.
-    let parked = unsafe { s.parking.range().slice(7 * PAGE_BYTES, 1)[0] };
+    let parked = unsafe {
+        s.parking
+            .range()
+            .slice(RegionOffset::new(7 * PAGE_BYTES), 1)[0]
+    };
     assert_eq!(parked, 0x5a);
     println!("4 KiB MOVE out of a huge chunk: PMD split, {present} pages stay mapped");
 }
@@ -139,8 +151,8 @@ fn a_thp_moved_into_a_chunk_that_held_4k_pages_maps_huge_only_after_dontneed() {
     // SAFETY: page 5 is present, parking page 5 empty; raw addresses.
     unsafe {
         s.uffd.move_all(
-            s.parking.range().base() + 5 * PAGE_BYTES,
-            s.g().base() + 5 * PAGE_BYTES,
+            Hva::new(s.parking.range().base() + 5 * PAGE_BYTES),
+            Hva::new(s.g().base() + 5 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -154,7 +166,7 @@ fn a_thp_moved_into_a_chunk_that_held_4k_pages_maps_huge_only_after_dontneed() {
         "the content arrived either way"
     );
     // Empty the chunk again and drop its page table.
-    s.g().discard(0, MB2).unwrap();
+    s.g().discard(RegionOffset::ZERO, MB2).unwrap();
     s.install_thp(0, 4);
     let huge_after_dontneed = s.huge(0);
     println!(
@@ -180,21 +192,21 @@ fn madv_collapse_on_a_registered_range_needs_every_page_present() {
         s.copy_page(page, (page % 251) as u8).unwrap();
     }
     assert!(!s.huge(0));
-    let full = s.g().collapse(0, MB2);
+    let full = s.g().collapse(RegionOffset::ZERO, MB2);
     let huge_full = s.huge(0);
     // Chunk 1: one page missing.
     for page in 0..PAGES - 1 {
         s.copy_page(PAGES + page, 7).unwrap();
     }
-    let holed = s.g().collapse(MB2, MB2);
+    let holed = s.g().collapse(RegionOffset::new(MB2), MB2);
     // Chunk 2: one page the zero page.
     for page in 1..PAGES {
         s.copy_page(2 * PAGES + page, 7).unwrap();
     }
     s.uffd
-        .zeropage(s.g().base() + 2 * MB2, PAGE_BYTES, false)
+        .zeropage(Hva::new(s.g().base() + 2 * MB2), PAGE_BYTES, false)
         .unwrap();
-    let zero = s.g().collapse(2 * MB2, MB2);
+    let zero = s.g().collapse(RegionOffset::new(2 * MB2), MB2);
     println!(
         "MADV_COLLAPSE, registered MISSING: all present {full:?} (huge {huge_full}); \
          one page missing {holed:?}; one zero page {zero:?}"
@@ -219,13 +231,13 @@ fn madv_collapse_is_aborted_by_a_write_protected_page() {
         s.copy_page(page, 1).unwrap();
     }
     s.uffd
-        .write_protect(s.g().base() + 9 * PAGE_BYTES, PAGE_BYTES)
+        .write_protect(Hva::new(s.g().base() + 9 * PAGE_BYTES), PAGE_BYTES)
         .unwrap();
-    let protected = s.g().collapse(0, MB2);
+    let protected = s.g().collapse(RegionOffset::ZERO, MB2);
     s.uffd
-        .write_unprotect(s.g().base() + 9 * PAGE_BYTES, PAGE_BYTES, false)
+        .write_unprotect(Hva::new(s.g().base() + 9 * PAGE_BYTES), PAGE_BYTES, false)
         .unwrap();
-    let unprotected = s.g().collapse(0, MB2);
+    let unprotected = s.g().collapse(RegionOffset::ZERO, MB2);
     println!(
         "MADV_COLLAPSE, registered MISSING|WP: one page write-protected {protected:?}; \
          after unprotecting it {unprotected:?} (huge {})",

@@ -4,6 +4,8 @@
 mod common;
 
 use common::smaps::huge_and_rss_bytes;
+use guestmem::addr::Hva;
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, HUGE_PAGE_BYTES, PAGE_BYTES};
 use swap::uffd::{feature, ioctl_bit, mode, CopyOptions, FaultKind, MoveOptions, Uffd, UffdEvent};
 
@@ -20,10 +22,12 @@ fn next_fault(uffd: &Uffd) -> UffdEvent {
 
 fn thp_buffer(value: u8) -> AnonMapping {
     let buf = AnonMapping::new(MB2).unwrap();
-    buf.range().advise_hugepage(0, MB2).unwrap();
-    buf.range().touch(0, MB2);
+    buf.range()
+        .advise_hugepage(RegionOffset::ZERO, MB2)
+        .unwrap();
+    buf.range().touch(RegionOffset::ZERO, MB2);
     // SAFETY: the buffer is ours, populated, and not shared.
-    unsafe { buf.range().slice_mut(0, MB2) }.fill(value);
+    unsafe { buf.range().slice_mut(RegionOffset::ZERO, MB2) }.fill(value);
     buf
 }
 
@@ -44,10 +48,11 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     let uffd = Uffd::open(0).unwrap();
     let guest = AnonMapping::new(4 * MB2).unwrap();
     let g = *guest.range();
-    g.advise_hugepage(0, 4 * MB2).unwrap();
+    g.advise_hugepage(RegionOffset::ZERO, 4 * MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    let ioctls = unsafe { uffd.register(g.base(), g.len(), mode::MISSING | mode::WP) }.unwrap();
+    let ioctls =
+        unsafe { uffd.register(Hva::new(g.base()), g.len(), mode::MISSING | mode::WP) }.unwrap();
     assert!(ioctls & (1 << ioctl_bit::MOVE) != 0, "ioctls {ioctls:#x}");
     let addr = g.base() + MB2 + 12345;
     let toucher = std::thread::spawn(move || {
@@ -67,8 +72,8 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            g.base() + MB2,
-            buf.range().base(),
+            Hva::new(g.base() + MB2),
+            Hva::new(buf.range().base()),
             MB2,
             MoveOptions::default(),
         )
@@ -85,8 +90,8 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     // addresses only, and serves the faults it causes itself.
     let err = unsafe {
         uffd.move_pages(
-            g.base() + MB2,
-            buf2.range().base(),
+            Hva::new(g.base() + MB2),
+            Hva::new(buf2.range().base()),
             MB2,
             MoveOptions::default(),
         )
@@ -102,8 +107,8 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     // addresses only, and serves the faults it causes itself.
     let err = unsafe {
         uffd.move_pages(
-            unreg.range().base(),
-            g.base() + MB2,
+            Hva::new(unreg.range().base()),
+            Hva::new(g.base() + MB2),
             MB2,
             MoveOptions::default(),
         )
@@ -113,13 +118,13 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     let park = AnonMapping::new(MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(park.range().base(), MB2, mode::MISSING) }.unwrap();
+    unsafe { uffd.register(Hva::new(park.range().base()), MB2, mode::MISSING) }.unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            park.range().base(),
-            g.base() + MB2,
+            Hva::new(park.range().base()),
+            Hva::new(g.base() + MB2),
             MB2,
             MoveOptions::default(),
         )
@@ -128,10 +133,10 @@ fn move_installs_a_huge_pmd_and_wakes_the_faulting_thread() {
     let (huge, _) = huge_and_rss_bytes(park.range().base(), MB2);
     assert_eq!(huge, MB2, "parked chunk stays huge");
     // SAFETY: the parked chunk is populated and owned by the test.
-    assert!(unsafe { park.range().slice(0, MB2) }
+    assert!(unsafe { park.range().slice(RegionOffset::ZERO, MB2) }
         .iter()
         .all(|&b| b == 0xab));
-    uffd.unregister(g.base(), g.len()).unwrap();
+    uffd.unregister(Hva::new(g.base()), g.len()).unwrap();
 }
 
 #[test]
@@ -139,15 +144,23 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
     let uffd = Uffd::open(0).unwrap();
     let guest = AnonMapping::new(MB2).unwrap();
     let g = *guest.range();
-    g.advise_hugepage(0, MB2).unwrap();
+    g.advise_hugepage(RegionOffset::ZERO, MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
+    unsafe { uffd.register(Hva::new(g.base()), MB2, mode::MISSING | mode::WP) }.unwrap();
     let buf = thp_buffer(7);
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.move_pages(g.base(), buf.range().base(), MB2, MoveOptions::default()) }.unwrap();
-    uffd.write_protect(g.base(), MB2).unwrap();
+    unsafe {
+        uffd.move_pages(
+            Hva::new(g.base()),
+            Hva::new(buf.range().base()),
+            MB2,
+            MoveOptions::default(),
+        )
+    }
+    .unwrap();
+    uffd.write_protect(Hva::new(g.base()), MB2).unwrap();
     let addr = g.base() + 4096 * 3;
     let writer = std::thread::spawn(move || {
         // SAFETY: writes a registered, populated page; the test thread
@@ -161,15 +174,16 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
         }
         other => panic!("unexpected {other:?}"),
     }
-    uffd.write_unprotect(g.base(), MB2, false).unwrap();
+    uffd.write_unprotect(Hva::new(g.base()), MB2, false)
+        .unwrap();
     writer.join().unwrap();
     let (huge, _) = huge_and_rss_bytes(g.base(), MB2);
     assert_eq!(huge, MB2, "unprotecting the whole chunk keeps the PMD");
 
     // Discarding a write-protected chunk: does the next touch fault
     // MISSING (no WP marker left on anonymous memory)?
-    uffd.write_protect(g.base(), MB2).unwrap();
-    g.discard(0, MB2).unwrap();
+    uffd.write_protect(Hva::new(g.base()), MB2).unwrap();
+    g.discard(RegionOffset::ZERO, MB2).unwrap();
     let reader = std::thread::spawn(move || {
         // SAFETY: as above.
         unsafe { std::ptr::write_volatile(addr as *mut u8, 1) };
@@ -180,7 +194,7 @@ fn write_protect_reports_wp_faults_and_unprotect_keeps_the_pmd() {
     };
     println!("touch after discard of a WP chunk faults {kind:?}");
     assert_eq!(kind, FaultKind::Missing);
-    uffd.zeropage(g.base(), MB2, false).unwrap();
+    uffd.zeropage(Hva::new(g.base()), MB2, false).unwrap();
     reader.join().unwrap();
 }
 
@@ -189,17 +203,17 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     let uffd = Uffd::open(0).unwrap();
     let guest = AnonMapping::new(MB2).unwrap();
     let g = *guest.range();
-    g.advise_nohugepage(0, MB2).unwrap();
+    g.advise_nohugepage(RegionOffset::ZERO, MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(g.base(), MB2, mode::MISSING | mode::WP) }.unwrap();
+    unsafe { uffd.register(Hva::new(g.base()), MB2, mode::MISSING | mode::WP) }.unwrap();
     let src = AnonMapping::new(MB2).unwrap();
-    src.range().touch(0, MB2);
+    src.range().touch(RegionOffset::ZERO, MB2);
     // SAFETY: test-owned populated buffer.
-    unsafe { src.range().slice_mut(0, PAGE_BYTES) }.fill(5);
+    unsafe { src.range().slice_mut(RegionOffset::ZERO, PAGE_BYTES) }.fill(5);
     uffd.copy(
-        g.base(),
-        src.range().base(),
+        Hva::new(g.base()),
+        Hva::new(src.range().base()),
         PAGE_BYTES,
         CopyOptions {
             write_protect: true,
@@ -209,28 +223,28 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     .unwrap();
     let err = uffd
         .copy(
-            g.base(),
-            src.range().base(),
+            Hva::new(g.base()),
+            Hva::new(src.range().base()),
             PAGE_BYTES,
             CopyOptions::default(),
         )
         .unwrap_err();
     assert!(err.is_eexist());
-    uffd.zeropage(g.base() + PAGE_BYTES, PAGE_BYTES, false)
+    uffd.zeropage(Hva::new(g.base() + PAGE_BYTES), PAGE_BYTES, false)
         .unwrap();
     // SAFETY: the page was just populated by COPY.
-    assert_eq!(unsafe { g.slice(0, 1) }[0], 5);
+    assert_eq!(unsafe { g.slice(RegionOffset::ZERO, 1) }[0], 5);
     // Move a copied page and a zero page out to a registered parking area.
     let park = AnonMapping::new(MB2).unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
-    unsafe { uffd.register(park.range().base(), MB2, mode::MISSING) }.unwrap();
+    unsafe { uffd.register(Hva::new(park.range().base()), MB2, mode::MISSING) }.unwrap();
     // SAFETY: the test owns these mappings, reaches them through raw
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            park.range().base(),
-            g.base(),
+            Hva::new(park.range().base()),
+            Hva::new(g.base()),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -240,8 +254,8 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     // addresses only, and serves the faults it causes itself.
     let zero_move = unsafe {
         uffd.move_pages(
-            park.range().base() + PAGE_BYTES,
-            g.base() + PAGE_BYTES,
+            Hva::new(park.range().base() + PAGE_BYTES),
+            Hva::new(g.base() + PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -252,8 +266,8 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     // addresses only, and serves the faults it causes itself.
     let err = unsafe {
         uffd.move_pages(
-            park.range().base() + 2 * PAGE_BYTES,
-            g.base() + 2 * PAGE_BYTES,
+            Hva::new(park.range().base() + 2 * PAGE_BYTES),
+            Hva::new(g.base() + 2 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions::default(),
         )
@@ -264,8 +278,8 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     // addresses only, and serves the faults it causes itself.
     unsafe {
         uffd.move_pages(
-            park.range().base() + 2 * PAGE_BYTES,
-            g.base() + 2 * PAGE_BYTES,
+            Hva::new(park.range().base() + 2 * PAGE_BYTES),
+            Hva::new(g.base() + 2 * PAGE_BYTES),
             PAGE_BYTES,
             MoveOptions {
                 allow_src_holes: true,
@@ -276,7 +290,7 @@ fn copy_and_zeropage_and_move_of_small_pages() {
     .unwrap();
     let mut present = Vec::new();
     park.range()
-        .residency(0, 4 * PAGE_BYTES, &mut present)
+        .residency(RegionOffset::ZERO, 4 * PAGE_BYTES, &mut present)
         .unwrap();
     println!("parking residency after moves: {present:?}");
     assert_eq!(present[0] & 1, 1);

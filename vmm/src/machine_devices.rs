@@ -19,6 +19,7 @@ use std::io::Write;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex, OnceLock};
 use swap::engine::SwapEngine;
+use vm_memory::{Address, GuestAddress};
 use vmm_sys_util::eventfd::EventFd;
 
 /// First virtio-mmio window, inside the `[3 GiB, 4 GiB)` hole.
@@ -229,12 +230,14 @@ impl FreeChunkDropper {
         let _ = self.engine.set(engine);
     }
 
-    fn drop_range(&self, gpa: u64, len_bytes: u64) -> Result<(), String> {
+    fn drop_range(&self, gpa: GuestAddress, len_bytes: u64) -> Result<(), String> {
         let layout = self.ram.layout();
         let offset = layout
             .gpa_to_offset(gpa)
-            .filter(|_| layout.contains(gpa, len_bytes))
-            .ok_or_else(|| format!("free range {gpa:#x}+{len_bytes:#x} is not guest RAM"))?;
+            .filter(|_| layout.contains(gpa, len_bytes));
+        let gpa = gpa.raw_value();
+        let offset =
+            offset.ok_or_else(|| format!("free range {gpa:#x}+{len_bytes:#x} is not guest RAM"))?;
         if gpa < self.keep_below {
             return Err(format!(
                 "free range {gpa:#x}+{len_bytes:#x} is in the VMM region below {:#x}; kept",
@@ -254,7 +257,7 @@ impl FreeChunkDropper {
 }
 
 impl FreeMemorySink for FreeChunkDropper {
-    fn free_range(&self, gpa: u64, len_bytes: u64) {
+    fn free_range(&self, gpa: GuestAddress, len_bytes: u64) {
         // The guest reports free memory as often as it likes.
         if let Err(e) = self.drop_range(gpa, len_bytes) {
             if crate::ratelimit::global().allow("balloon") {
@@ -263,7 +266,7 @@ impl FreeMemorySink for FreeChunkDropper {
         }
     }
 
-    fn reclaim_range(&self, _gpa: u64, _len_bytes: u64) {
+    fn reclaim_range(&self, _gpa: GuestAddress, _len_bytes: u64) {
         // Nothing to do: dropped memory is refilled by the next touch.
     }
 }

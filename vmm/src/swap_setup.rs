@@ -2,14 +2,17 @@
 
 use crate::event::RunEvent;
 use anyhow::{Context, Result};
+use guestmem::addr::RegionOffset;
 use guestmem::{Backing, GuestRam};
 use std::os::fd::AsRawFd;
 use std::sync::mpsc::Sender;
 use std::sync::Mutex;
 use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapUnit};
+use swap::index::Gpa;
 use swap::store::file::OldContent;
 use swap::store::spec::OpenedStore;
 use swap::store::{CapacityNeed, Integrity, StoreSpec};
+use vm_memory::Address;
 
 /// The swap options of a run.
 #[derive(Clone, Debug)]
@@ -89,13 +92,13 @@ pub fn start(
             .layout()
             .regions()
             .iter()
-            .map(|r| (r.gpa, r.backing_offset, r.len_bytes))
+            .map(|r| (Gpa::new(r.gpa.raw_value()), r.backing_offset, r.len_bytes))
             .collect(),
     };
     let config = EngineConfig {
         unit: options.unit,
         mem_limit_bytes: options.mem_limit_bytes,
-        pinned_offsets: vec![(0, guestmem::CHUNK_BYTES)],
+        pinned_offsets: vec![(RegionOffset::ZERO, guestmem::CHUNK_BYTES)],
         fault_threads: options.fault_threads,
         fault_thread_nice: options.fault_thread_nice,
         force_split_every: options.force_split_every,

@@ -14,6 +14,7 @@ use kvm_bindings::{
 use kvm_ioctls::{VcpuExit, VcpuFd};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
+use vm_memory::GuestAddress;
 
 /// Console port (byte writes).
 pub const CONSOLE_PORT: u16 = 0x3f8;
@@ -307,7 +308,7 @@ struct ExceptionFrame {
 
 fn read_frame(ram: &GuestRam, rsp: u64) -> Option<ExceptionFrame> {
     let mut raw = [0u8; 56];
-    ram.read_bytes(rsp, &mut raw).ok()?;
+    ram.read_bytes(GuestAddress(rsp), &mut raw).ok()?;
     let word = |i: usize| u64::from_le_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
     Some(ExceptionFrame {
         vector: word(0),
@@ -342,7 +343,10 @@ fn handle_exception(vcpu: &VcpuFd, ctx: &VcpuContext, console: &mut VcpuConsole)
     let from_user = frame.cs & 3 == 3;
     if frame.vector == GENERAL_PROTECTION
         && from_user
-        && ctx.ram.read_bytes(frame.rip, &mut insn).is_ok()
+        && ctx
+            .ram
+            .read_bytes(GuestAddress(frame.rip), &mut insn)
+            .is_ok()
     {
         if let Some(io) = port_trap::decode(&insn, regs.rdx) {
             let step = if io.write {

@@ -31,6 +31,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use swap::engine::SwapEngine;
+use vm_memory::{Address, GuestAddress};
 
 /// How long the end of a run waits for its vCPU threads to stop.
 const VCPU_STOP_LIMIT: Duration = Duration::from_secs(10);
@@ -124,8 +125,8 @@ fn ram_ranges(layout: &Layout) -> Vec<GpaRange> {
         .regions()
         .iter()
         .map(|r| GpaRange {
-            start: r.gpa,
-            end: r.gpa + r.len_bytes,
+            start: r.gpa.raw_value(),
+            end: r.end_gpa().raw_value(),
         })
         .collect()
 }
@@ -206,7 +207,7 @@ fn check_config(
         Guest::Payload { payload, .. } => Some(
             elf::parse(
                 &payload.elf,
-                |start, len| layout.contains(start, len),
+                |start, len| layout.contains(GuestAddress(start), len),
                 &describe_ram(&layout),
             )
             .with_context(|| format!("payload {} cannot be loaded", payload.name))?,
@@ -854,16 +855,16 @@ fn load_payload(
         &free,
         &mmio,
     )?;
-    ram.write_bytes(0, &region)
+    ram.write_bytes(GuestAddress(0), &region)
         .context("writing the VMM region")?;
-    ram.write_bytes(BOOT_INFO_GPA, &boot_info)
+    ram.write_bytes(GuestAddress(BOOT_INFO_GPA), &boot_info)
         .context("writing the boot info")?;
     for segment in &image.segments {
         let bytes =
             &payload.elf[segment.file_offset..segment.file_offset + segment.file_bytes as usize];
         // The bss needs no write: guest RAM is fresh anonymous (or hugetlb)
         // memory, which reads as zero.
-        ram.write_bytes(segment.gpa, bytes)
+        ram.write_bytes(GuestAddress(segment.gpa), bytes)
             .with_context(|| format!("loading segment at {:#x}", segment.gpa))?;
     }
     Ok(())
@@ -873,7 +874,7 @@ fn describe_ram(layout: &Layout) -> String {
     let parts: Vec<String> = layout
         .regions()
         .iter()
-        .map(|r| format!("[{:#x}, {:#x})", r.gpa, r.gpa + r.len_bytes))
+        .map(|r| format!("[{:#x}, {:#x})", r.gpa.raw_value(), r.end_gpa().raw_value()))
         .collect();
     format!(
         "{} at {}",

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use virtio_bindings::virtio_ids::VIRTIO_ID_BALLOON;
 use virtio_queue::{Queue, QueueT};
 
-use guestmem::{GuestMemoryView, PAGE_BYTES};
+use guestmem::{GuestAddress, GuestMemoryView, PAGE_BYTES};
 
 use super::balloon_stats::BalloonStats;
 use super::chain::{parse_chain, range_in_ram, ParsedChain};
@@ -343,7 +343,7 @@ fn roles_for(acked_features: u64) -> Vec<Role> {
 fn for_each_pfn_run(
     mem: &GuestMemoryView,
     parsed: &ParsedChain,
-    mut f: impl FnMut(u64, u64),
+    mut f: impl FnMut(GuestAddress, u64),
 ) -> u64 {
     let len_bytes = parsed.readable_len_bytes();
     if !parsed.writable.is_empty() || len_bytes % 4 != 0 || len_bytes > MAX_PFN_ARRAY_BYTES {
@@ -359,7 +359,7 @@ fn for_each_pfn_run(
     let mut pages = 0;
     let mut run: Option<(u64, u64)> = None; // (first pfn, count)
     let mut emit = |(first, count): (u64, u64)| {
-        let gpa = first << PFN_SHIFT;
+        let gpa = GuestAddress(first << PFN_SHIFT);
         let len = count * PAGE_BYTES;
         // A run that leaves RAM is dropped whole: a correct driver never
         // sends one, and partial handling would buy nothing.

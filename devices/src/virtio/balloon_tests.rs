@@ -84,7 +84,7 @@ fn inflated_pages_reach_the_sink_as_whole_chunks() {
         rig.transport
             .device()
             .accumulator()
-            .free_pages_in_chunk(chunk),
+            .free_pages_in_chunk(guestmem::GuestAddress(chunk)),
         256
     );
     send_pfns(&mut rig, &vqs[0], 0, &pfns[256..]);

@@ -30,7 +30,7 @@ use blockio::{AlignedBuf, BlockFile, BlockIoError, BlockOptions, OpKind, RawBloc
 use std::time::Duration;
 
 use super::block_spec::NbdDisk;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Address, Bytes, GuestMemoryBackend};
 
 use guestmem::GuestMemoryView;
 
@@ -337,9 +337,9 @@ impl Disk {
         let mut file_offset = offset;
         for &range in ranges {
             let slice = mem
-                .get_slice(GuestAddress(range.gpa), range.len_bytes as usize)
+                .get_slice(range.gpa, range.len_bytes as usize)
                 .map_err(|_| DiskError::GuestMemory {
-                    gpa: range.gpa,
+                    gpa: range.gpa.raw_value(),
                     len_bytes: range.len_bytes,
                 })?;
             pieces.push(Piece {
@@ -451,17 +451,17 @@ fn transfer_plain(file: &BlockFile, kind: OpKind, pieces: &[Piece]) -> Result<()
 }
 
 fn read_guest(mem: &GuestMemoryView, range: GuestRange, buf: &mut [u8]) -> Result<(), DiskError> {
-    mem.read_slice(buf, GuestAddress(range.gpa))
+    mem.read_slice(buf, range.gpa)
         .map_err(|_| DiskError::GuestMemory {
-            gpa: range.gpa,
+            gpa: range.gpa.raw_value(),
             len_bytes: range.len_bytes,
         })
 }
 
 fn write_guest(mem: &GuestMemoryView, range: GuestRange, buf: &[u8]) -> Result<(), DiskError> {
-    mem.write_slice(buf, GuestAddress(range.gpa))
+    mem.write_slice(buf, range.gpa)
         .map_err(|_| DiskError::GuestMemory {
-            gpa: range.gpa,
+            gpa: range.gpa.raw_value(),
             len_bytes: range.len_bytes,
         })
 }

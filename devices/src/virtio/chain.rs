@@ -18,7 +18,7 @@
 use std::ops::Deref;
 
 use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryBackend};
 
 use guestmem::GuestMemoryView;
 
@@ -26,7 +26,7 @@ use guestmem::GuestMemoryView;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GuestRange {
     /// Guest-physical start.
-    pub gpa: u64,
+    pub gpa: GuestAddress,
     /// Length; descriptors carry 32-bit lengths.
     pub len_bytes: u32,
 }
@@ -109,7 +109,7 @@ where
         }
         last_has_next = Some(desc.has_next());
         let range = GuestRange {
-            gpa: desc.addr().0,
+            gpa: desc.addr(),
             len_bytes: desc.len(),
         };
         if desc.is_write_only() {
@@ -137,13 +137,13 @@ where
 /// Whether `range` lies inside one region of `mem`.
 fn check_in_ram(mem: &GuestMemoryView, range: GuestRange) -> Result<(), ChainError> {
     let outside = || ChainError::OutsideRam {
-        gpa: range.gpa,
+        gpa: range.gpa.raw_value(),
         len_bytes: range.len_bytes,
     };
     // get_slice succeeds only for a range inside a single region; a buffer
     // spanning two regions would also need two host pointers.
     let len = usize::try_from(range.len_bytes).map_err(|_| outside())?;
-    mem.get_slice(GuestAddress(range.gpa), len)
+    mem.get_slice(range.gpa, len)
         .map(|_| ())
         .map_err(|_| outside())
 }
@@ -179,7 +179,7 @@ pub fn stream_slice(
         }
         let take = (len - skip).min(want);
         pieces.push(GuestRange {
-            gpa: range.gpa + skip,
+            gpa: range.gpa.unchecked_add(skip),
             // take <= len, which came from a u32.
             len_bytes: take as u32,
         });
@@ -215,9 +215,9 @@ impl ParsedChain {
         let mut done = 0usize;
         for piece in stream_slice(&self.readable, offset, buf.len() as u64)? {
             let len = piece.len_bytes as usize;
-            mem.read_slice(&mut buf[done..done + len], GuestAddress(piece.gpa))
+            mem.read_slice(&mut buf[done..done + len], piece.gpa)
                 .map_err(|_| ChainError::OutsideRam {
-                    gpa: piece.gpa,
+                    gpa: piece.gpa.raw_value(),
                     len_bytes: piece.len_bytes,
                 })?;
             done += len;
@@ -235,9 +235,9 @@ impl ParsedChain {
         let mut done = 0usize;
         for piece in stream_slice(&self.writable, offset, data.len() as u64)? {
             let len = piece.len_bytes as usize;
-            mem.write_slice(&data[done..done + len], GuestAddress(piece.gpa))
+            mem.write_slice(&data[done..done + len], piece.gpa)
                 .map_err(|_| ChainError::OutsideRam {
-                    gpa: piece.gpa,
+                    gpa: piece.gpa.raw_value(),
                     len_bytes: piece.len_bytes,
                 })?;
             done += len;
@@ -248,9 +248,9 @@ impl ParsedChain {
 
 /// Whether a guest range lies in RAM, for callers outside a chain (e.g.
 /// balloon PFNs).
-pub fn range_in_ram(mem: &GuestMemoryView, gpa: u64, len_bytes: u64) -> bool {
+pub fn range_in_ram(mem: &GuestMemoryView, gpa: GuestAddress, len_bytes: u64) -> bool {
     match usize::try_from(len_bytes) {
-        Ok(len) => mem.get_slice(GuestAddress(gpa), len).is_ok(),
+        Ok(len) => mem.get_slice(gpa, len).is_ok(),
         Err(_) => false,
     }
 }
@@ -319,7 +319,7 @@ mod tests {
         assert_eq!(
             parsed.readable,
             vec![GuestRange {
-                gpa: 0x8000,
+                gpa: GuestAddress(0x8000),
                 len_bytes: 16
             }]
         );
@@ -393,11 +393,11 @@ mod tests {
     fn stream_slices_split_across_ranges() {
         let ranges = [
             GuestRange {
-                gpa: 0x1000,
+                gpa: GuestAddress(0x1000),
                 len_bytes: 10,
             },
             GuestRange {
-                gpa: 0x5000,
+                gpa: GuestAddress(0x5000),
                 len_bytes: 10,
             },
         ];
@@ -405,11 +405,11 @@ mod tests {
             stream_slice(&ranges, 8, 4).unwrap(),
             vec![
                 GuestRange {
-                    gpa: 0x1008,
+                    gpa: GuestAddress(0x1008),
                     len_bytes: 2
                 },
                 GuestRange {
-                    gpa: 0x5000,
+                    gpa: GuestAddress(0x5000),
                     len_bytes: 2
                 }
             ]

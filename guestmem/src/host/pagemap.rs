@@ -3,6 +3,7 @@
 use std::io;
 
 use super::{AnonMapping, RawRange, HUGE_PAGE_BYTES};
+use crate::addr::RegionOffset;
 
 /// `struct page_region` of `PAGEMAP_SCAN` (linux/fs.h).
 #[repr(C)]
@@ -60,7 +61,7 @@ impl PagemapScanner {
         let scanner = PagemapScanner { file };
         // One scan of an empty range proves the ioctl exists.
         let probe = AnonMapping::new(HUGE_PAGE_BYTES)?;
-        scanner.is_huge(probe.range(), 0, HUGE_PAGE_BYTES)?;
+        scanner.is_huge(probe.range(), RegionOffset::ZERO, HUGE_PAGE_BYTES)?;
         Ok(scanner)
     }
 
@@ -68,9 +69,9 @@ impl PagemapScanner {
     /// table entries (for anonymous memory: PMD-mapped THPs), none of them
     /// the shared huge zero page (a write to it would allocate small
     /// pages).
-    pub fn is_huge(&self, range: &RawRange, offset: u64, len: u64) -> io::Result<bool> {
+    pub fn is_huge(&self, range: &RawRange, offset: RegionOffset, len: u64) -> io::Result<bool> {
         range.check(offset, len);
-        let start = range.base() + offset;
+        let start = range.base() + offset.get();
         // Adjacent pages with equal categories are merged into one region,
         // so a wholly huge range comes back as exactly one region; a second
         // one already means "not all huge".
@@ -137,10 +138,11 @@ mod tests {
         for _ in 0..20 {
             let m = AnonMapping::new(3 * HUGE_PAGE_BYTES).unwrap();
             let r = m.range();
-            r.advise_hugepage(0, HUGE_PAGE_BYTES).unwrap();
-            r.touch(0, HUGE_PAGE_BYTES);
+            r.advise_hugepage(RegionOffset::ZERO, HUGE_PAGE_BYTES)
+                .unwrap();
+            r.touch(RegionOffset::ZERO, HUGE_PAGE_BYTES);
             if smaps_anon_huge_kib(r.base()) < HUGE_PAGE_BYTES / 1024 {
-                let _ = r.collapse(0, HUGE_PAGE_BYTES);
+                let _ = r.collapse(RegionOffset::ZERO, HUGE_PAGE_BYTES);
             }
             if smaps_anon_huge_kib(r.base()) == HUGE_PAGE_BYTES / 1024 {
                 return m;
@@ -155,30 +157,37 @@ mod tests {
         let scanner = PagemapScanner::open().expect("PAGEMAP_SCAN (Linux >= 6.7)");
         let empty = AnonMapping::new(HUGE_PAGE_BYTES).unwrap();
         assert!(
-            !scanner.is_huge(empty.range(), 0, HUGE_PAGE_BYTES).unwrap(),
+            !scanner
+                .is_huge(empty.range(), RegionOffset::ZERO, HUGE_PAGE_BYTES)
+                .unwrap(),
             "empty"
         );
 
         let m = mapping_with_a_huge_first_page();
         let r = m.range();
-        assert!(scanner.is_huge(r, 0, HUGE_PAGE_BYTES).unwrap(), "THP");
+        assert!(
+            scanner
+                .is_huge(r, RegionOffset::ZERO, HUGE_PAGE_BYTES)
+                .unwrap(),
+            "THP"
+        );
 
-        r.advise_nohugepage(HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
+        r.advise_nohugepage(RegionOffset::new(HUGE_PAGE_BYTES), HUGE_PAGE_BYTES)
             .unwrap();
-        r.touch(HUGE_PAGE_BYTES, HUGE_PAGE_BYTES);
+        r.touch(RegionOffset::new(HUGE_PAGE_BYTES), HUGE_PAGE_BYTES);
         assert!(
             !scanner
-                .is_huge(r, HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
+                .is_huge(r, RegionOffset::new(HUGE_PAGE_BYTES), HUGE_PAGE_BYTES)
                 .unwrap(),
             "small pages"
         );
 
         // Half populated: never huge.
-        r.advise_nohugepage(2 * HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
+        r.advise_nohugepage(RegionOffset::new(2 * HUGE_PAGE_BYTES), HUGE_PAGE_BYTES)
             .unwrap();
-        r.touch(2 * HUGE_PAGE_BYTES, HUGE_PAGE_BYTES / 2);
+        r.touch(RegionOffset::new(2 * HUGE_PAGE_BYTES), HUGE_PAGE_BYTES / 2);
         assert!(!scanner
-            .is_huge(r, 2 * HUGE_PAGE_BYTES, HUGE_PAGE_BYTES)
+            .is_huge(r, RegionOffset::new(2 * HUGE_PAGE_BYTES), HUGE_PAGE_BYTES)
             .unwrap());
     }
 }

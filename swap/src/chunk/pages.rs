@@ -30,6 +30,7 @@ use std::sync::atomic::AtomicPtr;
 use std::time::Duration;
 
 use super::sync::{AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
+use crate::index::{PageIndex, UnitIndex};
 
 /// Pages in one 2 MiB chunk.
 pub const PAGES_PER_CHUNK: usize = 512;
@@ -236,9 +237,9 @@ impl PageTransition {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageRef {
     /// The chunk's index in the chunk table.
-    pub chunk: usize,
-    /// The page's index in the chunk (0..512).
-    pub page: usize,
+    pub chunk: UnitIndex,
+    /// The page's index in the chunk.
+    pub page: PageIndex,
 }
 
 /// A change of page state that the table does not allow.
@@ -248,9 +249,9 @@ pub struct IllegalPageTransition {
     /// The transition named.
     pub transition: PageTransition,
     /// The chunk.
-    pub chunk: usize,
+    pub chunk: UnitIndex,
     /// The page.
-    pub page: usize,
+    pub page: PageIndex,
     /// The state it was taken from.
     pub from: PageState,
     /// The state it led to.
@@ -370,8 +371,9 @@ impl PageTable {
     }
 
     /// The group of `chunk`, if allocated.
-    fn group(&self, chunk: usize) -> Option<&Group> {
-        let group = self.groups[chunk / GROUP_CHUNKS].load(std::sync::atomic::Ordering::Acquire);
+    fn group(&self, chunk: UnitIndex) -> Option<&Group> {
+        let group =
+            self.groups[chunk.get() / GROUP_CHUNKS].load(std::sync::atomic::Ordering::Acquire);
         // SAFETY: a non-null pointer came from `Box::into_raw` in
         // `group_or_new` and is freed only in `drop`, which `&self` rules
         // out; groups are never replaced.
@@ -379,12 +381,12 @@ impl PageTable {
     }
 
     /// The group of `chunk`, allocated on first use.
-    fn group_or_new(&self, chunk: usize) -> &Group {
+    fn group_or_new(&self, chunk: UnitIndex) -> &Group {
         if let Some(group) = self.group(chunk) {
             return group;
         }
         let fresh = Box::into_raw(Box::new(Group::new()));
-        let slot = &self.groups[chunk / GROUP_CHUNKS];
+        let slot = &self.groups[chunk.get() / GROUP_CHUNKS];
         match slot.compare_exchange(
             std::ptr::null_mut(),
             fresh,
@@ -411,8 +413,12 @@ impl PageTable {
     /// chunk's group on first use.
     fn word(&self, at: PageRef) -> (&AtomicU64, u32) {
         let group = self.group_or_new(at.chunk);
-        let index = (at.chunk % GROUP_CHUNKS) * WORDS_PER_CHUNK + at.page / PAGES_PER_WORD;
-        (&group.words[index], ((at.page % PAGES_PER_WORD) * 4) as u32)
+        let index =
+            (at.chunk.get() % GROUP_CHUNKS) * WORDS_PER_CHUNK + at.page.get() / PAGES_PER_WORD;
+        (
+            &group.words[index],
+            ((at.page.get() % PAGES_PER_WORD) * 4) as u32,
+        )
     }
 
     /// The page's state (`Locked` for a chunk that never split).
@@ -420,8 +426,9 @@ impl PageTable {
         let Some(group) = self.group(at.chunk) else {
             return PageState::LOCKED;
         };
-        let index = (at.chunk % GROUP_CHUNKS) * WORDS_PER_CHUNK + at.page / PAGES_PER_WORD;
-        let shift = ((at.page % PAGES_PER_WORD) * 4) as u32;
+        let index =
+            (at.chunk.get() % GROUP_CHUNKS) * WORDS_PER_CHUNK + at.page.get() / PAGES_PER_WORD;
+        let shift = ((at.page.get() % PAGES_PER_WORD) * 4) as u32;
         PageState(((group.words[index].load(Ordering::SeqCst) >> shift) & NIBBLE_MASK) as u8)
     }
 
@@ -534,7 +541,7 @@ impl PageTable {
         let group = self.group(at.chunk)?;
         Some((
             &group.access,
-            (at.chunk % GROUP_CHUNKS) * PAGES_PER_CHUNK + at.page,
+            (at.chunk.get() % GROUP_CHUNKS) * PAGES_PER_CHUNK + at.page.get(),
         ))
     }
 
@@ -579,36 +586,34 @@ impl PageTable {
     }
 
     /// The page of `chunk` the CLOCK hand looks at next.
-    pub fn hand(&self, chunk: usize) -> usize {
-        self.group(chunk).map_or(0, |g| {
+    pub fn hand(&self, chunk: UnitIndex) -> PageIndex {
+        PageIndex::new(self.group(chunk).map_or(0, |g| {
             usize::from(
-                g.access.hands[chunk % GROUP_CHUNKS].load(std::sync::atomic::Ordering::Relaxed),
+                g.access.hands[chunk.get() % GROUP_CHUNKS]
+                    .load(std::sync::atomic::Ordering::Relaxed),
             ) % PAGES_PER_CHUNK
-        })
+        }))
     }
 
     /// Moves `chunk`'s page hand to `page`.
-    pub fn set_hand(&self, chunk: usize, page: usize) {
+    pub fn set_hand(&self, chunk: UnitIndex, page: PageIndex) {
         if let Some(group) = self.group(chunk) {
-            group.access.hands[chunk % GROUP_CHUNKS].store(
-                (page % PAGES_PER_CHUNK) as u16,
-                std::sync::atomic::Ordering::Relaxed,
-            );
+            group.access.hands[chunk.get() % GROUP_CHUNKS]
+                .store(page.get() as u16, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
     /// The chunk owner gives every page of its chunk its first state
     /// (all were `Locked`): the split. The pages' access metadata starts
     /// afresh (a stamp from an earlier split says nothing now).
-    pub fn unlock_all(&self, chunk: usize, state_of: &dyn Fn(usize) -> PageState) {
-        for page in 0..PAGES_PER_CHUNK {
-            let at = PageRef { chunk, page };
+    pub fn unlock_all(&self, chunk: UnitIndex, state_of: &dyn Fn(PageIndex) -> PageState) {
+        for at in chunk.pages() {
             self.stamp_fresh(at);
             self.take(
                 at,
                 PageTransition::Unlock,
                 PageState::LOCKED,
-                state_of(page),
+                state_of(at.page),
             )
             .expect("the chunk owner holds every page locked");
         }
@@ -618,10 +623,9 @@ impl PageTable {
     /// flight to settle; returns each page's state before it was locked,
     /// or `None` when `give_up` said so (the pages locked so far are
     /// unlocked again).
-    pub fn lock_all(&self, chunk: usize, give_up: &dyn Fn() -> bool) -> Option<Vec<PageState>> {
+    pub fn lock_all(&self, chunk: UnitIndex, give_up: &dyn Fn() -> bool) -> Option<Vec<PageState>> {
         let mut before = Vec::with_capacity(PAGES_PER_CHUNK);
-        for page in 0..PAGES_PER_CHUNK {
-            let at = PageRef { chunk, page };
+        for at in chunk.pages() {
             loop {
                 let state = self.wait_settled(at, give_up);
                 if state.tag().in_flight() {
@@ -646,15 +650,14 @@ impl PageTable {
         // eviction or fault can stamp it at the same time; the group is
         // usually there already (allocated with the chunk's words).
         let group = self.group_or_new(at.chunk);
-        let i = (at.chunk % GROUP_CHUNKS) * PAGES_PER_CHUNK + at.page;
+        let i = (at.chunk.get() % GROUP_CHUNKS) * PAGES_PER_CHUNK + at.page.get();
         group.access.stamps[i].store(0, std::sync::atomic::Ordering::Relaxed);
         group.access.chances[i].store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Unlocks the first `states.len()` pages of a chunk back to `states`.
-    pub fn unlock_pages(&self, chunk: usize, states: &[PageState]) {
-        for (page, &state) in states.iter().enumerate() {
-            let at = PageRef { chunk, page };
+    pub fn unlock_pages(&self, chunk: UnitIndex, states: &[PageState]) {
+        for (at, &state) in chunk.pages().zip(states) {
             self.take(at, PageTransition::Unlock, PageState::LOCKED, state)
                 .expect("the chunk owner holds these pages locked");
         }
@@ -662,10 +665,10 @@ impl PageTable {
 
     /// Per-tag page counts of one chunk `[absent, resident, stored, loading,
     /// evicting, locked]`.
-    pub fn count_tags(&self, chunk: usize) -> [u32; 6] {
+    pub fn count_tags(&self, chunk: UnitIndex) -> [u32; 6] {
         let mut counts = [0u32; 6];
-        for page in 0..PAGES_PER_CHUNK {
-            let index = match self.load(PageRef { chunk, page }).tag() {
+        for at in chunk.pages() {
+            let index = match self.load(at).tag() {
                 PageTag::Absent => 0,
                 PageTag::Resident => 1,
                 PageTag::Stored => 2,
@@ -679,7 +682,7 @@ impl PageTable {
     }
 
     fn shard(&self, at: PageRef) -> &WaitShard {
-        &self.shards[(at.chunk * PAGES_PER_CHUNK + at.page) % WAIT_SHARDS]
+        &self.shards[(at.chunk.get() * PAGES_PER_CHUNK + at.page.get()) % WAIT_SHARDS]
     }
 
     fn wake(&self, at: PageRef) {
@@ -786,18 +789,18 @@ mod tests {
     fn a_page_state_fits_a_nibble_and_neighbours_are_independent() {
         let table = PageTable::new(40);
         assert_eq!(
-            table.load(PageRef { chunk: 33, page: 5 }),
+            table.load(UnitIndex::new(33).page(PageIndex::new(5))),
             PageState::LOCKED
         );
-        let chunk = 17;
+        let chunk = UnitIndex::new(17);
         table.unlock_all(chunk, &|page| {
-            PageState::new(if page % 2 == 0 {
+            PageState::new(if page.get() % 2 == 0 {
                 PageTag::Absent
             } else {
                 PageTag::Stored
             })
         });
-        let at = PageRef { chunk, page: 3 };
+        let at = chunk.page(PageIndex::new(3));
         let loading = table.begin_fault(at, table.load(at)).unwrap();
         assert_eq!(
             table.begin_fault(at, PageState::new(PageTag::Stored)),
@@ -807,15 +810,15 @@ mod tests {
         let resident = table.load(at);
         assert!(resident.referenced() && resident.tag() == PageTag::Resident);
         assert_eq!(
-            table.load(PageRef { chunk, page: 2 }).tag(),
+            table.load(chunk.page(PageIndex::new(2))).tag(),
             PageTag::Absent
         );
         assert_eq!(
-            table.load(PageRef { chunk, page: 4 }).tag(),
+            table.load(chunk.page(PageIndex::new(4))).tag(),
             PageTag::Absent
         );
         assert_eq!(table.count_tags(chunk), [256, 1, 255, 0, 0, 0]);
-        assert_eq!(table.count_tags(chunk + 1), [0, 0, 0, 0, 0, 512]);
+        assert_eq!(table.count_tags(chunk.next()), [0, 0, 0, 0, 0, 512]);
         // Three groups of directory (8 B each), one group allocated: its
         // words (16 chunks of 256 B) and its access tables (per page a
         // 4-byte stamp and a chance byte, per chunk a 2-byte hand).
@@ -833,18 +836,15 @@ mod tests {
     #[should_panic(expected = "illegal page state transition BeginEvict")]
     fn an_illegal_page_transition_is_caught() {
         let table = PageTable::new(1);
-        let at = PageRef { chunk: 0, page: 0 };
+        let at = UnitIndex::new(0).page(PageIndex::new(0));
         let _ = table.begin_evict(at, PageState::LOCKED);
     }
 
     #[test]
     fn a_waiter_wakes_when_the_page_settles() {
         let table = std::sync::Arc::new(PageTable::new(1));
-        table.unlock_all(0, &|_| PageState::new(PageTag::Absent));
-        let at = PageRef {
-            chunk: 0,
-            page: 100,
-        };
+        table.unlock_all(UnitIndex::new(0), &|_| PageState::new(PageTag::Absent));
+        let at = UnitIndex::new(0).page(PageIndex::new(100));
         let loading = table.begin_fault(at, table.load(at)).unwrap();
         let waiter = {
             let table = table.clone();

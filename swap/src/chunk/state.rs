@@ -1,5 +1,6 @@
 //! A unit's state packed in one word: tag, flags and a 32-bit index.
 
+use crate::index::ParkingSlot;
 use crate::store::SlotId;
 
 /// A unit's lifecycle state (the tag of [`UnitState`]).
@@ -143,12 +144,12 @@ impl UnitState {
 
     /// The parking slot in the index field: of a `Staged` unit, or of one
     /// being handed back (`Loading` from `Staged`).
-    pub fn parking_slot(self) -> u32 {
+    pub fn parking_slot(self) -> ParkingSlot {
         debug_assert!(
             matches!(self.tag(), Tag::Staged | Tag::Loading),
             "{self:?} names no parking slot"
         );
-        self.index()
+        ParkingSlot::new(self.index())
     }
 
     /// Same flags, new tag and index. `WAITERS` is dropped: the caller that

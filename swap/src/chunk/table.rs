@@ -8,6 +8,7 @@ use super::pages::{PageState, PageTable};
 use super::state::{Tag, UnitState};
 use super::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use super::transition::Transition;
+use crate::index::{PageIndex, ParkingSlot, UnitIndex, UnitRange};
 use crate::store::SlotId;
 
 /// Which unit a transition acts on. Names a whole unit today; once chunks
@@ -15,23 +16,23 @@ use crate::store::SlotId;
 /// `transition.rs`), without changing the methods that take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitRef {
-    unit: usize,
+    unit: UnitIndex,
 }
 
 impl UnitRef {
     /// The whole unit `unit`.
-    pub fn unit(unit: usize) -> UnitRef {
+    pub fn unit(unit: UnitIndex) -> UnitRef {
         UnitRef { unit }
     }
 
     /// The unit's index in the table.
-    pub fn index(self) -> usize {
+    pub fn index(self) -> UnitIndex {
         self.unit
     }
 }
 
-impl From<usize> for UnitRef {
-    fn from(unit: usize) -> UnitRef {
+impl From<UnitIndex> for UnitRef {
+    fn from(unit: UnitIndex) -> UnitRef {
         UnitRef::unit(unit)
     }
 }
@@ -59,7 +60,7 @@ pub enum Settled {
     /// Dirty: parked in this parking slot until written.
     Dirty {
         /// The parking slot.
-        parking: u32,
+        parking: ParkingSlot,
     },
     /// Discarded (freed by the guest): nothing kept.
     Discarded,
@@ -188,15 +189,15 @@ impl ChunkTable {
     }
 
     /// Current state of unit `unit`.
-    pub fn load(&self, unit: usize) -> UnitState {
-        UnitState(self.words[unit].load(Ordering::Acquire))
+    pub fn load(&self, unit: UnitIndex) -> UnitState {
+        UnitState(self.words[unit.get()].load(Ordering::Acquire))
     }
 
     /// Atomically replaces `from` with `to`; on failure returns the current
     /// state. For transitions out of a non-in-flight state (several
     /// threads may race; exactly one wins).
-    fn cas(&self, unit: usize, from: UnitState, to: UnitState) -> Result<(), UnitState> {
-        self.words[unit]
+    fn cas(&self, unit: UnitIndex, from: UnitState, to: UnitState) -> Result<(), UnitState> {
+        self.words[unit.get()]
             .compare_exchange(from.0, to.0, Ordering::AcqRel, Ordering::Acquire)
             .map(|_| ())
             .map_err(UnitState)
@@ -327,7 +328,7 @@ impl ChunkTable {
             ),
             Settled::Dirty { parking } => (
                 Transition::SettleDirty,
-                outside(Tag::Staged, parking).with_huge(evicting.huge()),
+                outside(Tag::Staged, parking.get()).with_huge(evicting.huge()),
             ),
         };
         self.publish(at, transition, evicting, next);
@@ -399,7 +400,7 @@ impl ChunkTable {
         at: UnitRef,
         loading: UnitState,
         slot: Option<SlotId>,
-        state_of: &dyn Fn(usize) -> PageState,
+        state_of: &dyn Fn(PageIndex) -> PageState,
     ) -> UnitState {
         self.split_pages().unlock_all(at.index(), state_of);
         let split = loading
@@ -472,10 +473,11 @@ impl ChunkTable {
     }
 
     /// Swaps in `to` and wakes the unit's waiters.
-    fn swap_and_wake(&self, unit: usize, to: UnitState) {
-        let old = UnitState(self.words[unit].swap(to.with_waiters(false).0, Ordering::AcqRel));
+    fn swap_and_wake(&self, unit: UnitIndex, to: UnitState) {
+        let old =
+            UnitState(self.words[unit.get()].swap(to.with_waiters(false).0, Ordering::AcqRel));
         if old.waiters() {
-            let shard = &self.shards[unit % WAIT_SHARDS];
+            let shard = &self.shards[unit.get() % WAIT_SHARDS];
             // Taking the lock orders this notify after any waiter that set
             // WAITERS has started waiting (it set the flag under the lock).
             let _guard = shard.lock.lock().unwrap_or_else(|e| e.into_inner());
@@ -486,7 +488,7 @@ impl ChunkTable {
     /// Blocks while the unit is in flight; returns the first state seen that
     /// is not. Gives up (returning the in-flight state) when `give_up`
     /// returns true, checked every 100 ms.
-    pub fn wait_settled(&self, unit: usize, give_up: &dyn Fn() -> bool) -> UnitState {
+    pub fn wait_settled(&self, unit: UnitIndex, give_up: &dyn Fn() -> bool) -> UnitState {
         self.wait_while(unit, &|s| s.tag().in_flight(), give_up)
     }
 
@@ -495,11 +497,11 @@ impl ChunkTable {
     /// says so, checked every 100 ms).
     pub fn wait_while(
         &self,
-        unit: usize,
+        unit: UnitIndex,
         busy: &dyn Fn(UnitState) -> bool,
         give_up: &dyn Fn() -> bool,
     ) -> UnitState {
-        let shard = &self.shards[unit % WAIT_SHARDS];
+        let shard = &self.shards[unit.get() % WAIT_SHARDS];
         let mut guard = shard.lock.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let state = self.load(unit);
@@ -532,7 +534,7 @@ impl ChunkTable {
     /// Sets or clears the CLOCK bit of a `Resident` unit unless the unit
     /// changed meanwhile (the bit is advisory; losing a race is harmless).
     /// Other states are left alone so their owners' CAS never fails on it.
-    pub fn set_referenced(&self, unit: usize, on: bool) {
+    pub fn set_referenced(&self, unit: UnitIndex, on: bool) {
         let state = self.load(unit);
         if state.referenced() != on && state.tag() == Tag::Resident {
             let _ = self.take(
@@ -547,7 +549,7 @@ impl ChunkTable {
     /// One pass of the CLOCK hand over an unreferenced `Resident` unit:
     /// true if it had a chance left (now one fewer) and stays. Advisory,
     /// as [`ChunkTable::set_referenced`]: a lost race keeps the chance.
-    pub fn spend_chance(&self, unit: usize) -> bool {
+    pub fn spend_chance(&self, unit: UnitIndex) -> bool {
         let state = self.load(unit);
         if state.tag() != Tag::Resident || state.chances() == 0 {
             return false;
@@ -562,22 +564,22 @@ impl ChunkTable {
     }
 
     /// Records the content hash of a unit's stored copy.
-    pub fn set_hash(&self, unit: usize, hash: u64) {
+    pub fn set_hash(&self, unit: UnitIndex, hash: u64) {
         if let Some(hashes) = &self.hashes {
-            hashes[unit].store(hash, Ordering::Release);
+            hashes[unit.get()].store(hash, Ordering::Release);
         }
     }
 
     /// The recorded content hash, if the table keeps hashes.
-    pub fn hash(&self, unit: usize) -> Option<u64> {
+    pub fn hash(&self, unit: UnitIndex) -> Option<u64> {
         self.hashes
             .as_ref()
-            .map(|h| h[unit].load(Ordering::Acquire))
+            .map(|h| h[unit.get()].load(Ordering::Acquire))
     }
 
     /// Counts resident units mapped huge (for stats); not a snapshot.
     pub fn count_huge_resident(&self) -> u64 {
-        (0..self.units())
+        UnitRange::all(self.units())
             .filter(|&u| {
                 let s = self.load(u);
                 s.tag() == Tag::Resident && s.huge()
@@ -588,7 +590,7 @@ impl ChunkTable {
     /// Counts units per tag (for stats and tests); not a snapshot.
     pub fn count_tags(&self) -> TagCounts {
         let mut counts = TagCounts::default();
-        for unit in 0..self.units() {
+        for unit in UnitRange::all(self.units()) {
             let count = match self.load(unit).tag() {
                 Tag::Absent => &mut counts.absent,
                 Tag::Resident => &mut counts.resident,
@@ -629,10 +631,13 @@ mod tests {
     #[test]
     fn only_one_thread_wins_a_transition() {
         let table = ChunkTable::new(1, 2 << 20, false);
-        let from = table.load(0);
-        let loading = table.begin_fault(0.into(), from).unwrap();
+        let from = table.load(UnitIndex::new(0));
+        let loading = table.begin_fault(UnitIndex::new(0).into(), from).unwrap();
         assert_eq!(loading.tag(), Tag::Loading);
-        assert_eq!(table.begin_fault(0.into(), from), Err(loading));
+        assert_eq!(
+            table.begin_fault(UnitIndex::new(0).into(), from),
+            Err(loading)
+        );
     }
 
     #[test]
@@ -641,22 +646,24 @@ mod tests {
     fn an_illegal_transition_is_caught() {
         let table = ChunkTable::new(1, 2 << 20, false);
         // Absent units are not evicted: an engine bug.
-        let _ = table.begin_evict(0.into(), table.load(0));
+        let _ = table.begin_evict(UnitIndex::new(0).into(), table.load(UnitIndex::new(0)));
     }
 
     #[test]
     fn waiters_wake_when_the_owner_finishes() {
         let table = Arc::new(ChunkTable::new(4, 2 << 20, true));
-        let loading = table.begin_fault(3.into(), UnitState::ABSENT).unwrap();
+        let loading = table
+            .begin_fault(UnitIndex::new(3).into(), UnitState::ABSENT)
+            .unwrap();
         let waiters: Vec<_> = (0..4)
             .map(|_| {
                 let table = table.clone();
-                std::thread::spawn(move || table.wait_settled(3, &|| false))
+                std::thread::spawn(move || table.wait_settled(UnitIndex::new(3), &|| false))
             })
             .collect();
         // At least one waiter sleeps on the unit before the owner
         // finishes (the others may come after, and see it settled).
-        while !table.load(3).waiters() {
+        while !table.load(UnitIndex::new(3)).waiters() {
             std::thread::yield_now();
         }
         let restored = Restored {
@@ -665,7 +672,7 @@ mod tests {
             write_protected: false,
             prefetched: false,
         };
-        table.finish_restore(3.into(), loading, restored);
+        table.finish_restore(UnitIndex::new(3).into(), loading, restored);
         for w in waiters {
             let s = w.join().unwrap();
             assert_eq!(s.tag(), Tag::Resident);

@@ -38,6 +38,8 @@
 
 use std::sync::{Condvar, Mutex};
 
+use crate::index::ParkingSlot;
+use guestmem::addr::{Hva, RegionOffset};
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
 
 /// How the pool's buffers are used.
@@ -55,7 +57,7 @@ pub enum PoolMode {
 pub struct Buffer {
     index: usize,
     /// Address of the buffer.
-    pub addr: u64,
+    pub addr: Hva,
     /// The buffer is backed by one huge page.
     pub huge: bool,
 }
@@ -65,7 +67,7 @@ pub struct Buffer {
 pub enum RefillJob {
     /// Clear the recycled page in this parking slot, then
     /// [`BufferPool::finish_clear`] (or [`BufferPool::abandon_clear`]).
-    Clear(u32),
+    Clear(ParkingSlot),
     /// Fill this empty fresh buffer ([`BufferPool::fill_job`]).
     Fill(usize),
 }
@@ -74,9 +76,9 @@ struct Lists {
     ready: Vec<(usize, bool)>,
     empty: Vec<usize>,
     /// Recycled pages as evicted (parking slots).
-    raw: Vec<u32>,
+    raw: Vec<ParkingSlot>,
     /// Recycled pages the refill thread has cleared (parking slots).
-    cleared: Vec<u32>,
+    cleared: Vec<ParkingSlot>,
     /// Buffers the refill thread is filling or clearing (idle, not yet
     /// ready).
     busy: usize,
@@ -123,9 +125,13 @@ impl BufferPool {
         let mapping = AnonMapping::new(count as u64 * buf_bytes)?;
         // Restore buffers hold guest memory read (and decrypted) from the
         // store: kept out of core dumps like the parking area.
-        mapping.range().dont_dump(0, mapping.range().len())?;
+        mapping
+            .range()
+            .dont_dump(RegionOffset::ZERO, mapping.range().len())?;
         match mode {
-            PoolMode::Thp => mapping.range().advise_hugepage(0, mapping.range().len())?,
+            PoolMode::Thp => mapping
+                .range()
+                .advise_hugepage(RegionOffset::ZERO, mapping.range().len())?,
             PoolMode::Reusable => {}
         }
         let pool = BufferPool {
@@ -169,7 +175,8 @@ impl BufferPool {
     /// test hook): they fill with small pages and every restore takes the
     /// small-page path.
     pub fn refuse_huge_pages(&self) -> std::io::Result<()> {
-        self.range().advise_nohugepage(0, self.range().len())
+        self.range()
+            .advise_nohugepage(RegionOffset::ZERO, self.range().len())
     }
 
     /// The pool's size: the bound on idle buffers.
@@ -187,13 +194,13 @@ impl BufferPool {
     }
 
     /// Offset of a buffer within [`BufferPool::raw`].
-    pub fn offset_of(&self, buf: &Buffer) -> u64 {
-        buf.index as u64 * self.buf_bytes
+    pub fn offset_of(&self, buf: &Buffer) -> RegionOffset {
+        RegionOffset::new(buf.index as u64 * self.buf_bytes)
     }
 
     /// Populates buffer `index`; returns whether it is one huge page.
     fn fill(&self, index: usize, filler: Filler) -> bool {
-        let offset = index as u64 * self.buf_bytes;
+        let offset = RegionOffset::new(index as u64 * self.buf_bytes);
         match self.mode {
             PoolMode::Reusable => {
                 self.range().touch(offset, self.buf_bytes);
@@ -235,7 +242,7 @@ impl BufferPool {
                 self.refill_wanted.notify_all();
                 return Buffer {
                     index,
-                    addr: self.range().base() + index as u64 * self.buf_bytes,
+                    addr: Hva::new(self.range().base() + index as u64 * self.buf_bytes),
                     huge,
                 };
             }
@@ -244,7 +251,7 @@ impl BufferPool {
                 let huge = self.fill(index, Filler::Fault);
                 return Buffer {
                     index,
-                    addr: self.range().base() + index as u64 * self.buf_bytes,
+                    addr: Hva::new(self.range().base() + index as u64 * self.buf_bytes),
                     huge,
                 };
             }
@@ -263,7 +270,7 @@ impl BufferPool {
         self.refill_wanted.notify_all();
         Some(Buffer {
             index,
-            addr: self.range().base() + index as u64 * self.buf_bytes,
+            addr: Hva::new(self.range().base() + index as u64 * self.buf_bytes),
             huge,
         })
     }
@@ -271,7 +278,7 @@ impl BufferPool {
     /// Keeps the recycled page in parking slot `slot` (raw) if that stays
     /// within the bound; `false`: the pool is full and the caller frees the
     /// page.
-    pub fn offer_recycled(&self, slot: u32) -> bool {
+    pub fn offer_recycled(&self, slot: ParkingSlot) -> bool {
         let mut lists = self.lock();
         if self.mode != PoolMode::Thp || lists.idle() >= self.count {
             return false;
@@ -283,14 +290,14 @@ impl BufferPool {
     }
 
     /// Takes a recycled page the refill thread has cleared.
-    pub fn take_cleared(&self) -> Option<u32> {
+    pub fn take_cleared(&self) -> Option<ParkingSlot> {
         let slot = self.lock().cleared.pop()?;
         self.refill_wanted.notify_all();
         Some(slot)
     }
 
     /// Takes a recycled page not cleared yet.
-    pub fn take_raw(&self) -> Option<u32> {
+    pub fn take_raw(&self) -> Option<ParkingSlot> {
         self.lock().raw.pop()
     }
 
@@ -362,7 +369,7 @@ impl BufferPool {
     }
 
     /// Ends a [`RefillJob::Clear`]: the page is cleared and ready for use.
-    pub fn finish_clear(&self, slot: u32) {
+    pub fn finish_clear(&self, slot: ParkingSlot) {
         let mut lists = self.lock();
         lists.busy -= 1;
         lists.cleared.push(slot);
@@ -391,21 +398,30 @@ mod tests {
         };
         pool.fill_job(index);
         assert_eq!(pool.next_refill_job(wait, 1), None, "target reached");
-        assert!(pool.offer_recycled(7));
-        assert!(pool.offer_recycled(8));
-        assert!(!pool.offer_recycled(9), "bound of 3 reached");
+        assert!(pool.offer_recycled(ParkingSlot::new(7)));
+        assert!(pool.offer_recycled(ParkingSlot::new(8)));
+        assert!(
+            !pool.offer_recycled(ParkingSlot::new(9)),
+            "bound of 3 reached"
+        );
         // Raw pages are cleared before anything else; while one is being
         // cleared it still counts against the bound.
-        assert_eq!(pool.next_refill_job(wait, 3), Some(RefillJob::Clear(8)));
-        assert!(!pool.offer_recycled(9));
-        pool.finish_clear(8);
-        assert_eq!(pool.take_cleared(), Some(8));
-        assert_eq!(pool.take_raw(), Some(7));
+        assert_eq!(
+            pool.next_refill_job(wait, 3),
+            Some(RefillJob::Clear(ParkingSlot::new(8)))
+        );
+        assert!(!pool.offer_recycled(ParkingSlot::new(9)));
+        pool.finish_clear(ParkingSlot::new(8));
+        assert_eq!(pool.take_cleared(), Some(ParkingSlot::new(8)));
+        assert_eq!(pool.take_raw(), Some(ParkingSlot::new(7)));
         assert!(pool.try_take_ready().is_some());
         assert_eq!(pool.take_raw(), None);
         assert_eq!(pool.idle_max(), 3);
-        assert!(pool.offer_recycled(9), "room again");
-        assert_eq!(pool.next_refill_job(wait, 3), Some(RefillJob::Clear(9)));
+        assert!(pool.offer_recycled(ParkingSlot::new(9)), "room again");
+        assert_eq!(
+            pool.next_refill_job(wait, 3),
+            Some(RefillJob::Clear(ParkingSlot::new(9)))
+        );
         pool.abandon_clear();
         assert_eq!(pool.idle_max(), 3);
     }

@@ -35,7 +35,8 @@ use super::recycle::{RestoreBuffer, RestoreBuffers};
 use super::stats::{bump, CollapseFailure, Counters};
 use crate::chunk::ChunkTable;
 use crate::chunk::PageTable;
-use crate::chunk::{PageRef, PageState, PageTag, Tag, UnitState, PAGES_PER_CHUNK};
+use crate::chunk::{PageState, PageTag, Tag, UnitState, PAGES_PER_CHUNK};
+use crate::index::{ParkingSlot, UnitIndex};
 use crate::store::SharedStore;
 use crate::uffd::MoveOptions;
 use guestmem::host::PagemapScanner;
@@ -68,7 +69,7 @@ const WHOLE_READ_PAGES: u64 = 16;
 
 /// A split chunk taken for merging, its pages locked.
 struct Merging {
-    chunk: usize,
+    chunk: UnitIndex,
     loading: UnitState,
     before: Vec<PageState>,
 }
@@ -98,7 +99,7 @@ static COLLAPSES: super::log_budget::LogBudget = super::log_budget::LogBudget::n
 impl Collapser {
     /// Takes split chunk `chunk` and locks its pages; `None` if it is not
     /// split, someone else took it first, or the engine stops meanwhile.
-    fn begin(&self, chunk: usize) -> Option<Merging> {
+    fn begin(&self, chunk: UnitIndex) -> Option<Merging> {
         let s = self;
         let split = s.table.load(chunk);
         if split.tag() != Tag::Split {
@@ -124,7 +125,7 @@ impl Collapser {
     /// split.
     pub(crate) fn try_collapse(
         &self,
-        chunk: usize,
+        chunk: UnitIndex,
         reason: CollapseReason,
     ) -> Result<(), SwapError> {
         let s = self;
@@ -216,15 +217,11 @@ impl Collapser {
         let _ = s
             .geo
             .guest
-            .discard(chunk as u64 * s.geo.unit_bytes, s.geo.unit_bytes);
+            .discard(s.geo.unit_offset(chunk), s.geo.unit_bytes);
         s.installer.install_thp_buffer(chunk, buf)?;
         let huge = s.pagemap.as_ref().is_some_and(|scanner| {
             scanner
-                .is_huge(
-                    &s.geo.guest,
-                    chunk as u64 * s.geo.unit_bytes,
-                    s.geo.unit_bytes,
-                )
+                .is_huge(&s.geo.guest, s.geo.unit_offset(chunk), s.geo.unit_bytes)
                 .unwrap_or(false)
         });
         merging.free_slot(s);
@@ -246,7 +243,7 @@ impl Collapser {
     /// PAGEMAP_SCAN then sees one huge mapping.
     fn collapse_in_place(&self, merging: &Merging) -> bool {
         let s = self;
-        let offset = merging.chunk as u64 * s.geo.unit_bytes;
+        let offset = s.geo.unit_offset(merging.chunk);
         let huge = s.geo.guest.collapse(offset, s.geo.unit_bytes).is_ok()
             && s.pagemap.as_ref().is_some_and(|scanner| {
                 scanner
@@ -267,7 +264,12 @@ impl Collapser {
     /// Fills the restore buffer with the chunk's content: resident pages from
     /// parking slot `p` (where they were just moved), stored pages from the
     /// store, absent pages zero.
-    fn fill(&self, merging: &Merging, p: u32, buf: &RestoreBuffer) -> Result<(), SwapError> {
+    fn fill(
+        &self,
+        merging: &Merging,
+        p: ParkingSlot,
+        buf: &RestoreBuffer,
+    ) -> Result<(), SwapError> {
         let s = self;
         let (range, offset) = s.buffers.place(buf);
         // SAFETY: the buffer is ours until given back and populated; nothing
@@ -294,12 +296,9 @@ impl Collapser {
                 })?;
             super::stats::add(&s.counters.bytes_read, s.geo.unit_bytes);
         }
-        for (page, state) in merging.before.iter().enumerate() {
-            let at = PageRef {
-                chunk: merging.chunk,
-                page,
-            };
-            let bytes = page * PAGE_BYTES as usize..(page + 1) * PAGE_BYTES as usize;
+        for (at, state) in merging.chunk.pages().zip(&merging.before) {
+            let first_byte = at.page.offset_bytes() as usize;
+            let bytes = first_byte..first_byte + PAGE_BYTES as usize;
             match state.tag() {
                 PageTag::Resident => {
                     // SAFETY: the resident pages were just moved into slot `p`
@@ -307,7 +306,7 @@ impl Collapser {
                     let src = unsafe {
                         s.parking
                             .raw()
-                            .slice(parked + (page as u64) * PAGE_BYTES, PAGE_BYTES)
+                            .slice(parked.offset_by(at.page.offset_bytes()), PAGE_BYTES)
                     };
                     data[bytes].copy_from_slice(src);
                 }
@@ -315,12 +314,12 @@ impl Collapser {
                 PageTag::Stored => {
                     let slot = slot.expect("a stored page lives in its chunk's slot");
                     s.store
-                    .read_page(slot, page, s.geo.page_gpa(at), &mut data[bytes])
+                    .read_page(slot, at.page, s.geo.page_store_key(at), &mut data[bytes])
                     .map_err(|e| {
                         SwapError::unit_store(
                             format!(
                                 "read the swapped-out page at guest address {:#x} to collapse the chunk at {}",
-                                s.geo.page_gpa(at),
+                                s.geo.page_store_key(at),
                                 s.geo.unit_name(merging.chunk)
                             ),
                             e,
@@ -337,7 +336,7 @@ impl Collapser {
     /// Drops a split chunk the guest freed whole: its resident pages are
     /// zapped, its slot freed, and the chunk is absent. Returns the resident
     /// pages released, or `None` if the chunk was not split (any more).
-    pub(crate) fn discard_split(&self, chunk: usize) -> Result<Option<u64>, SwapError> {
+    pub(crate) fn discard_split(&self, chunk: UnitIndex) -> Result<Option<u64>, SwapError> {
         let s = self;
         let Some(merging) = s.begin(chunk) else {
             return Ok(None);
@@ -346,7 +345,7 @@ impl Collapser {
         if let Err(e) = s
             .geo
             .guest
-            .discard(chunk as u64 * s.geo.unit_bytes, s.geo.unit_bytes)
+            .discard(s.geo.unit_offset(chunk), s.geo.unit_bytes)
         {
             merging.abort(s);
             return Err(SwapError::os(

@@ -6,6 +6,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use super::hooks::{EngineHooks, NoHooks};
+use crate::index::Gpa;
+use guestmem::addr::{Hva, RegionOffset};
 
 /// Size of the unit the engine swaps and restores whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -89,24 +91,24 @@ pub(crate) enum InstallMode {
 #[derive(Debug, Clone)]
 pub struct ManagedRegion {
     /// Host virtual address of the region (2 MiB aligned for 2 MiB units).
-    pub host_base: u64,
+    pub host_base: Hva,
     /// Length (a multiple of the unit).
     pub len_bytes: u64,
     /// Backing kind.
     pub kind: MemoryKind,
     /// `(gpa, offset in region, len)` triples, only to name guest addresses
     /// in errors.
-    pub gpa_ranges: Vec<(u64, u64, u64)>,
+    pub gpa_ranges: Vec<(Gpa, RegionOffset, u64)>,
 }
 
 impl ManagedRegion {
     /// Guest-physical address of a region offset (the offset itself, marked
     /// by the caller, when no range covers it).
-    pub fn gpa_of(&self, offset: u64) -> Option<u64> {
+    pub fn gpa_of(&self, offset: RegionOffset) -> Option<Gpa> {
         self.gpa_ranges
             .iter()
-            .find(|&&(_, start, len)| offset >= start && offset < start + len)
-            .map(|&(gpa, start, _)| gpa + (offset - start))
+            .find(|&&(_, start, len)| offset >= start && offset < start.offset_by(len))
+            .map(|&(gpa, start, _)| gpa.offset_by(offset.get() - start.get()))
     }
 }
 
@@ -119,7 +121,7 @@ pub struct EngineConfig {
     /// `None`: no cap (faults are still served, whole units at a time).
     pub mem_limit_bytes: Option<u64>,
     /// `(offset, len)` ranges never evicted (e.g. the VMM's boot area).
-    pub pinned_offsets: Vec<(u64, u64)>,
+    pub pinned_offsets: Vec<(RegionOffset, u64)>,
     /// Fault-service threads (at least 1).
     pub fault_threads: usize,
     /// Track clean units with synchronous write-protection so that
@@ -224,13 +226,17 @@ mod tests {
     #[test]
     fn gpa_of_maps_offsets_through_ranges() {
         let r = ManagedRegion {
-            host_base: 0,
+            host_base: Hva::new(0),
             len_bytes: 8 << 20,
             kind: MemoryKind::Anonymous,
-            gpa_ranges: vec![(0, 0, 2 << 20), (1 << 32, 2 << 20, 6 << 20)],
+            gpa_ranges: vec![
+                (Gpa::new(0), RegionOffset::ZERO, 2 << 20),
+                (Gpa::new(1 << 32), RegionOffset::new(2 << 20), 6 << 20),
+            ],
         };
-        assert_eq!(r.gpa_of(4096), Some(4096));
-        assert_eq!(r.gpa_of((2 << 20) + 5), Some((1 << 32) + 5));
-        assert_eq!(r.gpa_of(9 << 20), None);
+        let gpa_of = |offset| r.gpa_of(RegionOffset::new(offset)).map(Gpa::raw);
+        assert_eq!(gpa_of(4096), Some(4096));
+        assert_eq!(gpa_of((2 << 20) + 5), Some((1 << 32) + 5));
+        assert_eq!(gpa_of(9 << 20), None);
     }
 }

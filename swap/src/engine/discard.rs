@@ -19,9 +19,10 @@ use super::lifecycle::Lifecycle;
 use super::limit::Limiter;
 use crate::chunk::ChunkTable;
 use crate::chunk::{Settled, Tag};
+use crate::index::{UnitIndex, UnitRange};
 use crate::store::SharedStore;
 use guestmem::host::punch_hole;
-use std::ops::Range;
+
 use std::time::Duration;
 
 /// What a discard did.
@@ -65,7 +66,7 @@ pub(crate) struct Discarder {
 
 impl Discarder {
     /// Drops every unit in `units`.
-    pub(crate) fn discard_units(&self, units: Range<usize>) -> Result<DiscardReport, SwapError> {
+    pub(crate) fn discard_units(&self, units: UnitRange) -> Result<DiscardReport, SwapError> {
         let s = self;
         let mut report = DiscardReport::default();
         for unit in units {
@@ -74,7 +75,7 @@ impl Discarder {
         Ok(report)
     }
 
-    fn discard_unit(&self, unit: usize, report: &mut DiscardReport) -> Result<(), SwapError> {
+    fn discard_unit(&self, unit: UnitIndex, report: &mut DiscardReport) -> Result<(), SwapError> {
         let s = self;
         loop {
             if s.life.stopping() {
@@ -133,7 +134,7 @@ impl Discarder {
                             s.geo.guest.discard(offset, s.geo.unit_bytes)
                         }
                         InstallMode::Hugetlb { memfd } => {
-                            punch_hole(memfd, offset, s.geo.unit_bytes)
+                            punch_hole(memfd, offset.get(), s.geo.unit_bytes)
                         }
                     };
                     if let Err(e) = zapped {

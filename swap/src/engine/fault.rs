@@ -29,7 +29,9 @@ use super::split::Splitter;
 use super::stall::{StallClock, StallSource};
 use super::stats::{bump, Counters, FaultSource};
 use crate::chunk::{ChunkTable, Tag, UnitState};
+use crate::index::UnitIndex;
 use crate::uffd::{FaultKind, Uffd, UffdEvent};
+use guestmem::addr::Hva;
 
 /// Serves guest faults.
 pub(crate) struct FaultService {
@@ -157,7 +159,7 @@ impl FaultService {
 
     /// What the policy makes of a chunk faulting back in `state` (stored or
     /// staged): the refault distance is the evictions since the chunk's.
-    fn refault(&self, chunk: usize, state: UnitState, stream: bool) -> Refault {
+    fn refault(&self, chunk: UnitIndex, state: UnitState, stream: bool) -> Refault {
         if !self.granularity.active() {
             return Refault::Keep;
         }
@@ -216,7 +218,7 @@ impl FaultService {
         served: &mut Served,
     ) -> Result<Outcome, SwapError> {
         let s = self;
-        let Some((unit, page_in_unit)) = s.geo.locate(address) else {
+        let Some((unit, page_in_unit)) = s.geo.locate(Hva::new(address)) else {
             s.restorer.installer.resolve_stray(address);
             return Ok(Outcome::Woken(None));
         };
@@ -294,7 +296,7 @@ impl FaultService {
                     };
                     if let (true, Some(prefetcher)) = (stream, &s.prefetcher) {
                         if s.granularity.prefetch_pays() {
-                            prefetcher.offer(unit + 1);
+                            prefetcher.offer(unit.next());
                         } else {
                             bump(&s.counters.prefetch.withheld);
                         }

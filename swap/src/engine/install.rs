@@ -28,7 +28,10 @@ use super::parking::Parking;
 use super::recycle::{RestoreBuffer, RestoreBuffers};
 use super::stats::{bump, Counters, FaultSource};
 use crate::chunk::PageRef;
+use crate::index::{ParkingSlot, UnitIndex};
 use crate::uffd::{CopyOptions, MoveOptions, Uffd, UffdError};
+use guestmem::addr::Hva;
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PAGE_BYTES};
 
 /// Installs units into guest RAM.
@@ -44,8 +47,8 @@ pub(crate) struct Installer {
     pub counters: Arc<Counters>,
 }
 
-fn page_of(address: u64) -> u64 {
-    address & !(PAGE_BYTES - 1)
+fn page_of(address: u64) -> Hva {
+    Hva::new(address & !(PAGE_BYTES - 1))
 }
 
 impl Installer {
@@ -62,7 +65,11 @@ impl Installer {
     /// buffer was one huge page. An EEXIST means the unit was populated by
     /// someone else: the caller's data would be lost, which the state
     /// machine rules out, so it is reported as an error.
-    pub fn install_thp_buffer(&self, unit: usize, buf: RestoreBuffer) -> Result<bool, SwapError> {
+    pub fn install_thp_buffer(
+        &self,
+        unit: UnitIndex,
+        buf: RestoreBuffer,
+    ) -> Result<bool, SwapError> {
         let s = self;
         let unit_bytes = s.geo.unit_bytes;
         let dst = s.geo.unit_addr(unit);
@@ -83,7 +90,8 @@ impl Installer {
         // The pinned-page test hook: pinned now, unpinned once the retries
         // below have run for the hook's time, as a deferred unpin would.
         let mut test_pin = match s.hooks.pin_restore_buffer_for() {
-            Some(hold) => match blockio::pin::PinnedPages::pin(buf.addr, unit_bytes as usize) {
+            Some(hold) => match blockio::pin::PinnedPages::pin(buf.addr.raw(), unit_bytes as usize)
+            {
                 Ok(pin) => Some((pin, hold)),
                 Err(e) => {
                     s.buffers.give_back_populated(buf);
@@ -107,8 +115,12 @@ impl Installer {
             // buffer; the unit's range is missing and nothing holds a
             // reference into it or into the buffer (raw addresses only).
             match unsafe {
-                s.uffd
-                    .move_all(dst + done, buf.addr + done, unit_bytes - done, options)
+                s.uffd.move_all(
+                    dst.offset_by(done),
+                    buf.addr.offset_by(done),
+                    unit_bytes - done,
+                    options,
+                )
             } {
                 Err(e)
                     if e.errno() == Some(libc::EBUSY)
@@ -137,14 +149,17 @@ impl Installer {
     }
 
     /// Fills the unit with zeros, not waking; true when it is mapped huge.
-    pub fn zero_fill(&self, unit: usize) -> Result<bool, SwapError> {
+    pub fn zero_fill(&self, unit: UnitIndex) -> Result<bool, SwapError> {
         let s = self;
         let dst = s.geo.unit_addr(unit);
         let unit_bytes = s.geo.unit_bytes;
         let huge = match s.mode {
             InstallMode::Thp => s.install_thp_buffer(unit, s.buffers.zeroed())?,
             InstallMode::Hugetlb { .. } => {
-                let zero = s.zero_source.as_ref().map_or(0, |z| z.range().base());
+                let zero = s
+                    .zero_source
+                    .as_ref()
+                    .map_or(Hva::new(0), |z| z.range().addr(RegionOffset::ZERO));
                 s.uffd
                     .copy_all(
                         dst,
@@ -182,7 +197,7 @@ impl Installer {
     /// write-protected). True when the unit is mapped huge.
     pub fn install_read_back(
         &self,
-        unit: usize,
+        unit: UnitIndex,
         buf: RestoreBuffer,
         write_protect: bool,
     ) -> Result<bool, SwapError> {
@@ -234,7 +249,7 @@ impl Installer {
     /// Moves a parked unit back into guest RAM without waking. `Ok(false)`:
     /// the pages are pinned (e.g. by device I/O) and nothing moved; the
     /// caller copies instead.
-    fn move_back(&self, dst: u64, src: u64) -> Result<bool, UffdError> {
+    fn move_back(&self, dst: Hva, src: Hva) -> Result<bool, UffdError> {
         let options = MoveOptions {
             allow_src_holes: false,
             dont_wake: true,
@@ -256,8 +271,8 @@ impl Installer {
     /// slot is released here.
     pub fn hand_back(
         &self,
-        unit: usize,
-        p: u32,
+        unit: UnitIndex,
+        p: ParkingSlot,
         writing: bool,
         parked_huge: bool,
     ) -> Result<bool, SwapError> {
@@ -313,14 +328,14 @@ impl Installer {
 
     /// Removes the write protection of a whole unit and wakes its writers
     /// (whole, so that a huge mapping keeps its PMD).
-    pub fn unprotect(&self, unit: usize) -> Result<(), UffdError> {
+    pub fn unprotect(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
             .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, true)
     }
 
     /// Removes the write protection of a whole unit without waking anyone
     /// (the caller holds the unit and wakes later, if at all).
-    pub fn unprotect_without_waking(&self, unit: usize) -> Result<(), UffdError> {
+    pub fn unprotect_without_waking(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
             .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, false)
     }
@@ -350,7 +365,7 @@ impl Installer {
 
     /// Wakes every thread blocked on the unit, once its new state is
     /// published.
-    pub fn wake(&self, unit: usize, source: Option<FaultSource>) -> Result<Outcome, SwapError> {
+    pub fn wake(&self, unit: UnitIndex, source: Option<FaultSource>) -> Result<Outcome, SwapError> {
         self.uffd
             .wake(self.geo.unit_addr(unit), self.geo.unit_bytes)
             .map_err(|e| {
@@ -365,7 +380,7 @@ impl Installer {
     /// Copies one page from `src` (an unregistered buffer) onto a page of
     /// a split chunk, not waking. EEXIST is returned as is: the caller
     /// knows whether the page may be there already.
-    pub fn install_page(&self, at: PageRef, src: u64) -> Result<(), UffdError> {
+    pub fn install_page(&self, at: PageRef, src: Hva) -> Result<(), UffdError> {
         let options = CopyOptions {
             write_protect: false,
             dont_wake: true,
@@ -393,7 +408,7 @@ impl Installer {
                 SwapError::unit_uffd(
                     format!(
                         "wake the threads faulting on guest address {:#x}",
-                        self.geo.page_gpa(at)
+                        self.geo.page_store_key(at)
                     ),
                     e,
                 )

@@ -86,6 +86,7 @@ use evict::EvictService;
 use fault::FaultService;
 use geometry::Geometry;
 use granularity::{CollapseReason, Fixed, GranularityPolicy, SplitReason};
+use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 use install::Installer;
 use lifecycle::Lifecycle;
@@ -458,21 +459,25 @@ impl SwapEngine {
 
     /// Evicts every resident unit overlapping `[offset, offset+len)` and
     /// waits until their writes completed.
-    pub fn evict_range(&self, offset: u64, len: u64) -> Result<EvictReport, SwapError> {
+    pub fn evict_range(&self, offset: RegionOffset, len: u64) -> Result<EvictReport, SwapError> {
         self.evictor
             .evict_range(self.geo.units_overlapping(offset, len))
     }
 
     /// Evicts every resident unit and waits until the writes completed.
     pub fn evict_all(&self) -> Result<EvictReport, SwapError> {
-        self.evictor.evict_range(0..self.geo.units)
+        self.evictor.evict_range(self.geo.all_units())
     }
 
     /// Drops the units inside `[offset, offset+len)` (whole units only; a
     /// partly covered unit at either end is left alone): the guest declared
     /// this memory free, so nothing is written and the next touch reads
     /// zeros.
-    pub fn discard_range(&self, offset: u64, len: u64) -> Result<DiscardReport, SwapError> {
+    pub fn discard_range(
+        &self,
+        offset: RegionOffset,
+        len: u64,
+    ) -> Result<DiscardReport, SwapError> {
         self.discarder
             .discard_units(self.geo.units_inside(offset, len))
     }
@@ -482,7 +487,7 @@ impl SwapEngine {
     /// chunks are left alone); returns how many split. Errors (a store read
     /// of a stored chunk) are also reported as fatal. For tests and the
     /// granularity policy; needs a configuration where chunks split.
-    pub fn split_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
+    pub fn split_range(&self, offset: RegionOffset, len: u64) -> Result<u64, SwapError> {
         let s = self;
         let Some(splitter) = &s.splitter else {
             return Err(SwapError::Config(
@@ -518,7 +523,7 @@ impl SwapEngine {
     /// offset+len)` into one huge mapping (restoring its absent and stored
     /// pages first); returns how many are one huge mapping afterwards, as
     /// PAGEMAP_SCAN confirmed.
-    pub fn collapse_range(&self, offset: u64, len: u64) -> Result<u64, SwapError> {
+    pub fn collapse_range(&self, offset: RegionOffset, len: u64) -> Result<u64, SwapError> {
         let s = self;
         let mut huge = 0;
         let Some(collapser) = &s.collapser else {
@@ -537,16 +542,13 @@ impl SwapEngine {
 
     /// The state of the page at region offset `offset` if its chunk is
     /// split (for tests and debugging).
-    pub fn page_state(&self, offset: u64) -> Option<crate::chunk::PageState> {
+    pub fn page_state(&self, offset: RegionOffset) -> Option<crate::chunk::PageState> {
         let s = self;
-        let chunk = (offset / s.geo.unit_bytes) as usize;
+        let (chunk, page) = s.geo.unit_at(offset);
         if s.table.load(chunk).tag() != Tag::Split {
             return None;
         }
-        let page = ((offset % s.geo.unit_bytes) / PAGE_BYTES) as usize;
-        s.table
-            .pages()
-            .map(|pages| pages.load(crate::chunk::PageRef { chunk, page }))
+        s.table.pages().map(|pages| pages.load(chunk.page(page)))
     }
 
     /// Changes the memory limit at run time (`None`: no limit). A limit
@@ -587,8 +589,8 @@ impl SwapEngine {
 
     /// The state of the unit holding region offset `offset` (for tests and
     /// debugging).
-    pub fn unit_state(&self, offset: u64) -> UnitState {
-        self.table.load((offset / self.geo.unit_bytes) as usize)
+    pub fn unit_state(&self, offset: RegionOffset) -> UnitState {
+        self.table.load(self.geo.unit_at(offset).0)
     }
 
     /// Bytes of one unit.
@@ -612,11 +614,14 @@ impl SwapEngine {
             let _ = handle.join();
         }
         let s = &*self;
-        let _ = s.uffd.unregister(s.geo.guest.base(), s.geo.guest.len());
+        let _ = s
+            .uffd
+            .unregister(s.geo.guest.addr(RegionOffset::ZERO), s.geo.guest.len());
         if s.parking_registered {
-            let _ = s
-                .uffd
-                .unregister(s.parking.raw().base(), s.parking.raw().len());
+            let _ = s.uffd.unregister(
+                s.parking.raw().addr(RegionOffset::ZERO),
+                s.parking.raw().len(),
+            );
         }
     }
 }

@@ -13,7 +13,10 @@
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
+use guestmem::addr::{Hva, RegionOffset};
 use guestmem::host::{AnonMapping, RawRange};
+
+use crate::index::ParkingSlot;
 
 /// Fixed-size parking slots.
 pub struct Parking {
@@ -28,14 +31,14 @@ pub struct Parking {
 /// with `EEXIST` or, worse, one unit's pages discarded under the other),
 /// so a second release is caught where it happens.
 struct FreeSlots {
-    stack: Vec<u32>,
+    stack: Vec<ParkingSlot>,
     is_free: Vec<bool>,
 }
 
 impl FreeSlots {
-    fn pop(&mut self) -> Option<u32> {
+    fn pop(&mut self) -> Option<ParkingSlot> {
         let slot = self.stack.pop()?;
-        self.is_free[slot as usize] = false;
+        self.is_free[slot.index()] = false;
         Some(slot)
     }
 }
@@ -48,12 +51,14 @@ impl Parking {
         // Parked units are guest memory on its way to the store: a core
         // dump of hugevmm must not hold them (with --swap-encrypt the store
         // only ever sees them sealed; docs/ENCRYPTION.md).
-        mapping.range().dont_dump(0, mapping.range().len())?;
+        mapping
+            .range()
+            .dont_dump(RegionOffset::ZERO, mapping.range().len())?;
         Ok(Parking {
             mapping,
             slot_bytes,
             free: Mutex::new(FreeSlots {
-                stack: (0..slots as u32).rev().collect(),
+                stack: (0..slots as u32).rev().map(ParkingSlot::new).collect(),
                 is_free: vec![true; slots],
             }),
             freed: Condvar::new(),
@@ -66,22 +71,22 @@ impl Parking {
     }
 
     /// Offset of slot `slot` in the area.
-    pub fn offset(&self, slot: u32) -> u64 {
-        u64::from(slot) * self.slot_bytes
+    pub fn offset(&self, slot: ParkingSlot) -> RegionOffset {
+        RegionOffset::new(u64::from(slot.get()) * self.slot_bytes)
     }
 
     /// Address of slot `slot`.
-    pub fn addr(&self, slot: u32) -> u64 {
-        self.raw().base() + self.offset(slot)
+    pub fn addr(&self, slot: ParkingSlot) -> Hva {
+        Hva::new(self.raw().base()).offset_by(self.offset(slot).get())
     }
 
     /// Takes a free slot, if any.
-    pub fn try_acquire(&self) -> Option<u32> {
+    pub fn try_acquire(&self) -> Option<ParkingSlot> {
         self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()
     }
 
     /// Takes a free slot, waiting up to `wait` for one.
-    pub fn acquire_timeout(&self, wait: Duration) -> Option<u32> {
+    pub fn acquire_timeout(&self, wait: Duration) -> Option<ParkingSlot> {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         if free.stack.is_empty() {
             free = self
@@ -99,8 +104,8 @@ impl Parking {
     ///
     /// As [`Parking::release_empty`], and before discarding anything: a
     /// free slot may already hold another unit's pages.
-    pub fn release(&self, slot: u32) {
-        let taken = !self.free.lock().unwrap_or_else(|e| e.into_inner()).is_free[slot as usize];
+    pub fn release(&self, slot: ParkingSlot) {
+        let taken = !self.free.lock().unwrap_or_else(|e| e.into_inner()).is_free[slot.index()];
         assert_taken(taken, slot);
         // Discarding makes the slot a valid (empty) move destination again.
         let _ = self.raw().discard(self.offset(slot), self.slot_bytes);
@@ -114,9 +119,9 @@ impl Parking {
     /// If the slot is free already: an engine bug, which ends the VM with
     /// this message (engine-thread panics are fatal) before a second owner
     /// could move a unit onto the first one's pages.
-    pub fn release_empty(&self, slot: u32) {
+    pub fn release_empty(&self, slot: ParkingSlot) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let is_free = &mut free.is_free[slot as usize];
+        let is_free = &mut free.is_free[slot.index()];
         assert_taken(!*is_free, slot);
         *is_free = true;
         free.stack.push(slot);
@@ -125,7 +130,7 @@ impl Parking {
     }
 }
 
-fn assert_taken(taken: bool, slot: u32) {
+fn assert_taken(taken: bool, slot: ParkingSlot) {
     assert!(
         taken,
         "parking slot {slot} released while free (released twice): an engine bug"
@@ -163,6 +168,6 @@ mod tests {
     #[should_panic(expected = "released while free")]
     fn releasing_a_free_slot_is_caught_before_its_pages_are_discarded() {
         let parking = Parking::new(2, 4096).unwrap();
-        parking.release(0);
+        parking.release(ParkingSlot::new(0));
     }
 }

@@ -14,12 +14,13 @@
 use std::sync::Mutex;
 
 use crate::chunk::{ChunkTable, PageRef, PageTag, Tag, UnitState, PAGES_PER_CHUNK};
+use crate::index::UnitIndex;
 
 /// One eviction candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Victim {
     /// A whole unit.
-    Unit(usize),
+    Unit(UnitIndex),
     /// One page of a split chunk.
     Page(PageRef),
 }
@@ -37,9 +38,16 @@ pub trait EvictionPolicy: Send + Sync {
 
 /// CLOCK: sweep a hand over the table; a referenced unit gets its bit
 /// cleared and a second chance, an unreferenced one is picked.
-#[derive(Default)]
 pub struct Clock {
-    hand: Mutex<usize>,
+    hand: Mutex<UnitIndex>,
+}
+
+impl Default for Clock {
+    fn default() -> Clock {
+        Clock {
+            hand: Mutex::new(UnitIndex::FIRST),
+        }
+    }
 }
 
 impl EvictionPolicy for Clock {
@@ -57,7 +65,7 @@ impl EvictionPolicy for Clock {
         // Enough sweeps to clear every bit and spend every chance.
         for _ in 0..(2 + usize::from(UnitState::MAX_CHANCES)) * units {
             let unit = *hand;
-            *hand = (*hand + 1) % units;
+            *hand = hand.wrapping_next(units);
             let state = table.load(unit);
             if state.tag() == Tag::Split {
                 picked += pick_pages(table, unit, want_pages - picked, out);
@@ -81,15 +89,14 @@ impl EvictionPolicy for Clock {
 
 /// One turn of a split chunk's page hand (from where it stopped last):
 /// second chance and chances over its pages; returns the pages picked.
-fn pick_pages(table: &ChunkTable, chunk: usize, want_pages: u64, out: &mut Vec<Victim>) -> u64 {
+fn pick_pages(table: &ChunkTable, chunk: UnitIndex, want_pages: u64, out: &mut Vec<Victim>) -> u64 {
     let Some(pages) = table.pages() else {
         return 0;
     };
     let mut picked = 0;
     let start = pages.hand(chunk);
     for step in 0..PAGES_PER_CHUNK {
-        let page = (start + step) % PAGES_PER_CHUNK;
-        let at = PageRef { chunk, page };
+        let at = chunk.page(start.wrapping_add(step));
         let state = pages.load(at);
         if state.tag() != PageTag::Resident {
             continue;
@@ -104,7 +111,7 @@ fn pick_pages(table: &ChunkTable, chunk: usize, want_pages: u64, out: &mut Vec<V
         out.push(Victim::Page(at));
         picked += 1;
         if picked >= want_pages {
-            pages.set_hand(chunk, page + 1);
+            pages.set_hand(chunk, at.page.wrapping_next());
             return picked;
         }
     }
@@ -115,11 +122,12 @@ fn pick_pages(table: &ChunkTable, chunk: usize, want_pages: u64, out: &mut Vec<V
 mod tests {
     use super::*;
     use crate::chunk::{Restored, UnitState};
+    use crate::index::UnitRange;
 
     #[test]
     fn clock_gives_referenced_units_a_second_chance() {
         let table = ChunkTable::new(4, 2 << 20, false);
-        for unit in 0..4 {
+        for unit in UnitRange::all(4) {
             let loading = table.begin_fault(unit.into(), UnitState::ABSENT).unwrap();
             let restored = Restored {
                 huge: true,
@@ -128,12 +136,18 @@ mod tests {
                 prefetched: false,
             };
             table.finish_restore(unit.into(), loading, restored);
-            table.set_referenced(unit, unit % 2 == 0);
+            table.set_referenced(unit, unit.get() % 2 == 0);
         }
         let clock = Clock::default();
         let mut out = Vec::new();
         clock.pick(&table, 2 * 512, 512, &mut out);
-        assert_eq!(out, vec![Victim::Unit(1), Victim::Unit(3)]);
+        assert_eq!(
+            out,
+            vec![
+                Victim::Unit(UnitIndex::new(1)),
+                Victim::Unit(UnitIndex::new(3))
+            ]
+        );
         out.clear();
         clock.pick(&table, 4 * 512, 512, &mut out);
         assert_eq!(

@@ -22,13 +22,14 @@ use super::limit::Limiter;
 use super::restore::Restorer;
 use super::stats::{bump, Counters};
 use crate::chunk::{ChunkTable, Tag};
+use crate::index::UnitIndex;
 
 /// Offers kept: a few streams' next chunks.
 const QUEUE_CHUNKS: usize = 4;
 
 /// The queue of chunks to prefetch and the thread's work.
 pub(crate) struct Prefetcher {
-    queue: Mutex<VecDeque<usize>>,
+    queue: Mutex<VecDeque<UnitIndex>>,
     offered: Condvar,
     table: Arc<ChunkTable>,
     limiter: Arc<Limiter>,
@@ -58,7 +59,7 @@ impl Prefetcher {
     }
 
     /// Offers `chunk` for prefetching (the oldest offer goes when full).
-    pub fn offer(&self, chunk: usize) {
+    pub fn offer(&self, chunk: UnitIndex) {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if queue.contains(&chunk) {
             return;
@@ -70,7 +71,7 @@ impl Prefetcher {
         self.offered.notify_one();
     }
 
-    fn next(&self, wait: Duration) -> Option<usize> {
+    fn next(&self, wait: Duration) -> Option<UnitIndex> {
         let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         if queue.is_empty() {
             queue = self
@@ -92,9 +93,9 @@ impl Prefetcher {
         }
     }
 
-    fn prefetch_one(&self, chunk: usize) {
+    fn prefetch_one(&self, chunk: UnitIndex) {
         let s = self;
-        if chunk >= s.table.units() {
+        if chunk.get() >= s.table.units() {
             return;
         }
         let state = s.table.load(chunk);

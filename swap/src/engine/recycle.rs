@@ -45,6 +45,8 @@ use super::config::InstallMode;
 use super::limit::Limiter;
 use super::parking::Parking;
 use super::stats::{bump, Counters};
+use crate::index::ParkingSlot;
+use guestmem::addr::{Hva, RegionOffset};
 use guestmem::host::{PagemapScanner, RawRange};
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +57,7 @@ enum Origin {
     /// A buffer of the (unregistered) pool.
     Pool(Buffer),
     /// A recycled huge page in this parking slot.
-    Parked(u32),
+    Parked(ParkingSlot),
 }
 
 /// A buffer for one restore, owned by the fault thread that took it until
@@ -64,7 +66,7 @@ enum Origin {
 #[derive(Debug)]
 pub(crate) struct RestoreBuffer {
     /// Address of the buffer.
-    pub addr: u64,
+    pub addr: Hva,
     /// The buffer is one huge page.
     pub huge: bool,
     origin: Origin,
@@ -125,7 +127,7 @@ impl RestoreBuffers {
     }
 
     /// The range holding the buffer and the buffer's offset in it.
-    pub fn place(&self, buf: &RestoreBuffer) -> (&RawRange, u64) {
+    pub fn place(&self, buf: &RestoreBuffer) -> (&RawRange, RegionOffset) {
         match &buf.origin {
             Origin::Pool(pool_buf) => (self.pool.raw(), self.pool.offset_of(pool_buf)),
             Origin::Parked(slot) => (self.parking.raw(), self.parking.offset(*slot)),
@@ -133,7 +135,7 @@ impl RestoreBuffers {
     }
 
     /// Copies parked unit `p` into the buffer.
-    pub fn copy_from_parked(&self, buf: &RestoreBuffer, p: u32) {
+    pub fn copy_from_parked(&self, buf: &RestoreBuffer, p: ParkingSlot) {
         let (range, offset) = self.place(buf);
         range.copy_from(
             offset,
@@ -144,7 +146,7 @@ impl RestoreBuffers {
     }
 
     /// Whether parking slot `p` holds one whole huge page.
-    fn parked_huge(&self, p: u32) -> bool {
+    fn parked_huge(&self, p: ParkingSlot) -> bool {
         self.pagemap.as_ref().is_some_and(|scanner| {
             scanner
                 .is_huge(self.parking.raw(), self.parking.offset(p), self.unit_bytes)
@@ -155,7 +157,7 @@ impl RestoreBuffers {
     /// Takes a recycled page, cleared ones first (`cleared_only`: only
     /// those), with whether it was cleared; pages split since they were
     /// kept are freed on the way.
-    fn take_recycled(&self, cleared_only: bool) -> Option<(u32, bool)> {
+    fn take_recycled(&self, cleared_only: bool) -> Option<(ParkingSlot, bool)> {
         loop {
             let (slot, cleared) = match self.pool.take_cleared() {
                 Some(slot) => (slot, true),
@@ -181,7 +183,7 @@ impl RestoreBuffers {
         }
     }
 
-    fn wrap_parked(&self, slot: u32, cleared: bool) -> RestoreBuffer {
+    fn wrap_parked(&self, slot: ParkingSlot, cleared: bool) -> RestoreBuffer {
         bump(&self.counters.buffers.recycled);
         if !cleared {
             bump(&self.counters.buffers.recycled_uncleared);
@@ -194,7 +196,7 @@ impl RestoreBuffers {
     }
 
     /// Zeroes a recycled page in place.
-    fn clear(&self, slot: u32) {
+    fn clear(&self, slot: ParkingSlot) {
         // SAFETY: the slot holds a whole huge page (checked by the caller),
         // so writing it never faults into the userfaultfd; the caller took
         // it from the pool, so it is this thread's alone.
@@ -261,7 +263,7 @@ impl RestoreBuffers {
     /// Parking slot `p` holds content nobody needs any more (written, or
     /// dropped as clean or zero): keep its huge page as a restore buffer if
     /// the pool has room, else free the slot.
-    pub fn release_parked(&self, p: u32) {
+    pub fn release_parked(&self, p: ParkingSlot) {
         if self.recycling {
             if self.parked_huge(p) && self.pool.offer_recycled(p) {
                 return;

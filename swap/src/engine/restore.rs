@@ -18,6 +18,7 @@ use super::outcome::Outcome;
 use super::recycle::RestoreBuffers;
 use super::stats::{add, bump, Counters, FaultSource};
 use crate::chunk::{ChunkTable, Restored, UnitState};
+use crate::index::UnitIndex;
 use crate::store::{SharedStore, SlotId};
 use crate::uffd::FaultKind;
 
@@ -48,7 +49,7 @@ fn restored(huge: bool) -> Restored {
 
 impl Restorer {
     /// Zero-fills an absent unit.
-    pub fn restore_zero(&self, unit: usize, loading: UnitState) -> Result<Outcome, SwapError> {
+    pub fn restore_zero(&self, unit: UnitIndex, loading: UnitState) -> Result<Outcome, SwapError> {
         let huge = self.installer.zero_fill(unit)?;
         bump(&self.counters.faults.zero);
         self.table
@@ -64,7 +65,7 @@ impl Restorer {
     /// unit is marked and counted as a prefetch, not a fault.
     pub fn restore_from_store(
         &self,
-        unit: usize,
+        unit: UnitIndex,
         loading: UnitState,
         slot: SlotId,
         write: bool,
@@ -116,7 +117,7 @@ impl Restorer {
     /// [`Installer::hand_back`]); if its store write is in flight, the
     /// writer releases the parking slot once this unit is no longer
     /// `Loading`.
-    pub fn hand_back(&self, unit: usize, loading: UnitState) -> Result<Outcome, SwapError> {
+    pub fn hand_back(&self, unit: UnitIndex, loading: UnitState) -> Result<Outcome, SwapError> {
         let writing = loading.writing();
         let huge =
             self.installer
@@ -134,7 +135,7 @@ impl Restorer {
     /// by this thread so no evictor moves it meanwhile).
     pub fn resident_fault(
         &self,
-        unit: usize,
+        unit: UnitIndex,
         loading: UnitState,
         resident: UnitState,
         kind: FaultKind,

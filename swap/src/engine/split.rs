@@ -38,9 +38,11 @@ use super::outcome::Outcome;
 use super::recycle::RestoreBuffers;
 use super::stats::{add, bump, Counters, FaultSource};
 use crate::chunk::{ChunkTable, PageRef, PageState, PageTable, PageTag, Tag, UnitState};
+use crate::index::{PageIndex, UnitIndex};
 use crate::store::SharedStore;
 use crate::uffd::FaultKind;
 use blockio::AlignedBuf;
+use guestmem::addr::Hva;
 use guestmem::host::PAGE_BYTES;
 
 /// Splits chunks and serves faults on the pages of split chunks. Exists
@@ -69,7 +71,7 @@ impl Splitter {
     /// reported (the chunk stays `Loading`, its faults blocked).
     pub(crate) fn split_on_restore(
         &self,
-        chunk: usize,
+        chunk: UnitIndex,
         loading: UnitState,
         from: UnitState,
         reason: SplitReason,
@@ -120,7 +122,7 @@ impl Splitter {
     /// `origin`: what it was before its restore, for the stats.
     pub(crate) fn split_resident(
         &self,
-        chunk: usize,
+        chunk: UnitIndex,
         origin: Tag,
         reason: SplitReason,
     ) -> Result<(), SwapError> {
@@ -166,14 +168,14 @@ impl Splitter {
     /// chunk changed mode meanwhile; the caller reads its word again.
     pub(crate) fn page_fault(
         &self,
-        chunk: usize,
+        chunk: UnitIndex,
         address: u64,
         kind: FaultKind,
     ) -> Result<Option<Outcome>, SwapError> {
         let s = self;
         let pages = &s.pages;
-        let page = ((address - s.geo.unit_addr(chunk)) / PAGE_BYTES) as usize;
-        let at = PageRef { chunk, page };
+        let page = (address - s.geo.unit_addr(chunk).raw()) / PAGE_BYTES;
+        let at = chunk.page(PageIndex::new(page as usize));
         loop {
             let state = pages.load(at);
             match state.tag() {
@@ -219,7 +221,7 @@ impl Splitter {
         let name = || {
             format!(
                 "page at guest address {:#x} of the split chunk at {}",
-                s.geo.page_gpa(at),
+                s.geo.page_store_key(at),
                 s.geo.unit_name(at.chunk)
             )
         };
@@ -233,7 +235,7 @@ impl Splitter {
             let mut buf = AlignedBuf::new(PAGE_BYTES as usize, PAGE_BYTES as usize);
             if let Err(e) = s
                 .store
-                .read_page(slot, at.page, s.geo.page_gpa(at), &mut buf)
+                .read_page(slot, at.page, s.geo.page_store_key(at), &mut buf)
             {
                 // Never zero-fill: the page stays Loading, its faults blocked.
                 s.life.fatal(&SwapError::unit_store(
@@ -244,12 +246,12 @@ impl Splitter {
             }
             add(&s.counters.bytes_read, PAGE_BYTES);
             bump(&s.counters.split.page_faults.store);
-            let src = buf.as_ptr() as u64;
+            let src = Hva::new(buf.as_ptr() as u64);
             read_buf = Some(buf);
             (src, FaultSource::Store)
         } else {
             bump(&s.counters.split.page_faults.zero);
-            (s.zero_page.as_ptr() as u64, FaultSource::Zero)
+            (Hva::new(s.zero_page.as_ptr() as u64), FaultSource::Zero)
         };
         let copied = s.installer.install_page(at, src);
         drop(read_buf);
@@ -285,7 +287,10 @@ impl Splitter {
         let s = self;
         let result = match kind {
             FaultKind::WriteProtect => s.installer.unprotect_page(at),
-            FaultKind::Missing => match s.installer.install_page(at, s.zero_page.as_ptr() as u64) {
+            FaultKind::Missing => match s
+                .installer
+                .install_page(at, Hva::new(s.zero_page.as_ptr() as u64))
+            {
                 Err(e) if e.is_eexist() => {
                     bump(&s.counters.stale_faults);
                     Ok(())
@@ -299,7 +304,7 @@ impl Splitter {
             SwapError::unit_uffd(
                 format!(
                     "resolve a fault on the resident page at guest address {:#x}",
-                    s.geo.page_gpa(at)
+                    s.geo.page_store_key(at)
                 ),
                 e,
             )

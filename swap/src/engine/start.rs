@@ -9,8 +9,10 @@ use super::config::{EngineConfig, ManagedRegion, MemoryKind, SwapUnit};
 use super::error::SwapError;
 use super::parking::Parking;
 use crate::chunk::ChunkTable;
+use crate::index::UnitIndex;
 use crate::store::SharedStore;
 use crate::uffd::{feature, mode, Uffd};
+use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 
 /// How guest RAM of `kind` is swapped in `unit`s.
@@ -35,13 +37,15 @@ pub(super) fn check_region(
     unit: SwapUnit,
 ) -> Result<usize, SwapError> {
     let unit_bytes = unit.bytes();
-    if region.host_base & (unit_bytes - 1) != 0
+    if region.host_base.raw() & (unit_bytes - 1) != 0
         || region.len_bytes & (unit_bytes - 1) != 0
         || region.len_bytes == 0
     {
         return Err(SwapError::Config(format!(
             "region {:#x}+{:#x} is not aligned to the {} unit; align guest RAM and its size to {unit_bytes} bytes",
-            region.host_base, region.len_bytes, unit
+            region.host_base.raw(),
+            region.len_bytes,
+            unit
         )));
     }
     if store.unit_bytes() as u64 != unit_bytes {
@@ -113,14 +117,14 @@ pub(super) fn register_guest(
 ) -> Result<RawRange, SwapError> {
     // SAFETY: the VMM hands us this mapping for the engine's lifetime
     // and accesses it only as guest memory (raw pointers, KVM).
-    let guest = unsafe { RawRange::new(region.host_base, region.len_bytes) };
+    let guest = unsafe { RawRange::new(region.host_base.raw(), region.len_bytes) };
     match backing {
         InstallMode::Thp => guest
-            .advise_hugepage(0, guest.len())
+            .advise_hugepage(RegionOffset::ZERO, guest.len())
             .map_err(|e| SwapError::os("madvise(MADV_HUGEPAGE) on guest RAM", e))?,
         // The 4 KiB baseline must not be rescued by khugepaged.
         InstallMode::Small => guest
-            .advise_nohugepage(0, guest.len())
+            .advise_nohugepage(RegionOffset::ZERO, guest.len())
             .map_err(|e| SwapError::os("madvise(MADV_NOHUGEPAGE) on guest RAM", e))?,
         InstallMode::Hugetlb { .. } => {}
     }
@@ -129,7 +133,7 @@ pub(super) fn register_guest(
     // and reaches it only as guest memory (raw pointers, KVM, devices
     // through vm-memory); the fault threads started after this serve its
     // faults until shutdown, and they never touch guest RAM themselves.
-    unsafe { uffd.register(guest.base(), guest.len(), modes) }
+    unsafe { uffd.register(guest.addr(RegionOffset::ZERO), guest.len(), modes) }
         .map_err(|e| SwapError::uffd("registering guest RAM", e))?;
     Ok(guest)
 }
@@ -169,8 +173,14 @@ pub(super) fn staging_area(
         // SAFETY: the parking area is the engine's own mapping, reached
         // through raw addresses only; its holes are filled before any
         // thread reads them (see `parking`).
-        unsafe { uffd.register(parking.raw().base(), parking.raw().len(), mode::MISSING) }
-            .map_err(|e| SwapError::uffd("registering the parking area", e))?;
+        unsafe {
+            uffd.register(
+                parking.raw().addr(RegionOffset::ZERO),
+                parking.raw().len(),
+                mode::MISSING,
+            )
+        }
+        .map_err(|e| SwapError::uffd("registering the parking area", e))?;
     }
     let pool_mode = if backing == InstallMode::Thp {
         PoolMode::Thp
@@ -216,7 +226,7 @@ pub(super) fn zero_source(backing: InstallMode) -> Result<Option<AnonMapping>, S
         InstallMode::Hugetlb { .. } => {
             let zero = AnonMapping::new(HUGE_PAGE_BYTES)
                 .map_err(|e| SwapError::os("mapping the zero buffer", e))?;
-            zero.range().touch(0, HUGE_PAGE_BYTES);
+            zero.range().touch(RegionOffset::ZERO, HUGE_PAGE_BYTES);
             Ok(Some(zero))
         }
         _ => Ok(None),
@@ -264,11 +274,12 @@ pub(super) fn unit_table(
         backing == InstallMode::Thp && track_clean,
     );
     for &(offset, len) in &config.pinned_offsets {
+        let offset = offset.get();
         let first = offset / unit_bytes;
         let end = (offset + len).div_ceil(unit_bytes).min(units as u64);
         for unit in first..end {
             // Nothing else runs yet: the word cannot change under us.
-            let _ = table.pin((unit as usize).into());
+            let _ = table.pin(UnitIndex::new(unit as usize).into());
         }
     }
     table

@@ -16,6 +16,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
 
 use blockio::AlignedBuf;
+use guestmem::addr::RegionOffset;
 use guestmem::host::AnonMapping;
 
 /// Buffers kept: one eviction batch at 2 MiB units.
@@ -36,10 +37,12 @@ impl BouncePool {
         let len = (POOL_UNITS * unit_bytes) as u64;
         let mapping = AnonMapping::new(len).ok()?;
         let range = *mapping.range();
-        range.advise_hugepage(0, range.len()).ok()?;
-        range.dont_dump(0, range.len()).ok()?;
+        range
+            .advise_hugepage(RegionOffset::ZERO, range.len())
+            .ok()?;
+        range.dont_dump(RegionOffset::ZERO, range.len()).ok()?;
         // Populated now, so a seal never waits for the kernel's zeroing.
-        range.touch(0, range.len());
+        range.touch(RegionOffset::ZERO, range.len());
         Some(BouncePool {
             mapping,
             unit_bytes,
@@ -88,9 +91,10 @@ impl Deref for Bounce<'_> {
                 // used by this value alone until it is dropped (the free
                 // list hands each index out once).
                 unsafe {
-                    pool.mapping
-                        .range()
-                        .slice((index * pool.unit_bytes) as u64, pool.unit_bytes as u64)
+                    pool.mapping.range().slice(
+                        RegionOffset::new((index * pool.unit_bytes) as u64),
+                        pool.unit_bytes as u64,
+                    )
                 }
             }
             Bounce::Heap(buf) => buf,
@@ -105,9 +109,10 @@ impl DerefMut for Bounce<'_> {
                 // SAFETY: as in `deref`; `&mut self` makes this the only
                 // access to buffer `index`.
                 unsafe {
-                    pool.mapping
-                        .range()
-                        .slice_mut((*index * pool.unit_bytes) as u64, pool.unit_bytes as u64)
+                    pool.mapping.range().slice_mut(
+                        RegionOffset::new((*index * pool.unit_bytes) as u64),
+                        pool.unit_bytes as u64,
+                    )
                 }
             }
             Bounce::Heap(buf) => buf,

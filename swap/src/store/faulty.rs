@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use super::{
     InjectedFaults, PageWrite, SharedStore, SlotId, Store, StoreError, StoreReport, WriteRequest,
 };
+use crate::index::{PageIndex, StoreKey};
 
 /// Which failures a [`FaultyStore`] injects. Counts are of units (one
 /// request of a batch is one write), and "after N" means the first N succeed.
@@ -111,7 +112,7 @@ impl FaultyStore {
     }
 
     /// Counts a read and injects its fault, if one is due.
-    fn before_read(&self, slot: SlotId, gpa: u64) -> Result<(), StoreError> {
+    fn before_read(&self, slot: SlotId, gpa: StoreKey) -> Result<(), StoreError> {
         self.delay();
         if self.transient_eio(Op::Read, gpa) {
             return Err(Self::transient_error(gpa, slot));
@@ -149,24 +150,25 @@ impl FaultyStore {
     /// Whether this attempt of the operation `op` on `gpa` meets a
     /// transient `EIO`: every Nth operation does, and its next attempt
     /// does not.
-    fn transient_eio(&self, op: Op, gpa: u64) -> bool {
+    fn transient_eio(&self, op: Op, gpa: StoreKey) -> bool {
         let Some(every) = self.faults.transient_eio_every.filter(|&n| n > 0) else {
             return false;
         };
         let mut failed = self.failed_once.lock().unwrap_or_else(|p| p.into_inner());
-        if failed.remove(&(op, gpa)) {
+        // Keyed by the raw number: `CorruptRead` entries are slot numbers.
+        if failed.remove(&(op, gpa.raw())) {
             return false;
         }
         let n = self.transient_ops.fetch_add(1, Ordering::Relaxed);
         if !(n + 1).is_multiple_of(every) {
             return false;
         }
-        failed.insert((op, gpa));
+        failed.insert((op, gpa.raw()));
         self.injected_eio.fetch_add(1, Ordering::Relaxed);
         true
     }
 
-    fn transient_error(gpa: u64, slot: SlotId) -> StoreError {
+    fn transient_error(gpa: StoreKey, slot: SlotId) -> StoreError {
         StoreError::Io {
             gpa,
             slot,
@@ -180,7 +182,7 @@ impl FaultyStore {
     fn read_unit(
         &self,
         slot: SlotId,
-        gpa: u64,
+        gpa: StoreKey,
         read: impl FnOnce() -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let due = self.faults.transient_corrupt_every.is_some_and(|every| {
@@ -317,7 +319,7 @@ impl Store for FaultyStore {
             .collect()
     }
 
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         self.before_read(slot, gpa)?;
         self.read_unit(slot, gpa, || self.inner.read(slot, gpa, buf))
     }
@@ -326,7 +328,7 @@ impl Store for FaultyStore {
         self.inner.supports_pages()
     }
 
-    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+    fn allocate_paged(&self, gpa: StoreKey) -> Result<SlotId, StoreError> {
         self.delay();
         if tripped(self.faults.full_after_slots, self.inner.used_slots()) {
             let capacity_slots = self.capacity_slots();
@@ -340,7 +342,12 @@ impl Store for FaultyStore {
     }
 
     /// Counts as one read of the slot (faults injected as for `read`).
-    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_and_split(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         self.before_read(slot, gpa)?;
         self.read_unit(slot, gpa, || self.inner.read_and_split(slot, gpa, buf))
     }
@@ -385,7 +392,12 @@ impl Store for FaultyStore {
     }
 
     /// Counts as one read.
-    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_paged_unit(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         self.before_read(slot, gpa)?;
         self.inner.read_paged_unit(slot, gpa, buf)
     }
@@ -394,8 +406,8 @@ impl Store for FaultyStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
-        gpa: u64,
+        page: PageIndex,
+        gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
         self.before_read(slot, gpa)?;
@@ -459,7 +471,7 @@ mod tests {
         )
     }
 
-    fn write(store: &FaultyStore, gpa: u64, seed: u64) -> Result<SlotId, StoreError> {
+    fn write(store: &FaultyStore, gpa: StoreKey, seed: u64) -> Result<SlotId, StoreError> {
         let img = unit_image(seed, MIB2);
         store
             .write_batch(&[WriteRequest { gpa, data: &img }])
@@ -480,17 +492,20 @@ mod tests {
             read_error_after: Some(2),
             ..Faults::default()
         });
-        let slot = write(&store, 0x1_4000_0000, 1).unwrap();
+        let slot = write(&store, StoreKey::new(0x1_4000_0000), 1).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        store.read(slot, 0x1_4000_0000, &mut buf).unwrap();
-        store.read(slot, 0x1_4000_0000, &mut buf).unwrap();
-        let err = store.read(slot, 0x1_4000_0000, &mut buf).unwrap_err();
+        store
+            .read(slot, StoreKey::new(0x1_4000_0000), &mut buf)
+            .unwrap();
+        store
+            .read(slot, StoreKey::new(0x1_4000_0000), &mut buf)
+            .unwrap();
+        let err = store
+            .read(slot, StoreKey::new(0x1_4000_0000), &mut buf)
+            .unwrap_err();
         assert!(matches!(
             err,
-            StoreError::Io {
-                gpa: 0x1_4000_0000,
-                ..
-            }
+            StoreError::Io { gpa, .. } if gpa == StoreKey::new(0x1_4000_0000)
         ));
         assert!(err.to_string().contains("0x140000000"), "{err}");
     }
@@ -501,13 +516,15 @@ mod tests {
             corrupt_after: Some(1),
             ..Faults::default()
         });
-        let slot = write(&store, 0x60_0000, 2).unwrap();
+        let slot = write(&store, StoreKey::new(0x60_0000), 2).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        store.read(slot, 0x60_0000, &mut buf).unwrap();
+        store
+            .read(slot, StoreKey::new(0x60_0000), &mut buf)
+            .unwrap();
         for _ in 0..2 {
             assert!(matches!(
-                store.read(slot, 0x60_0000, &mut buf),
-                Err(StoreError::Checksum { gpa: 0x60_0000, .. })
+                store.read(slot, StoreKey::new(0x60_0000), &mut buf),
+                Err(StoreError::Checksum { gpa, .. }) if gpa == StoreKey::new(0x60_0000)
             ));
         }
     }
@@ -524,12 +541,12 @@ mod tests {
                 ..Faults::default()
             },
         );
-        let slot = write(&store, 0xa0_0000, 7).unwrap();
+        let slot = write(&store, StoreKey::new(0xa0_0000), 7).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
         for _ in 0..2 {
             assert!(matches!(
-                store.read(slot, 0xa0_0000, &mut buf),
-                Err(StoreError::Checksum { gpa: 0xa0_0000, .. })
+                store.read(slot, StoreKey::new(0xa0_0000), &mut buf),
+                Err(StoreError::Checksum { gpa, .. }) if gpa == StoreKey::new(0xa0_0000)
             ));
         }
     }
@@ -542,14 +559,19 @@ mod tests {
         });
         let img = unit_image(3, MIB2);
         let res = store.write_batch(&[
-            WriteRequest { gpa: 0, data: &img },
             WriteRequest {
-                gpa: 0x20_0000,
+                gpa: StoreKey::new(0),
+                data: &img,
+            },
+            WriteRequest {
+                gpa: StoreKey::new(0x20_0000),
                 data: &img,
             },
         ]);
         assert!(res[0].is_ok());
-        assert!(matches!(res[1], Err(StoreError::Io { gpa: 0x20_0000, .. })));
+        assert!(
+            matches!(res[1], Err(StoreError::Io { gpa, .. }) if gpa == StoreKey::new(0x20_0000))
+        );
         assert_eq!(store.used_slots(), 1, "a failed write holds no slot");
     }
 
@@ -560,17 +582,17 @@ mod tests {
             ..Faults::default()
         });
         assert_eq!(store.capacity_slots(), 2);
-        let a = write(&store, 0, 4).unwrap();
-        write(&store, 0x20_0000, 5).unwrap();
+        let a = write(&store, StoreKey::new(0), 4).unwrap();
+        write(&store, StoreKey::new(0x20_0000), 5).unwrap();
         assert!(matches!(
-            write(&store, 0x40_0000, 6),
+            write(&store, StoreKey::new(0x40_0000), 6),
             Err(StoreError::Full {
                 capacity_slots: 2,
-                gpa: 0x40_0000,
+                gpa,
                 ..
-            })
+            }) if gpa == StoreKey::new(0x40_0000)
         ));
         store.free(a);
-        write(&store, 0x40_0000, 6).unwrap();
+        write(&store, StoreKey::new(0x40_0000), 6).unwrap();
     }
 }

@@ -49,6 +49,7 @@ use super::paged::{PageChecksums, PAGES_PER_SLOT};
 use super::seal::{Check, CheckTable, Integrity, Place};
 use super::slots::SlotTable;
 use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
+use crate::index::{PageIndex, StoreKey};
 use blockio::lockfile::{self, LockMode};
 use blockio::{is_aligned, AlignedBuf, BlockFile, BlockIoError, BlockOp, BlockOptions};
 
@@ -526,14 +527,18 @@ impl FileStore {
     fn reseal_pages(
         &self,
         slot: SlotId,
-        gpa: u64,
+        gpa: StoreKey,
         plain: &[u8],
     ) -> Result<PageChecksums, StoreError> {
         let mut image = self.take_bounce(plain.len());
         image.copy_from_slice(plain);
         let mut sums = PageChecksums::empty(&self.integrity);
         for (page, data) in image.chunks_exact_mut(PAGE_BYTES).enumerate() {
-            let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+            let at = Place::page(
+                slot,
+                PageIndex::new(page),
+                gpa.offset_by((page * PAGE_BYTES) as u64),
+            );
             sums.set(page, self.integrity.protect(at, data)?);
         }
         let written = self.block.write_at(self.offset(slot), &image);
@@ -578,7 +583,7 @@ impl FileStore {
         is_aligned(buf.as_ptr() as u64, self.block.mem_align_bytes())
     }
 
-    fn full(&self, gpa: u64) -> StoreError {
+    fn full(&self, gpa: StoreKey) -> StoreError {
         StoreError::Full {
             gpa,
             capacity_bytes: self.capacity_slots * self.unit_bytes as u64,
@@ -586,7 +591,7 @@ impl FileStore {
         }
     }
 
-    fn wrong_length(&self, gpa: u64, slot: SlotId, len: usize) -> StoreError {
+    fn wrong_length(&self, gpa: StoreKey, slot: SlotId, len: usize) -> StoreError {
         StoreError::Io {
             gpa,
             slot,
@@ -630,7 +635,7 @@ impl FileStore {
     /// call this with the slot table locked.
     fn store_error(
         &self,
-        gpa: u64,
+        gpa: StoreKey,
         slot: SlotId,
         used_slots: u64,
         err: BlockIoError,
@@ -796,7 +801,7 @@ impl Store for FileStore {
             .collect()
     }
 
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         if buf.len() != self.unit_bytes {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
@@ -825,7 +830,7 @@ impl Store for FileStore {
         self.unit_bytes == PAGES_PER_SLOT * PAGE_BYTES
     }
 
-    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+    fn allocate_paged(&self, gpa: StoreKey) -> Result<SlotId, StoreError> {
         let mut slots = self.slots();
         let slot = slots.table.alloc().ok_or_else(|| self.full(gpa))?;
         slots
@@ -840,7 +845,12 @@ impl Store for FileStore {
     /// 2 MiB write. That write failing leaves the slot's content neither
     /// the unit nor its pages: the slot is kept paged with no page written
     /// (every read of it fails, never zeros) and the error is final.
-    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_and_split(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         self.read(slot, gpa, buf)?;
         let sums = if self.integrity.is_sealed() {
             self.reseal_pages(slot, gpa, buf)?
@@ -863,7 +873,7 @@ impl Store for FileStore {
             .map(|p| {
                 if !paged {
                     Some(Err(StoreError::BadSlot { gpa: p.gpa, slot }))
-                } else if p.data.len() != PAGE_BYTES || p.page >= PAGES_PER_SLOT {
+                } else if p.data.len() != PAGE_BYTES || p.page.get() >= PAGES_PER_SLOT {
                     Some(Err(self.wrong_length(p.gpa, slot, p.data.len())))
                 } else {
                     None
@@ -903,7 +913,7 @@ impl Store for FileStore {
             .iter()
             .zip(&bounces)
             .map(|(&i, bounce)| BlockOp::Write {
-                offset: self.offset(slot) + (pages[i].page * PAGE_BYTES) as u64,
+                offset: self.offset(slot) + pages[i].page.offset_bytes(),
                 buf: bounce.as_deref().unwrap_or(pages[i].data),
             })
             .collect();
@@ -930,7 +940,10 @@ impl Store for FileStore {
             results[i] = Some(match outcome {
                 Ok(()) => match slots.paged.get_mut(&slot) {
                     Some(sums) => {
-                        sums.set(page.page, checks[i].expect("checked before the write"));
+                        sums.set(
+                            page.page.get(),
+                            checks[i].expect("checked before the write"),
+                        );
                         Ok(())
                     }
                     None => Err(StoreError::BadSlot {
@@ -947,7 +960,12 @@ impl Store for FileStore {
             .collect()
     }
 
-    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_paged_unit(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         if buf.len() != self.unit_bytes {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
@@ -983,7 +1001,11 @@ impl Store for FileStore {
         buf[got_bytes..].fill(0);
         for (page, data) in buf.chunks_exact_mut(PAGE_BYTES).enumerate() {
             if let Some(check) = sums.get(page) {
-                let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+                let at = Place::page(
+                    slot,
+                    PageIndex::new(page),
+                    gpa.offset_by((page * PAGE_BYTES) as u64),
+                );
                 self.integrity.verify(at, check, data)?;
             }
         }
@@ -993,20 +1015,20 @@ impl Store for FileStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
-        gpa: u64,
+        page: PageIndex,
+        gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
-        if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
+        if buf.len() != PAGE_BYTES || page.get() >= PAGES_PER_SLOT {
             return Err(self.wrong_length(gpa, slot, buf.len()));
         }
         let check = self
             .slots()
             .paged
             .get(&slot)
-            .and_then(|sums| sums.get(page))
+            .and_then(|sums| sums.get(page.get()))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
-        let offset = self.offset(slot) + (page * PAGE_BYTES) as u64;
+        let offset = self.offset(slot) + page.offset_bytes();
         self.read_verified(offset, Place::page(slot, page, gpa), check, buf)
     }
 
@@ -1116,11 +1138,11 @@ mod tests {
         let slots: Vec<SlotId> = store
             .write_batch(&[
                 WriteRequest {
-                    gpa: 0x20_0000,
+                    gpa: StoreKey::new(0x20_0000),
                     data: &a,
                 },
                 WriteRequest {
-                    gpa: 0x40_0000,
+                    gpa: StoreKey::new(0x40_0000),
                     data: &b,
                 },
             ])
@@ -1133,9 +1155,11 @@ mod tests {
             .unwrap();
         std::fs::remove_file(&path).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        store.read(slots[0], 0x20_0000, &mut buf).unwrap();
-        match store.read(slots[1], 0x40_0000, &mut buf) {
-            Err(e @ StoreError::Checksum { gpa: 0x40_0000, .. }) => {
+        store
+            .read(slots[0], StoreKey::new(0x20_0000), &mut buf)
+            .unwrap();
+        match store.read(slots[1], StoreKey::new(0x40_0000), &mut buf) {
+            Err(e @ StoreError::Checksum { gpa, .. }) if gpa == StoreKey::new(0x40_0000) => {
                 assert!(e.to_string().contains("0x400000"), "{e}");
             }
             other => panic!("expected a checksum error, got {other:?}"),
@@ -1147,7 +1171,7 @@ mod tests {
         let (store, path) = created("short", MIB2, 4);
         let a = unit_image(3, MIB2);
         let slot = store.write_batch(&[WriteRequest {
-            gpa: 0x60_0000,
+            gpa: StoreKey::new(0x60_0000),
             data: &a,
         }])[0]
             .as_ref()
@@ -1157,13 +1181,13 @@ mod tests {
         plain.set_len(MIB2 as u64 / 2).unwrap();
         std::fs::remove_file(&path).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        match store.read(slot, 0x60_0000, &mut buf) {
+        match store.read(slot, StoreKey::new(0x60_0000), &mut buf) {
             Err(StoreError::ShortRead {
-                gpa: 0x60_0000,
+                gpa,
                 got_bytes,
                 want_bytes,
                 ..
-            }) => {
+            }) if gpa == StoreKey::new(0x60_0000) => {
                 assert_eq!(got_bytes, MIB2 / 2);
                 assert_eq!(want_bytes, MIB2);
             }
@@ -1177,7 +1201,7 @@ mod tests {
         let a = unit_image(4, MIB2);
         let reqs: Vec<WriteRequest> = (0..3)
             .map(|k| WriteRequest {
-                gpa: k << 21,
+                gpa: StoreKey::new(k << 21),
                 data: &a,
             })
             .collect();
@@ -1189,7 +1213,7 @@ mod tests {
                 capacity_slots: 2,
                 capacity_bytes,
             }) => {
-                assert_eq!(*gpa, 2 << 21);
+                assert_eq!(*gpa, StoreKey::new(2 << 21));
                 assert_eq!(*capacity_bytes, 2 * MIB2 as u64);
             }
             other => panic!("expected Full, got {other:?}"),
@@ -1210,8 +1234,8 @@ mod tests {
         let store = temp(KIB4, 4, Engine::IoUring);
         let mut buf = AlignedBuf::new(KIB4, 4096);
         assert!(matches!(
-            store.read(SlotId::new(2), 0x1000, &mut buf),
-            Err(StoreError::BadSlot { slot, gpa: 0x1000 }) if slot == SlotId::new(2)
+            store.read(SlotId::new(2), StoreKey::new(0x1000), &mut buf),
+            Err(StoreError::BadSlot { slot, gpa }) if slot == SlotId::new(2) && gpa == StoreKey::new(0x1000)
         ));
     }
 
@@ -1222,14 +1246,14 @@ mod tests {
         let img = unit_image(5, KIB4);
         backing[1..KIB4 + 1].copy_from_slice(&img);
         let slot = store.write_batch(&[WriteRequest {
-            gpa: 0,
+            gpa: StoreKey::new(0),
             data: &backing[1..KIB4 + 1],
         }])[0]
             .as_ref()
             .copied()
             .unwrap();
         let mut out = vec![0u8; KIB4 + 1];
-        store.read(slot, 0, &mut out[1..]).unwrap();
+        store.read(slot, StoreKey::new(0), &mut out[1..]).unwrap();
         assert_eq!(&out[1..], &img[..]);
     }
 
@@ -1237,14 +1261,17 @@ mod tests {
     fn corrupt_slot_hook_damages_the_image() {
         let store = temp(MIB2, 2, Engine::IoUring);
         let a = unit_image(6, MIB2);
-        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: StoreKey::new(0),
+            data: &a,
+        }])[0]
             .as_ref()
             .copied()
             .unwrap();
         store.corrupt_slot(slot).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
         assert!(matches!(
-            store.read(slot, 0, &mut buf),
+            store.read(slot, StoreKey::new(0), &mut buf),
             Err(StoreError::Checksum { .. })
         ));
     }
@@ -1368,14 +1395,17 @@ mod tests {
         let mode = || std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(), 0o644, "nor its mode changed");
         let a = unit_image(8, MIB2);
-        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: StoreKey::new(0),
+            data: &a,
+        }])[0]
             .as_ref()
             .copied()
             .unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), MIB2 as u64);
         assert_eq!(mode(), 0o600, "a store's content is private");
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        store.read(slot, 0, &mut buf).unwrap();
+        store.read(slot, StoreKey::new(0), &mut buf).unwrap();
         assert!(buf[..] == a[..]);
         std::fs::remove_file(&path).unwrap();
     }
@@ -1391,12 +1421,15 @@ mod tests {
             store.describe()
         );
         let a = unit_image(10, MIB2);
-        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: StoreKey::new(0),
+            data: &a,
+        }])[0]
             .as_ref()
             .copied()
             .unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        store.read(slot, 0, &mut buf).unwrap();
+        store.read(slot, StoreKey::new(0), &mut buf).unwrap();
         assert!(buf[..] == a[..]);
         // Once only; and a file the store did not create keeps its name.
         store.remove_created_name().unwrap();
@@ -1456,7 +1489,10 @@ mod tests {
         // Whatever changes the file now is not undone by the first write.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
         let a = unit_image(11, MIB2);
-        store.write_batch(&[WriteRequest { gpa: 0, data: &a }])[0]
+        store.write_batch(&[WriteRequest {
+            gpa: StoreKey::new(0),
+            data: &a,
+        }])[0]
             .as_ref()
             .unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
@@ -1527,7 +1563,7 @@ mod tests {
                 let a = unit_image(9, MIB2);
                 for k in 0..64u64 {
                     let res = store.write_batch(&[WriteRequest {
-                        gpa: k << 21,
+                        gpa: StoreKey::new(k << 21),
                         data: &a,
                     }]);
                     if let Err(e) = &res[0] {

@@ -21,6 +21,7 @@ use super::paged::PAGES_PER_SLOT;
 use super::seal::{Check, Integrity, Place};
 use super::slots::SlotTable;
 use super::{PageWrite, SlotId, Store, StoreError, StoreOpenError, WriteRequest, PAGE_BYTES};
+use crate::index::{PageIndex, StoreKey};
 use std::collections::HashMap;
 
 /// Shards of the slot map: enough that a fault-service thread, an eviction
@@ -196,7 +197,7 @@ impl MemStore {
         (guard, slot.index() / SHARDS)
     }
 
-    fn full(&self, gpa: u64) -> StoreError {
+    fn full(&self, gpa: StoreKey) -> StoreError {
         let capacity_slots = self.table().capacity_slots();
         StoreError::Full {
             gpa,
@@ -211,7 +212,7 @@ impl MemStore {
         self.paged.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn wrong_length(gpa: u64, slot: SlotId, got: usize, want: usize) -> StoreError {
+    fn wrong_length(gpa: StoreKey, slot: SlotId, got: usize, want: usize) -> StoreError {
         StoreError::Io {
             gpa,
             slot,
@@ -378,7 +379,7 @@ impl Store for MemStore {
         requests.iter().map(|req| self.write_one(req)).collect()
     }
 
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         let image = {
             let (shard, idx) = self.shard(slot);
             match shard.get(idx).and_then(Option::as_ref) {
@@ -396,7 +397,7 @@ impl Store for MemStore {
         self.unit_bytes == PAGES_PER_SLOT * PAGE_BYTES
     }
 
-    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+    fn allocate_paged(&self, gpa: StoreKey) -> Result<SlotId, StoreError> {
         let slot = self.table().alloc().ok_or_else(|| self.full(gpa))?;
         self.paged()
             .insert(slot, (0..PAGES_PER_SLOT).map(|_| None).collect());
@@ -405,13 +406,22 @@ impl Store for MemStore {
 
     /// Verifies the unit, then keeps its pages compressed one by one (so
     /// that each can be read alone) in place of the unit's image.
-    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_and_split(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         self.read(slot, gpa, buf)?;
         let mut pages = Vec::with_capacity(PAGES_PER_SLOT);
         for (page, data) in buf.chunks_exact(PAGE_BYTES).enumerate() {
             match self.pack(
                 data,
-                Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64),
+                Place::page(
+                    slot,
+                    PageIndex::new(page),
+                    gpa.offset_by((page * PAGE_BYTES) as u64),
+                ),
             ) {
                 Ok(entry) => pages.push(Some(entry)),
                 Err(e) => {
@@ -435,7 +445,7 @@ impl Store for MemStore {
         pages
             .iter()
             .map(|p| {
-                if p.data.len() != PAGE_BYTES || p.page >= PAGES_PER_SLOT {
+                if p.data.len() != PAGE_BYTES || p.page.get() >= PAGES_PER_SLOT {
                     return Err(Self::wrong_length(p.gpa, slot, p.data.len(), PAGE_BYTES));
                 }
                 if !self.paged().contains_key(&slot) {
@@ -445,7 +455,7 @@ impl Store for MemStore {
                 let mut paged = self.paged();
                 match paged.get_mut(&slot) {
                     Some(pages) => {
-                        if let Some(old) = pages[p.page].replace(entry) {
+                        if let Some(old) = pages[p.page.get()].replace(entry) {
                             self.unpack_budget(&old);
                         }
                         Ok(())
@@ -459,7 +469,12 @@ impl Store for MemStore {
             .collect()
     }
 
-    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_paged_unit(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         if buf.len() != self.unit_bytes {
             return Err(Self::wrong_length(gpa, slot, buf.len(), self.unit_bytes));
         }
@@ -476,7 +491,11 @@ impl Store for MemStore {
             .enumerate()
         {
             if let Some(image) = image {
-                let at = Place::page(slot, page, gpa + (page * PAGE_BYTES) as u64);
+                let at = Place::page(
+                    slot,
+                    PageIndex::new(page),
+                    gpa.offset_by((page * PAGE_BYTES) as u64),
+                );
                 self.unpack(image, at, data)?;
             }
         }
@@ -486,17 +505,17 @@ impl Store for MemStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
-        gpa: u64,
+        page: PageIndex,
+        gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
-        if buf.len() != PAGE_BYTES || page >= PAGES_PER_SLOT {
+        if buf.len() != PAGE_BYTES || page.get() >= PAGES_PER_SLOT {
             return Err(Self::wrong_length(gpa, slot, buf.len(), PAGE_BYTES));
         }
         let image = self
             .paged()
             .get(&slot)
-            .and_then(|pages| pages[page].as_ref())
+            .and_then(|pages| pages[page.get()].as_ref())
             .map(|e| (Arc::clone(&e.data), e.raw, e.check))
             .ok_or(StoreError::BadSlot { gpa, slot })?;
         self.unpack(image, Place::page(slot, page, gpa), buf)
@@ -619,7 +638,10 @@ mod tests {
     fn stored_bytes_counts_compressed_images() {
         let store = MemStore::new(Codec::Lz4, MIB2, 8, None).unwrap();
         let img = unit_image(1, MIB2);
-        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &img }])[0]
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: StoreKey::new(0),
+            data: &img,
+        }])[0]
             .as_ref()
             .copied()
             .unwrap();
@@ -635,7 +657,7 @@ mod tests {
             *b = x as u8;
         }
         let raw_slot = store.write_batch(&[WriteRequest {
-            gpa: 1 << 21,
+            gpa: StoreKey::new(1 << 21),
             data: &random,
         }])[0]
             .as_ref()
@@ -643,7 +665,9 @@ mod tests {
             .unwrap();
         assert_eq!(store.stored_bytes(), stored + MIB2 as u64);
         let mut out = AlignedBuf::new(MIB2, 4096);
-        store.read(raw_slot, 1 << 21, &mut out).unwrap();
+        store
+            .read(raw_slot, StoreKey::new(1 << 21), &mut out)
+            .unwrap();
         assert!(out[..] == random[..]);
         store.free(slot);
         store.free(raw_slot);
@@ -657,14 +681,14 @@ mod tests {
         let store = MemStore::new(Codec::Zstd, MIB2, 64, Some(2 * one + one / 2)).unwrap();
         let reqs: Vec<WriteRequest> = (0..3)
             .map(|k| WriteRequest {
-                gpa: k << 21,
+                gpa: StoreKey::new(k << 21),
                 data: &img,
             })
             .collect();
         let res = store.write_batch(&reqs);
         assert!(res[0].is_ok() && res[1].is_ok());
         assert!(
-            matches!(res[2], Err(StoreError::Full { gpa: 0x40_0000, .. })),
+            matches!(res[2], Err(StoreError::Full { gpa, .. }) if gpa == StoreKey::new(0x40_0000)),
             "{:?}",
             res[2]
         );
@@ -674,11 +698,11 @@ mod tests {
         let small = unit_image(3, KIB4);
         let res = store.write_batch(&[
             WriteRequest {
-                gpa: 0,
+                gpa: StoreKey::new(0),
                 data: &small,
             },
             WriteRequest {
-                gpa: 0x1000,
+                gpa: StoreKey::new(0x1000),
                 data: &small,
             },
         ]);
@@ -698,7 +722,7 @@ mod tests {
             let store = MemStore::new(codec, MIB2, 4, None).unwrap();
             let img = unit_image(4, MIB2);
             let slot = store.write_batch(&[WriteRequest {
-                gpa: 0x80_0000,
+                gpa: StoreKey::new(0x80_0000),
                 data: &img,
             }])[0]
                 .as_ref()
@@ -708,8 +732,8 @@ mod tests {
             let mut out = AlignedBuf::new(MIB2, 4096);
             assert!(
                 matches!(
-                    store.read(slot, 0x80_0000, &mut out),
-                    Err(StoreError::Checksum { gpa: 0x80_0000, .. })
+                    store.read(slot, StoreKey::new(0x80_0000), &mut out),
+                    Err(StoreError::Checksum { gpa, .. }) if gpa == StoreKey::new(0x80_0000)
                 ),
                 "{codec}"
             );
@@ -721,7 +745,7 @@ mod tests {
         let store = MemStore::new(Codec::Lz4, KIB4, 4, None).unwrap();
         let mut out = vec![0u8; KIB4];
         assert!(matches!(
-            store.read(SlotId::new(3), 0, &mut out),
+            store.read(SlotId::new(3), StoreKey::new(0), &mut out),
             Err(StoreError::BadSlot { slot, .. }) if slot == SlotId::new(3)
         ));
         assert!(matches!(

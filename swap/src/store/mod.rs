@@ -1,6 +1,7 @@
 //! Stores keep chunk images (one unit each: 2 MiB, or 4 KiB for the
 //! baseline unit) in numbered slots. The engine only sees this trait.
 
+use crate::index::{PageIndex, StoreKey};
 use std::sync::Arc;
 
 mod bounce;
@@ -70,8 +71,9 @@ impl std::fmt::Display for SlotId {
 /// its bytes (exactly [`Store::unit_bytes`] long, 4 KiB aligned in memory so
 /// that `O_DIRECT` stores can write it without a bounce buffer).
 pub struct WriteRequest<'a> {
-    /// Guest-physical address of the unit, used only to name it in errors.
-    pub gpa: u64,
+    /// The unit's key (its guest-physical address, where it has one), used
+    /// only to name it in errors and to bind a sealed image to it.
+    pub gpa: StoreKey,
     /// The unit's content.
     pub data: &'a [u8],
 }
@@ -79,10 +81,11 @@ pub struct WriteRequest<'a> {
 /// One page of a split chunk, written in place into the chunk's slot
 /// ([`Store::write_pages`]).
 pub struct PageWrite<'a> {
-    /// The page's index in the chunk (0..512).
-    pub page: usize,
-    /// Guest-physical address of the page, used only to name it in errors.
-    pub gpa: u64,
+    /// The page's index in the chunk.
+    pub page: PageIndex,
+    /// The page's key (its guest-physical address, where it has one), used
+    /// only to name it in errors and to bind a sealed image to it.
+    pub gpa: StoreKey,
     /// The page's 4 KiB, 4 KiB aligned in memory.
     pub data: &'a [u8],
 }
@@ -92,7 +95,7 @@ pub const PAGE_BYTES: usize = 4096;
 
 /// The error a store without page support returns for page operations
 /// (the engine never splits chunks on such a store).
-fn pages_unsupported(store: &str, gpa: u64, slot: SlotId) -> StoreError {
+fn pages_unsupported(store: &str, gpa: StoreKey, slot: SlotId) -> StoreError {
     StoreError::Io {
         gpa,
         slot,
@@ -111,7 +114,7 @@ pub enum StoreError {
     #[error("swap store I/O error on chunk at guest address {gpa:#x} (slot {slot}): {source}")]
     Io {
         /// Guest address of the unit.
-        gpa: u64,
+        gpa: StoreKey,
         /// Slot involved.
         slot: SlotId,
         /// The OS error.
@@ -122,7 +125,7 @@ pub enum StoreError {
     #[error("swap store short read on chunk at guest address {gpa:#x} (slot {slot}): got {got_bytes} of {want_bytes} bytes")]
     ShortRead {
         /// Guest address of the unit.
-        gpa: u64,
+        gpa: StoreKey,
         /// Slot involved.
         slot: SlotId,
         /// Bytes the read returned.
@@ -134,7 +137,7 @@ pub enum StoreError {
     #[error("swap store checksum mismatch on chunk at guest address {gpa:#x} (slot {slot}): stored {expected:#010x}, read {found:#010x}")]
     Checksum {
         /// Guest address of the unit.
-        gpa: u64,
+        gpa: StoreKey,
         /// Slot involved.
         slot: SlotId,
         /// Checksum recorded at write time.
@@ -149,7 +152,7 @@ pub enum StoreError {
     #[error("swap store authentication failed on chunk at guest address {gpa:#x} (slot {slot}, write generation {generation}): the stored image is not the one sealed there (changed, copied from another slot, or an older image written back); nothing of it reaches the guest")]
     Authentication {
         /// Guest address of the unit (or page).
-        gpa: u64,
+        gpa: StoreKey,
         /// Slot involved.
         slot: SlotId,
         /// The generation the store expected.
@@ -160,7 +163,7 @@ pub enum StoreError {
     #[error("swap store is full writing chunk at guest address {gpa:#x}: capacity {capacity_bytes} bytes ({capacity_slots} slots); give a larger store (e.g. --swap-store file:PATH,size=SIZE) or raise --mem-limit")]
     Full {
         /// Guest address of the unit.
-        gpa: u64,
+        gpa: StoreKey,
         /// Store capacity in bytes.
         capacity_bytes: u64,
         /// Store capacity in slots.
@@ -171,7 +174,7 @@ pub enum StoreError {
     #[error("no space left on the filesystem holding the swap store {} ({source}) writing chunk at guest address {gpa:#x}: that filesystem has {} bytes free, while the store itself is not full ({used_slots} of {capacity_slots} slots in use). Free space on that filesystem, put the store on another one (--swap-store file:PATH, or TMPDIR for the default store), or add ,reserve to the store to claim its space at start", path.display(), free_bytes.map_or_else(|| "an unknown number of".to_string(), |b| b.to_string()))]
     FilesystemFull {
         /// Guest address of the unit.
-        gpa: u64,
+        gpa: StoreKey,
         /// The store's file (the directory, for a temporary store).
         path: std::path::PathBuf,
         /// Free bytes on that filesystem after the failure (`statvfs`).
@@ -188,7 +191,7 @@ pub enum StoreError {
     #[error("swap store slot {slot} is not allocated (chunk at guest address {gpa:#x})")]
     BadSlot {
         /// Guest address of the unit.
-        gpa: u64,
+        gpa: StoreKey,
         /// Slot involved.
         slot: SlotId,
     },
@@ -210,7 +213,7 @@ pub trait Store: Send + Sync {
     /// Reads the unit in `slot` into `buf` (exactly `unit_bytes` long, 4 KiB
     /// aligned) and verifies its checksum. `gpa` only names the unit in
     /// errors. Never returns `Ok` with anything but the written bytes.
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError>;
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError>;
     /// Releases a slot for reuse. Its content is forgotten.
     fn free(&self, slot: SlotId);
     /// Slots currently allocated.
@@ -231,14 +234,19 @@ pub trait Store: Send + Sync {
     }
     /// Allocates a paged slot with no page written yet, for a split chunk
     /// that has none. `gpa` (the chunk's) only names it in errors.
-    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+    fn allocate_paged(&self, gpa: StoreKey) -> Result<SlotId, StoreError> {
         Err(pages_unsupported(&self.describe(), gpa, SlotId::new(0)))
     }
     /// Reads the whole unit in `slot` into `buf` as [`Store::read`] does
     /// (verified against the slot's checksum) and turns the slot into a
     /// paged one holding those pages, each with its own checksum from now
     /// on: the chunk was split and its pages are stored where they were.
-    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_and_split(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         let _ = buf;
         Err(pages_unsupported(&self.describe(), gpa, slot))
     }
@@ -255,7 +263,12 @@ pub trait Store: Send + Sync {
     /// verifies every page written to it against its checksum (the others'
     /// bytes are unspecified): a collapse of a chunk with many stored pages
     /// reads them in one I/O instead of one each. `gpa` is the chunk's.
-    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_paged_unit(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         let _ = buf;
         Err(pages_unsupported(&self.describe(), gpa, slot))
     }
@@ -264,8 +277,8 @@ pub trait Store: Send + Sync {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
-        gpa: u64,
+        page: PageIndex,
+        gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
         let _ = (page, buf);

@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use super::{PageWrite, SharedStore, SlotId, Store, StoreError, WriteRequest};
 use crate::counter_group::counter_group;
+use crate::index::{PageIndex, StoreKey};
 
 /// How often and how patiently transient errors are retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,7 +350,7 @@ impl Store for RetryingStore {
         })
     }
 
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         self.run("a read", || self.inner.read(slot, gpa, buf))
     }
 
@@ -369,7 +370,7 @@ impl Store for RetryingStore {
         self.inner.supports_pages()
     }
 
-    fn allocate_paged(&self, gpa: u64) -> Result<SlotId, StoreError> {
+    fn allocate_paged(&self, gpa: StoreKey) -> Result<SlotId, StoreError> {
         let mut slot = None;
         self.run("allocating a paged slot", || {
             slot = Some(self.inner.allocate_paged(gpa)?);
@@ -380,7 +381,12 @@ impl Store for RetryingStore {
 
     /// The stores read and verify the unit before they change the slot,
     /// so a failed attempt leaves it whole and unsplit.
-    fn read_and_split(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_and_split(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         self.run("a read (to split)", || {
             self.inner.read_and_split(slot, gpa, buf)
         })
@@ -401,7 +407,12 @@ impl Store for RetryingStore {
         })
     }
 
-    fn read_paged_unit(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read_paged_unit(
+        &self,
+        slot: SlotId,
+        gpa: StoreKey,
+        buf: &mut [u8],
+    ) -> Result<(), StoreError> {
         self.run("a read of a split chunk", || {
             self.inner.read_paged_unit(slot, gpa, buf)
         })
@@ -410,8 +421,8 @@ impl Store for RetryingStore {
     fn read_page(
         &self,
         slot: SlotId,
-        page: usize,
-        gpa: u64,
+        page: PageIndex,
+        gpa: StoreKey,
         buf: &mut [u8],
     ) -> Result<(), StoreError> {
         self.run("a page read", || self.inner.read_page(slot, page, gpa, buf))
@@ -460,7 +471,7 @@ mod tests {
         RetryingStore::new(Arc::new(FaultyStore::new(mem, faults)), QUICK)
     }
 
-    fn write(store: &dyn Store, gpa: u64, img: &[u8]) -> Result<SlotId, StoreError> {
+    fn write(store: &dyn Store, gpa: StoreKey, img: &[u8]) -> Result<SlotId, StoreError> {
         store
             .write_batch(&[WriteRequest { gpa, data: img }])
             .pop()
@@ -485,7 +496,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, img)| WriteRequest {
-                gpa: (i * MIB2) as u64,
+                gpa: StoreKey::new((i * MIB2) as u64),
                 data: img,
             })
             .collect();
@@ -497,7 +508,9 @@ mod tests {
         assert_eq!(store.used_slots(), 4, "the failed attempts hold no slot");
         let mut buf = AlignedBuf::new(MIB2, 4096);
         for (i, &slot) in slots.iter().enumerate() {
-            store.read(slot, (i * MIB2) as u64, &mut buf).unwrap();
+            store
+                .read(slot, StoreKey::new((i * MIB2) as u64), &mut buf)
+                .unwrap();
             assert!(buf[..] == imgs[i][..], "unit {i}");
         }
         let r = store.report();
@@ -518,32 +531,38 @@ mod tests {
             ..Faults::default()
         });
         assert!(store.supports_pages());
-        let slot = store.allocate_paged(0x20_0000).unwrap();
+        let slot = store.allocate_paged(StoreKey::new(0x20_0000)).unwrap();
         let page = unit_image(9, PAGE_BYTES);
         let results = store.write_pages(
             slot,
             &[
                 PageWrite {
-                    page: 3,
-                    gpa: 0x20_3000,
+                    page: PageIndex::new(3),
+                    gpa: StoreKey::new(0x20_3000),
                     data: &page,
                 },
                 PageWrite {
-                    page: 7,
-                    gpa: 0x20_7000,
+                    page: PageIndex::new(7),
+                    gpa: StoreKey::new(0x20_7000),
                     data: &page,
                 },
             ],
         );
         assert!(results.iter().all(Result::is_ok), "{results:?}");
         let mut buf = AlignedBuf::new(PAGE_BYTES, 4096);
-        store.read_page(slot, 7, 0x20_7000, &mut buf).unwrap();
+        store
+            .read_page(slot, PageIndex::new(7), StoreKey::new(0x20_7000), &mut buf)
+            .unwrap();
         assert!(buf[..] == page[..]);
         let mut unit = AlignedBuf::new(MIB2, 4096);
-        store.read_paged_unit(slot, 0x20_0000, &mut unit).unwrap();
+        store
+            .read_paged_unit(slot, StoreKey::new(0x20_0000), &mut unit)
+            .unwrap();
         assert!(unit[3 * PAGE_BYTES..4 * PAGE_BYTES] == page[..]);
-        let whole = write(&store, 0x40_0000, &unit_image(4, MIB2)).unwrap();
-        store.read_and_split(whole, 0x40_0000, &mut unit).unwrap();
+        let whole = write(&store, StoreKey::new(0x40_0000), &unit_image(4, MIB2)).unwrap();
+        store
+            .read_and_split(whole, StoreKey::new(0x40_0000), &mut unit)
+            .unwrap();
         assert!(unit[..] == unit_image(4, MIB2)[..]);
         let r = store.report();
         // Two page writes, one page read, one paged read, one write, one
@@ -559,9 +578,11 @@ mod tests {
             ..Faults::default()
         });
         let img = unit_image(5, MIB2);
-        let slot = write(&store, 0x60_0000, &img).unwrap();
+        let slot = write(&store, StoreKey::new(0x60_0000), &img).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        store.read(slot, 0x60_0000, &mut buf).unwrap();
+        store
+            .read(slot, StoreKey::new(0x60_0000), &mut buf)
+            .unwrap();
         assert!(buf[..] == img[..]);
         let r = store.report();
         assert_eq!(r.injected.transient_corruptions, 1, "{r:?}");
@@ -578,11 +599,13 @@ mod tests {
             corrupt_after: Some(0),
             ..Faults::default()
         });
-        let slot = write(&store, 0x80_0000, &unit_image(6, MIB2)).unwrap();
+        let slot = write(&store, StoreKey::new(0x80_0000), &unit_image(6, MIB2)).unwrap();
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        let err = store.read(slot, 0x80_0000, &mut buf).unwrap_err();
+        let err = store
+            .read(slot, StoreKey::new(0x80_0000), &mut buf)
+            .unwrap_err();
         assert!(
-            matches!(err, StoreError::Checksum { gpa: 0x80_0000, .. }),
+            matches!(err, StoreError::Checksum { gpa, .. } if gpa == StoreKey::new(0x80_0000)),
             "{err}"
         );
         let r = store.report();
@@ -625,7 +648,7 @@ mod tests {
                 })
                 .collect()
         }
-        fn read(&self, slot: SlotId, gpa: u64, _buf: &mut [u8]) -> Result<(), StoreError> {
+        fn read(&self, slot: SlotId, gpa: StoreKey, _buf: &mut [u8]) -> Result<(), StoreError> {
             self.attempts.fetch_add(1, Ordering::Relaxed);
             Err(StoreError::Io {
                 gpa,
@@ -654,9 +677,11 @@ mod tests {
     fn a_lasting_eio_is_fatal_after_the_last_retry() {
         let (inner, store) = failing(Some(libc::EIO));
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        let err = store.read(SlotId::new(0), 0xa0_0000, &mut buf).unwrap_err();
+        let err = store
+            .read(SlotId::new(0), StoreKey::new(0xa0_0000), &mut buf)
+            .unwrap_err();
         assert!(
-            matches!(err, StoreError::Io { gpa: 0xa0_0000, .. }),
+            matches!(err, StoreError::Io { gpa, .. } if gpa == StoreKey::new(0xa0_0000)),
             "{err}"
         );
         assert_eq!(inner.attempts.load(Ordering::Relaxed), 6, "1 + 5 retries");
@@ -673,13 +698,15 @@ mod tests {
         for errno in [Some(libc::EINVAL), Some(libc::ENOSPC), None] {
             let (inner, store) = failing(errno);
             let mut buf = AlignedBuf::new(MIB2, 4096);
-            store.read(SlotId::new(0), 0, &mut buf).unwrap_err();
+            store
+                .read(SlotId::new(0), StoreKey::new(0), &mut buf)
+                .unwrap_err();
             assert_eq!(inner.attempts.load(Ordering::Relaxed), 1, "{errno:?}");
         }
         let (_, store) = failing(Some(libc::EIO));
         let img = unit_image(1, MIB2);
         assert!(matches!(
-            write(&store, 0, &img),
+            write(&store, StoreKey::new(0), &img),
             Err(StoreError::Full { .. })
         ));
         assert_eq!(

@@ -47,6 +47,7 @@ use ring::rand::{SecureRandom, SystemRandom};
 use zeroize::{Zeroize, Zeroizing};
 
 use super::{SlotId, StoreError};
+use crate::index::{PageIndex, StoreKey};
 
 /// Bytes of an AES-256 key, and of an operator key file.
 pub const KEY_BYTES: usize = 32;
@@ -79,14 +80,14 @@ pub struct Place {
     /// The slot.
     pub slot: SlotId,
     /// The page of a paged slot (split chunk), or `None` for the whole unit.
-    pub page: Option<usize>,
+    pub page: Option<PageIndex>,
     /// Guest address of the unit or page.
-    pub gpa: u64,
+    pub gpa: StoreKey,
 }
 
 impl Place {
     /// A whole unit in `slot`.
-    pub fn unit(slot: SlotId, gpa: u64) -> Place {
+    pub fn unit(slot: SlotId, gpa: StoreKey) -> Place {
         Place {
             slot,
             page: None,
@@ -95,7 +96,7 @@ impl Place {
     }
 
     /// Page `page` of the paged `slot`, at guest address `gpa`.
-    pub fn page(slot: SlotId, page: usize, gpa: u64) -> Place {
+    pub fn page(slot: SlotId, page: PageIndex, gpa: StoreKey) -> Place {
         Place {
             slot,
             page: Some(page),
@@ -384,10 +385,10 @@ impl Sealer {
         let mut ad = [0u8; 36];
         ad[..8].copy_from_slice(AD_DOMAIN);
         ad[8..12].copy_from_slice(&at.slot.get().to_le_bytes());
-        let page = at.page.map_or(WHOLE_UNIT, |p| p as u32);
+        let page = at.page.map_or(WHOLE_UNIT, |p| p.get() as u32);
         ad[12..16].copy_from_slice(&page.to_le_bytes());
         ad[16..20].copy_from_slice(&(len as u32).to_le_bytes());
-        ad[20..28].copy_from_slice(&at.gpa.to_le_bytes());
+        ad[20..28].copy_from_slice(&at.gpa.raw().to_le_bytes());
         ad[28..36].copy_from_slice(&generation.to_le_bytes());
         ad
     }
@@ -589,7 +590,7 @@ mod tests {
         let s = sealer();
         let plain: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
         let mut data = plain.clone();
-        let at = Place::unit(SlotId::new(3), 0x60_0000);
+        let at = Place::unit(SlotId::new(3), StoreKey::new(0x60_0000));
         let seal = s.seal(at, &mut data).unwrap();
         assert_ne!(data, plain);
         assert_eq!(seal.generation, 1);
@@ -601,7 +602,7 @@ mod tests {
     fn every_binding_is_checked() {
         let s = sealer();
         let plain = vec![0x42u8; 4096];
-        let at = Place::page(SlotId::new(7), 5, 0x20_5000);
+        let at = Place::page(SlotId::new(7), PageIndex::new(5), StoreKey::new(0x20_5000));
         let mut sealed = plain.clone();
         let seal = s.seal(at, &mut sealed).unwrap();
         let fails = |at: Place, seal: Seal, data: &[u8]| {
@@ -627,7 +628,7 @@ mod tests {
         );
         fails(
             Place {
-                page: Some(6),
+                page: Some(PageIndex::new(6)),
                 ..at
             },
             seal,
@@ -636,7 +637,7 @@ mod tests {
         fails(Place { page: None, ..at }, seal, &sealed);
         fails(
             Place {
-                gpa: 0x20_6000,
+                gpa: StoreKey::new(0x20_6000),
                 ..at
             },
             seal,
@@ -670,7 +671,7 @@ mod tests {
                         (0..500)
                             .map(|i| {
                                 let mut d = [t as u8; 64];
-                                s.seal(Place::unit(SlotId::new(i), 0), &mut d)
+                                s.seal(Place::unit(SlotId::new(i), StoreKey::new(0)), &mut d)
                                     .unwrap()
                                     .generation
                             })
@@ -699,7 +700,7 @@ mod tests {
         );
         // Same position, same generation, same plaintext: different
         // ciphertexts, because the salts (and so the subkeys) differ.
-        let at = Place::unit(SlotId::new(0), 0);
+        let at = Place::unit(SlotId::new(0), StoreKey::new(0));
         let (mut x, mut y) = (vec![1u8; 4096], vec![1u8; 4096]);
         let (sx, sy) = (a.seal(at, &mut x).unwrap(), b.seal(at, &mut y).unwrap());
         assert_eq!(sx.generation, sy.generation);
@@ -771,7 +772,7 @@ mod tests {
         for sealer in [sealer(), Arc::new(derived)] {
             assert_eq!(raw_key_area(&sealer), [0u8; KEY_BYTES], "{sealer:?}");
             // The expanded key still seals and opens.
-            let at = Place::unit(SlotId::new(0), 0);
+            let at = Place::unit(SlotId::new(0), StoreKey::new(0));
             let mut data = vec![3u8; 4096];
             let seal = sealer.seal(at, &mut data).unwrap();
             sealer.open(at, seal, &mut data).unwrap();
@@ -843,7 +844,7 @@ mod tests {
         let mut t = CheckTable::with_len(&sealed, 2);
         let mut data = [1u8; 16];
         let check = sealed
-            .protect(Place::unit(SlotId::new(1), 0), &mut data)
+            .protect(Place::unit(SlotId::new(1), StoreKey::new(0)), &mut data)
             .unwrap();
         t.set(1, check);
         assert_eq!(t.get(1), Some(check));

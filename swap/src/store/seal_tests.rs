@@ -14,11 +14,12 @@ use super::retry::{RetryPolicy, RetryingStore};
 use super::seal::{Integrity, Sealer};
 use super::test_support::{check_concurrent, check_paged, check_round_trip, unit_image};
 use super::{FileStore, MemStore, PageWrite, SlotId, Store, StoreError, WriteRequest, PAGE_BYTES};
+use crate::index::{PageIndex, StoreKey};
 use blockio::AlignedBuf;
 
 const MIB2: usize = 2 << 20;
-const GPA_A: u64 = 0x20_0000;
-const GPA_B: u64 = 0x40_0000;
+const GPA_A: StoreKey = StoreKey::new(0x20_0000);
+const GPA_B: StoreKey = StoreKey::new(0x40_0000);
 
 fn sealed() -> Integrity {
     Integrity::Sealed(Arc::new(Sealer::random().expect("a random key")))
@@ -110,7 +111,7 @@ impl Medium for MemMedium {
     }
 }
 
-fn write(store: &dyn Store, gpa: u64, data: &[u8]) -> SlotId {
+fn write(store: &dyn Store, gpa: StoreKey, data: &[u8]) -> SlotId {
     store
         .write_batch(&[WriteRequest { gpa, data }])
         .remove(0)
@@ -118,7 +119,7 @@ fn write(store: &dyn Store, gpa: u64, data: &[u8]) -> SlotId {
 }
 
 /// The error must be an authentication failure naming `want_gpa`.
-fn assert_auth(result: Result<(), StoreError>, want_gpa: u64, what: &str) {
+fn assert_auth(result: Result<(), StoreError>, want_gpa: StoreKey, what: &str) {
     match result {
         Err(e @ StoreError::Authentication { gpa, .. }) => {
             assert_eq!(gpa, want_gpa, "{what}: {e}");
@@ -185,9 +186,11 @@ fn check_tampering(m: &dyn Medium) {
     // Pages of a split chunk: each page is sealed alone.
     store.read_and_split(sb, GPA_B, &mut buf).unwrap();
     assert!(buf[..] == b[..]);
-    let page_gpa = |p: usize| GPA_B + (p * PAGE_BYTES) as u64;
+    let page_gpa = |p: usize| GPA_B.offset_by((p * PAGE_BYTES) as u64);
     let mut page = AlignedBuf::new(PAGE_BYTES, 4096);
-    store.read_page(sb, 7, page_gpa(7), &mut page).unwrap();
+    store
+        .read_page(sb, PageIndex::new(7), page_gpa(7), &mut page)
+        .unwrap();
     assert!(page[..] == b[7 * PAGE_BYTES..8 * PAGE_BYTES]);
     let v1 = unit_image(10, PAGE_BYTES);
     let v2 = unit_image(11, PAGE_BYTES);
@@ -195,7 +198,7 @@ fn check_tampering(m: &dyn Medium) {
         let r = store.write_pages(
             sb,
             &[PageWrite {
-                page: 5,
+                page: PageIndex::new(5),
                 gpa: page_gpa(5),
                 data: v,
             }],
@@ -208,14 +211,14 @@ fn check_tampering(m: &dyn Medium) {
     flipped[0] ^= 0x80;
     m.put(sb, Some(5), &flipped);
     assert_auth(
-        store.read_page(sb, 5, page_gpa(5), &mut page),
+        store.read_page(sb, PageIndex::new(5), page_gpa(5), &mut page),
         page_gpa(5),
         "flipped bit in a page",
     );
     // Another page (a valid image) copied over it.
     m.put(sb, Some(5), &m.get(sb, Some(7)));
     assert_auth(
-        store.read_page(sb, 5, page_gpa(5), &mut page),
+        store.read_page(sb, PageIndex::new(5), page_gpa(5), &mut page),
         page_gpa(5),
         "page copied over another",
     );
@@ -226,13 +229,15 @@ fn check_tampering(m: &dyn Medium) {
         "collapse read of a damaged page",
     );
     m.put(sb, Some(5), &page5);
-    store.read_page(sb, 5, page_gpa(5), &mut page).unwrap();
+    store
+        .read_page(sb, PageIndex::new(5), page_gpa(5), &mut page)
+        .unwrap();
     assert!(page[..] == v2[..]);
     // An older image of the page written back.
     let r = store.write_pages(
         sb,
         &[PageWrite {
-            page: 6,
+            page: PageIndex::new(6),
             gpa: page_gpa(6),
             data: &v1,
         }],
@@ -242,7 +247,7 @@ fn check_tampering(m: &dyn Medium) {
     let r = store.write_pages(
         sb,
         &[PageWrite {
-            page: 6,
+            page: PageIndex::new(6),
             gpa: page_gpa(6),
             data: &v2,
         }],
@@ -250,7 +255,7 @@ fn check_tampering(m: &dyn Medium) {
     assert!(r.into_iter().all(|r| r.is_ok()));
     m.put(sb, Some(6), &old6);
     assert_auth(
-        store.read_page(sb, 6, page_gpa(6), &mut page),
+        store.read_page(sb, PageIndex::new(6), page_gpa(6), &mut page),
         page_gpa(6),
         "old page image written back",
     );
@@ -307,18 +312,20 @@ fn the_medium_holds_no_plaintext_when_sealed_and_does_without() {
     let needle = b"kernel ";
     let write_all = |m: &FileMedium| {
         for k in 0..6u64 {
-            write(&m.store, k << 21, &unit_image(20 + k, MIB2));
+            write(&m.store, StoreKey::new(k << 21), &unit_image(20 + k, MIB2));
         }
         // And the pages of a split chunk.
-        let slot = write(&m.store, 6 << 21, &unit_image(30, MIB2));
+        let slot = write(&m.store, StoreKey::new(6 << 21), &unit_image(30, MIB2));
         let mut buf = AlignedBuf::new(MIB2, 4096);
-        m.store.read_and_split(slot, 6 << 21, &mut buf).unwrap();
+        m.store
+            .read_and_split(slot, StoreKey::new(6 << 21), &mut buf)
+            .unwrap();
         let page = unit_image(31, PAGE_BYTES);
         let r = m.store.write_pages(
             slot,
             &[PageWrite {
-                page: 9,
-                gpa: (6 << 21) + 9 * PAGE_BYTES as u64,
+                page: PageIndex::new(9),
+                gpa: StoreKey::new((6 << 21) + 9 * PAGE_BYTES as u64),
                 data: &page,
             }],
         );
@@ -337,7 +344,7 @@ fn the_medium_holds_no_plaintext_when_sealed_and_does_without() {
     // The mem store keeps its compression: compress, then seal.
     let mem = MemMedium::new(Codec::Lz4, sealed());
     let img = unit_image(40, MIB2);
-    let slot = write(&mem.0, 0, &img);
+    let slot = write(&mem.0, StoreKey::new(0), &img);
     assert!(
         mem.0.stored_bytes() < MIB2 as u64 * 3 / 4,
         "{}",
@@ -429,7 +436,7 @@ impl Store for ArcMem {
     fn write_batch(&self, requests: &[WriteRequest<'_>]) -> Vec<Result<SlotId, StoreError>> {
         self.0 .0.write_batch(requests)
     }
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         self.0 .0.read(slot, gpa, buf)
     }
     fn free(&self, slot: SlotId) {

@@ -594,6 +594,7 @@ impl fmt::Display for StoreSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::index::StoreKey;
     use crate::store::test_support::unit_image;
     use crate::store::{StoreError, WriteRequest};
     use blockio::AlignedBuf;
@@ -767,7 +768,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, img)| WriteRequest {
-                gpa: (i as u64) << 21,
+                gpa: StoreKey::new((i as u64) << 21),
                 data: img,
             })
             .collect();
@@ -778,7 +779,7 @@ mod tests {
             .collect();
         let mut buf = AlignedBuf::new(2 << 20, 4096);
         for (slot, img) in slots.iter().zip(&imgs) {
-            store.read(*slot, 0, &mut buf).unwrap();
+            store.read(*slot, StoreKey::new(0), &mut buf).unwrap();
             assert!(buf[..] == img[..]);
         }
         let full = store.write_batch(&requests[..1]).pop().unwrap();
@@ -815,14 +816,16 @@ mod tests {
         );
         let img = unit_image(3, 2 << 20);
         let slot = store.write_batch(&[WriteRequest {
-            gpa: 0x40_0000,
+            gpa: StoreKey::new(0x40_0000),
             data: &img,
         }])[0]
             .as_ref()
             .copied()
             .unwrap();
         let mut buf = AlignedBuf::new(2 << 20, 4096);
-        store.read(slot, 0x40_0000, &mut buf).unwrap();
+        store
+            .read(slot, StoreKey::new(0x40_0000), &mut buf)
+            .unwrap();
         assert!(buf[..] == img[..]);
         let report = store.report();
         assert_eq!(report.injected.transient_errors, 2, "{report:?}");
@@ -919,12 +922,15 @@ mod tests {
 
     fn written_and_read_back(store: &SharedStore) {
         let img = unit_image(7, store.unit_bytes());
-        let slot = store.write_batch(&[WriteRequest { gpa: 0, data: &img }])[0]
+        let slot = store.write_batch(&[WriteRequest {
+            gpa: StoreKey::new(0),
+            data: &img,
+        }])[0]
             .as_ref()
             .copied()
             .unwrap();
         let mut buf = AlignedBuf::new(store.unit_bytes(), 4096);
-        store.read(slot, 0, &mut buf).unwrap();
+        store.read(slot, StoreKey::new(0), &mut buf).unwrap();
         assert!(buf[..] == img[..]);
     }
 
@@ -1051,15 +1057,17 @@ mod tests {
             .unwrap();
         let img = unit_image(1, 2 << 20);
         let slot = store.write_batch(&[WriteRequest {
-            gpa: 0x20_0000,
+            gpa: StoreKey::new(0x20_0000),
             data: &img,
         }])[0]
             .as_ref()
             .copied()
             .unwrap();
         let mut buf = AlignedBuf::new(2 << 20, 4096);
-        let err = store.read(slot, 0x20_0000, &mut buf).unwrap_err();
-        assert!(matches!(err, StoreError::Io { gpa: 0x20_0000, .. }));
+        let err = store
+            .read(slot, StoreKey::new(0x20_0000), &mut buf)
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Io { gpa, .. } if gpa == StoreKey::new(0x20_0000)));
         assert!(err.to_string().contains("0x200000"));
     }
 }

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{SlotId, Store, WriteRequest};
+use crate::index::{PageIndex, StoreKey};
 use blockio::AlignedBuf;
 
 /// A deterministic, guest-like unit: per 4 KiB page, about half zero, a
@@ -53,7 +54,7 @@ fn write_all(store: &dyn Store, seeds: &[u64]) -> Vec<SlotId> {
             .iter()
             .zip(batch)
             .map(|(&s, img)| WriteRequest {
-                gpa: s * unit as u64,
+                gpa: StoreKey::new(s * unit as u64),
                 data: img,
             })
             .collect();
@@ -67,7 +68,7 @@ fn write_all(store: &dyn Store, seeds: &[u64]) -> Vec<SlotId> {
 fn check_slot(store: &dyn Store, slot: SlotId, seed: u64, buf: &mut [u8]) {
     let unit = store.unit_bytes();
     store
-        .read(slot, seed * unit as u64, buf)
+        .read(slot, StoreKey::new(seed * unit as u64), buf)
         .unwrap_or_else(|e| panic!("read of slot {slot}: {e}"));
     assert!(
         buf[..] == unit_image(seed, unit)[..],
@@ -163,7 +164,7 @@ pub(crate) fn check_concurrent(store: Arc<dyn Store>) {
 /// address; `free` releases a paged slot.
 pub(crate) fn check_paged(store: &dyn Store) {
     use super::{PageWrite, StoreError, PAGE_BYTES};
-    const GPA: u64 = 0x4000_0000;
+    const GPA: StoreKey = StoreKey::new(0x4000_0000);
     assert!(store.supports_pages(), "{}", store.describe());
     let unit = store.unit_bytes();
     let image = unit_image(7, unit);
@@ -188,30 +189,36 @@ pub(crate) fn check_paged(store: &dyn Store) {
     let results = store.write_pages(
         slot,
         &[PageWrite {
-            page: 3,
-            gpa: GPA + 3 * PAGE_BYTES as u64,
+            page: PageIndex::new(3),
+            gpa: GPA.offset_by(3 * PAGE_BYTES as u64),
             data: &new_page,
         }],
     );
     assert!(results.into_iter().all(|r| r.is_ok()));
     let mut page = AlignedBuf::new(PAGE_BYTES, 4096);
     // A page is named by its own guest address (a sealed store binds it).
-    let page_gpa = |p: usize| GPA + (p * PAGE_BYTES) as u64;
-    store.read_page(slot, 3, page_gpa(3), &mut page).unwrap();
+    let page_gpa = |p: usize| GPA.offset_by((p * PAGE_BYTES) as u64);
+    store
+        .read_page(slot, PageIndex::new(3), page_gpa(3), &mut page)
+        .unwrap();
     assert_eq!(&page[..], &new_page[..]);
-    store.read_page(slot, 4, page_gpa(4), &mut page).unwrap();
+    store
+        .read_page(slot, PageIndex::new(4), page_gpa(4), &mut page)
+        .unwrap();
     assert_eq!(&page[..], &image[4 * PAGE_BYTES..5 * PAGE_BYTES]);
     store.read_paged_unit(slot, GPA, &mut whole).unwrap();
     assert_eq!(&whole[3 * PAGE_BYTES..4 * PAGE_BYTES], &new_page[..]);
     assert_eq!(&whole[5 * PAGE_BYTES..], &image[5 * PAGE_BYTES..]);
     // A fresh paged slot: only written pages can be read.
     let fresh = store.allocate_paged(GPA).unwrap();
-    assert!(store.read_page(fresh, 0, page_gpa(0), &mut page).is_err());
+    assert!(store
+        .read_page(fresh, PageIndex::FIRST, page_gpa(0), &mut page)
+        .is_err());
     assert!(store
         .write_pages(
             fresh,
             &[PageWrite {
-                page: 511,
+                page: PageIndex::new(511),
                 gpa: page_gpa(511),
                 data: &new_page,
             }],
@@ -219,7 +226,7 @@ pub(crate) fn check_paged(store: &dyn Store) {
         .into_iter()
         .all(|r| r.is_ok()));
     store
-        .read_page(fresh, 511, page_gpa(511), &mut page)
+        .read_page(fresh, PageIndex::new(511), page_gpa(511), &mut page)
         .unwrap();
     assert_eq!(&page[..], &new_page[..]);
     store.read_paged_unit(fresh, GPA, &mut whole).unwrap();
@@ -231,7 +238,7 @@ pub(crate) fn check_paged(store: &dyn Store) {
         .write_pages(
             last,
             &[PageWrite {
-                page: 0,
+                page: PageIndex::FIRST,
                 gpa: GPA,
                 data: &new_page,
             }],
@@ -245,7 +252,7 @@ pub(crate) fn check_paged(store: &dyn Store) {
     if store.corrupt_slot(fresh).is_ok() {
         match store.read_paged_unit(fresh, GPA, &mut whole) {
             Err(StoreError::Checksum { gpa, .. } | StoreError::Authentication { gpa, .. }) => {
-                assert!((GPA..GPA + unit as u64).contains(&gpa), "{gpa:#x}")
+                assert!((GPA..GPA.offset_by(unit as u64)).contains(&gpa), "{gpa:#x}")
             }
             other => panic!("expected a checksum error, got {other:?}"),
         }

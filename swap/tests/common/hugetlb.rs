@@ -155,12 +155,16 @@ pub fn start_hugetlb_guest(
     assert_ne!(ptr, libc::MAP_FAILED);
     let base = ptr as u64;
     let region = ManagedRegion {
-        host_base: base,
+        host_base: guestmem::addr::Hva::new(base),
         len_bytes: len,
         kind: MemoryKind::Hugetlb {
             memfd: memfd.as_raw_fd(),
         },
-        gpa_ranges: vec![(GPA_BASE, 0, len)],
+        gpa_ranges: vec![(
+            swap::index::Gpa::new(GPA_BASE),
+            guestmem::addr::RegionOffset::ZERO,
+            len,
+        )],
     };
     let fatal = Arc::new(Mutex::new(Vec::<String>::new()));
     let log = fatal.clone();

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use guestmem::host::AnonMapping;
 use swap::engine::{EngineConfig, ManagedRegion, MemoryKind, SwapEngine, SwapError, SwapUnit};
+use swap::index::StoreKey;
 use swap::store::{SharedStore, SlotId, Store, StoreError, WriteRequest};
 
 /// Guest addresses in tests start here, so messages show a recognisable gpa.
@@ -88,7 +89,7 @@ impl Store for VecStore {
             })
             .collect()
     }
-    fn read(&self, slot: SlotId, gpa: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+    fn read(&self, slot: SlotId, gpa: StoreKey, buf: &mut [u8]) -> Result<(), StoreError> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         let delay = self.read_delay_us.load(Ordering::Relaxed);
         if delay > 0 {
@@ -162,10 +163,14 @@ impl Drop for Guest {
 pub fn start_guest(len: u64, store: SharedStore, config: EngineConfig) -> Guest {
     let mem = AnonMapping::new(len).unwrap();
     let region = ManagedRegion {
-        host_base: mem.range().base(),
+        host_base: guestmem::addr::Hva::new(mem.range().base()),
         len_bytes: len,
         kind: MemoryKind::Anonymous,
-        gpa_ranges: vec![(GPA_BASE, 0, len)],
+        gpa_ranges: vec![(
+            swap::index::Gpa::new(GPA_BASE),
+            guestmem::addr::RegionOffset::ZERO,
+            len,
+        )],
     };
     let fatal = Arc::new(Mutex::new(Vec::new()));
     let log = fatal.clone();

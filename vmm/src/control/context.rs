@@ -262,8 +262,8 @@ pub(crate) mod tests {
 
     struct NoSink;
     impl FreeMemorySink for NoSink {
-        fn free_range(&self, _gpa: u64, _len_bytes: u64) {}
-        fn reclaim_range(&self, _gpa: u64, _len_bytes: u64) {}
+        fn free_range(&self, _gpa: guestmem::GuestAddress, _len_bytes: u64) {}
+        fn reclaim_range(&self, _gpa: guestmem::GuestAddress, _len_bytes: u64) {}
     }
 
     pub(crate) const MEM_BYTES: u64 = 64 << 20;

@@ -5,6 +5,7 @@
 use guestmem::Layout;
 
 use super::low_mem::{EBDA_GPA, HIGH_MEMORY_GPA};
+use vm_memory::Address;
 
 /// The kind of an e820 range, as the kernel numbers them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,8 +68,8 @@ impl E820Entry {
 pub fn e820_map(layout: &Layout) -> Vec<E820Entry> {
     let mut map = Vec::new();
     for region in layout.regions() {
-        let end = region.end_gpa();
-        if region.gpa == 0 && end > HIGH_MEMORY_GPA {
+        let (gpa, end) = (region.gpa.raw_value(), region.end_gpa().raw_value());
+        if gpa == 0 && end > HIGH_MEMORY_GPA {
             map.push(E820Entry {
                 gpa: 0,
                 len_bytes: EBDA_GPA,
@@ -87,7 +88,7 @@ pub fn e820_map(layout: &Layout) -> Vec<E820Entry> {
         } else {
             // Layouts start at 4 MiB, so only a region not at 0 gets here.
             map.push(E820Entry {
-                gpa: region.gpa,
+                gpa,
                 len_bytes: region.len_bytes,
                 kind: E820Kind::Ram,
             });

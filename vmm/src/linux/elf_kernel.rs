@@ -11,6 +11,7 @@ use guestmem::{GuestMemError, GuestRam, Layout};
 
 use super::le;
 use super::low_mem::HIGH_MEMORY_GPA;
+use vm_memory::{Address, GuestAddress};
 
 const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
 const ELFCLASS64: u8 = 2;
@@ -131,11 +132,11 @@ impl VmlinuxImage {
             return Err(ElfKernelError::InLowMemory { start_gpa });
         }
         let end_gpa = self.end_gpa().max(start_gpa.saturating_add(reserve_bytes));
-        if !layout.contains(start_gpa, end_gpa - start_gpa) {
+        if !layout.contains(GuestAddress(start_gpa), end_gpa - start_gpa) {
             let ram = layout
                 .regions()
                 .iter()
-                .map(|r| format!("[{:#x}, {:#x})", r.gpa, r.end_gpa()))
+                .map(|r| format!("[{:#x}, {:#x})", r.gpa.raw_value(), r.end_gpa().raw_value()))
                 .collect::<Vec<_>>()
                 .join(" and ");
             return Err(ElfKernelError::OutsideRam {
@@ -153,7 +154,7 @@ impl VmlinuxImage {
     pub fn load(&self, elf: &[u8], ram: &GuestRam) -> Result<(), ElfKernelError> {
         for segment in &self.segments {
             let bytes = &elf[segment.file_offset..segment.file_offset + segment.file_bytes];
-            ram.write_bytes(segment.gpa, bytes)?;
+            ram.write_bytes(GuestAddress(segment.gpa), bytes)?;
         }
         Ok(())
     }

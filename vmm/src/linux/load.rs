@@ -15,6 +15,7 @@ use super::low_mem::{ACPI_GPA, CMDLINE_GPA, GDT_GPA, MP_TABLE_GPA, PML4_GPA, ZER
 use super::machine::MachineInfo;
 use super::setup_header::SetupHeader;
 use super::{acpi, boot_tables, bzimage, cpu, elf_kernel, mptable, placement, zero_page};
+use vm_memory::GuestAddress;
 
 /// `kernel_alignment` claimed for a bare vmlinux: the x86-64 default
 /// (CONFIG_PHYSICAL_ALIGN).
@@ -125,7 +126,7 @@ pub fn load(
     let cmdline = placement::cmdline_bytes(&config.cmdline, kernel.header.cmdline_size_bytes())?;
 
     let write = |what: &'static str, gpa: u64, bytes: &[u8]| {
-        ram.write_bytes(gpa, bytes)
+        ram.write_bytes(GuestAddress(gpa), bytes)
             .map_err(|error| LinuxBootError::Write { what, error })
     };
     image.load(&kernel.vmlinux, ram).map_err(elf_error)?;

@@ -6,6 +6,7 @@ use std::ops::Range;
 use guestmem::{Layout, CHUNK_BYTES, LOW_RAM_END};
 
 use super::low_mem::{CMDLINE_MAX_BYTES, HIGH_MEMORY_GPA};
+use vm_memory::Address;
 
 /// Why the command line or initrd cannot be placed.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -70,7 +71,7 @@ pub fn place_initrd(
     initrd_addr_max: u32,
     kernel_end_gpa: u64,
 ) -> Result<Range<u64>, PlacementError> {
-    let low_end = layout.regions()[0].end_gpa();
+    let low_end = layout.regions()[0].end_gpa().raw_value();
     let limit_gpa = low_end.min(LOW_RAM_END).min(u64::from(initrd_addr_max) + 1);
     let floor = kernel_end_gpa.max(HIGH_MEMORY_GPA);
     let does_not_fit = PlacementError::InitrdDoesNotFit {

@@ -17,6 +17,7 @@ use vmm_sys_util::signal::{register_signal_handler, Killable, SIGRTMIN};
 
 use super::smoke_uart::{SmokeUart, COM1_BASE, REGISTER_COUNT};
 use super::{configure_vcpu, load, prepare_vm, BootSetup, LinuxBootConfig, MachineInfo};
+use vm_memory::GuestAddress;
 
 /// How a smoke boot ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,7 +314,7 @@ fn describe_internal_error(vcpu: &mut VcpuFd, ram: &GuestRam) -> SmokeEnd {
         .filter(|t| t.valid != 0)
         .and_then(|t| {
             let mut bytes = vec![0u8; 8];
-            ram.read_bytes(t.physical_address, &mut bytes)
+            ram.read_bytes(GuestAddress(t.physical_address), &mut bytes)
                 .ok()
                 .map(|_| bytes)
         });

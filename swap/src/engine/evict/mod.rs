@@ -43,7 +43,6 @@ pub(crate) mod background;
 mod page;
 mod unit;
 
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +55,8 @@ use super::parking::Parking;
 use super::policy::{EvictionPolicy, Victim};
 use super::recycle::RestoreBuffers;
 use super::stats::{bump, Counters};
-use crate::chunk::{ChunkTable, PageRef, PageTable, Tag, PAGES_PER_CHUNK};
+use crate::chunk::{ChunkTable, PageRef, PageTable, Tag};
+use crate::index::{PageIndex, ParkingSlot, UnitIndex, UnitRange};
 use crate::store::{SharedStore, SlotId};
 use crate::uffd::Uffd;
 
@@ -127,16 +127,17 @@ const PAGE_BATCH: usize = 64;
 /// Staged whole units waiting for their batch write: the unit and its
 /// parking slot.
 struct UnitBatch {
-    batch: Vec<(usize, u32)>,
+    batch: Vec<(UnitIndex, ParkingSlot)>,
 }
 
 /// Evicted pages of split chunks waiting for their write.
 struct PageBatch {
     /// The parking slot whose pages hold this evictor's evicted pages, and
-    /// the next free page in it.
-    slot: Option<(u32, usize)>,
+    /// how many of its pages are taken (the next free one's index, or
+    /// `PAGES_PER_CHUNK` when full).
+    slot: Option<(ParkingSlot, usize)>,
     /// The page, where it is parked in `slot`, and its chunk's store slot.
-    batch: Vec<(PageRef, usize, SlotId)>,
+    batch: Vec<(PageRef, PageIndex, SlotId)>,
 }
 
 /// One call's eviction: its batches, written when full and at the end.
@@ -184,7 +185,7 @@ impl<'a> Evictor<'a> {
     }
 
     /// evictors holding slots always make progress.
-    fn parking_slot(&mut self) -> Result<u32, SwapError> {
+    fn parking_slot(&mut self) -> Result<ParkingSlot, SwapError> {
         loop {
             if let Some(p) = self.s.parking.try_acquire() {
                 return Ok(p);
@@ -217,7 +218,7 @@ impl<'a> Evictor<'a> {
 impl EvictService {
     /// Evicts every resident unit of `units` and waits until their writes (and
     /// writes of units other evictors staged there) completed.
-    pub(crate) fn evict_range(&self, units: Range<usize>) -> Result<EvictReport, SwapError> {
+    pub(crate) fn evict_range(&self, units: UnitRange) -> Result<EvictReport, SwapError> {
         let s = self;
         let mut evictor = Evictor::new(s);
         for unit in units.clone() {
@@ -250,10 +251,8 @@ impl EvictService {
                 std::thread::sleep(Duration::from_micros(200));
             }
             if let (Tag::Split, Some(pages)) = (s.table.load(unit).tag(), s.pages.as_deref()) {
-                for page in 0..PAGES_PER_CHUNK {
-                    pages.wait_settled(PageRef { chunk: unit, page }, &|| {
-                        s.life.stopping() || s.life.failed()
-                    });
+                for at in unit.pages() {
+                    pages.wait_settled(at, &|| s.life.stopping() || s.life.failed());
                 }
             }
         }

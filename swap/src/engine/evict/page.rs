@@ -10,32 +10,35 @@ use crate::chunk::{PageRef, PageTag, PageTransition, Tag, PAGES_PER_CHUNK};
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
+use crate::index::{PageIndex, ParkingSlot, UnitIndex};
 use crate::store::{PageWrite, SlotId};
 use crate::uffd::MoveOptions;
+use guestmem::addr::Hva;
+use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
 impl Evictor<'_> {
     /// Evicts every resident page of a split chunk.
-    pub(super) fn evict_split(&mut self, chunk: usize) -> Result<(), SwapError> {
-        for page in 0..PAGES_PER_CHUNK {
-            self.evict_page(PageRef { chunk, page })?;
+    pub(super) fn evict_split(&mut self, chunk: UnitIndex) -> Result<(), SwapError> {
+        for at in chunk.pages() {
+            self.evict_page(at)?;
         }
         Ok(())
     }
 
     /// the page batch when the slot is full.
-    pub(super) fn page_parking(&mut self) -> Result<(u32, usize), SwapError> {
+    pub(super) fn page_parking(&mut self) -> Result<(ParkingSlot, PageIndex), SwapError> {
         if let Some((p, next)) = self.pages.slot {
             if next < PAGES_PER_CHUNK {
                 self.pages.slot = Some((p, next + 1));
-                return Ok((p, next));
+                return Ok((p, PageIndex::new(next)));
             }
             self.flush_pages()?;
             return self.page_parking();
         }
         let p = self.parking_slot()?;
         self.pages.slot = Some((p, 1));
-        Ok((p, 0))
+        Ok((p, PageIndex::FIRST))
     }
 
     /// Evicts one page of a split chunk if it is resident.
@@ -66,7 +69,7 @@ impl Evictor<'_> {
                 return Err(e);
             }
         };
-        let parked = s.parking.addr(p) + index as u64 * PAGE_BYTES;
+        let parked = s.parking.addr(p).offset_by(index.offset_bytes());
         let options = MoveOptions {
             allow_src_holes: true,
             dont_wake: false,
@@ -95,7 +98,7 @@ impl Evictor<'_> {
                     let e = SwapError::uffd(
                         format!(
                             "moving out the page at guest address {:#x}",
-                            s.geo.page_gpa(at)
+                            s.geo.page_store_key(at)
                         ),
                         e,
                     );
@@ -104,7 +107,7 @@ impl Evictor<'_> {
                 }
             }
         }
-        let offset = s.parking.offset(p) + index as u64 * PAGE_BYTES;
+        let offset = s.parking.offset(p).offset_by(index.offset_bytes());
         self.fill_page_hole(offset)?;
         // SAFETY: the parking page is populated (moved in, or its hole
         // filled) and owned by this evictor until released.
@@ -142,7 +145,7 @@ impl Evictor<'_> {
     }
 
     /// guest (the eviction is given up).
-    pub(super) fn put_page_back(&self, at: PageRef, parked: u64) -> Result<(), SwapError> {
+    pub(super) fn put_page_back(&self, at: PageRef, parked: Hva) -> Result<(), SwapError> {
         let s = self.s;
         let options = MoveOptions {
             allow_src_holes: false,
@@ -158,7 +161,7 @@ impl Evictor<'_> {
             let e = SwapError::uffd(
                 format!(
                     "putting back the page at guest address {:#x}",
-                    s.geo.page_gpa(at)
+                    s.geo.page_store_key(at)
                 ),
                 e,
             );
@@ -168,7 +171,7 @@ impl Evictor<'_> {
     }
 
     /// guest page was a hole).
-    pub(super) fn fill_page_hole(&mut self, offset: u64) -> Result<(), SwapError> {
+    pub(super) fn fill_page_hole(&mut self, offset: RegionOffset) -> Result<(), SwapError> {
         let s = self.s;
         s.parking
             .raw()
@@ -177,7 +180,7 @@ impl Evictor<'_> {
         if self.residency[0] & 1 == 0 {
             match s
                 .uffd
-                .zeropage(s.parking.raw().base() + offset, PAGE_BYTES, true)
+                .zeropage(s.parking.raw().addr(offset), PAGE_BYTES, true)
             {
                 Ok(()) => {}
                 Err(e) if e.is_eexist() => {}
@@ -188,7 +191,7 @@ impl Evictor<'_> {
     }
 
     /// while this evictor holds one of the chunk's pages `Evicting`.
-    pub(super) fn split_slot(&self, chunk: usize) -> Result<Option<SlotId>, SwapError> {
+    pub(super) fn split_slot(&self, chunk: UnitIndex) -> Result<Option<SlotId>, SwapError> {
         let s = self.s;
         loop {
             let word = s.table.load(chunk);
@@ -236,13 +239,14 @@ impl Evictor<'_> {
                 .iter()
                 .map(|&(at, index, _)| PageWrite {
                     page: at.page,
-                    gpa: s.geo.page_gpa(at),
+                    gpa: s.geo.page_store_key(at),
                     // SAFETY: the parking page is populated and stays in
                     // place until this batch settles.
                     data: unsafe {
-                        s.parking
-                            .raw()
-                            .slice(s.parking.offset(p) + index as u64 * PAGE_BYTES, PAGE_BYTES)
+                        s.parking.raw().slice(
+                            s.parking.offset(p).offset_by(index.offset_bytes()),
+                            PAGE_BYTES,
+                        )
                     },
                 })
                 .collect();
@@ -264,7 +268,7 @@ impl Evictor<'_> {
                         let error = SwapError::unit_store(
                             format!(
                                 "swap out the page at guest address {:#x} of the split chunk at {}",
-                                s.geo.page_gpa(at),
+                                s.geo.page_store_key(at),
                                 s.geo.unit_name(chunk)
                             ),
                             e,

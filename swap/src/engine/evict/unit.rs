@@ -10,13 +10,14 @@ use crate::engine::config::InstallMode;
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
+use crate::index::{ParkingSlot, UnitIndex};
 use crate::store::{SlotId, WriteRequest};
 use crate::uffd::MoveOptions;
 use guestmem::host::{punch_hole, PAGE_BYTES};
 
 impl Evictor<'_> {
     /// Evicts one unit if it is resident and not pinned.
-    pub(super) fn evict(&mut self, unit: usize) -> Result<(), SwapError> {
+    pub(super) fn evict(&mut self, unit: UnitIndex) -> Result<(), SwapError> {
         let s = self.s;
         let (resident, evicting) = loop {
             let state = s.table.load(unit);
@@ -67,9 +68,9 @@ impl Evictor<'_> {
     /// kernel refused (pinned pages); nothing was taken.
     pub(super) fn take_away(
         &mut self,
-        unit: usize,
+        unit: UnitIndex,
         resident: UnitState,
-        p: u32,
+        p: ParkingSlot,
     ) -> Result<bool, SwapError> {
         let s = self.s;
         let src = s.geo.unit_addr(unit);
@@ -142,11 +143,11 @@ impl Evictor<'_> {
                         )
                     })?;
                 }
-                let offset = unit as u64 * len;
+                let offset = s.geo.unit_offset(unit);
                 s.parking
                     .raw()
                     .copy_from(s.parking.offset(p), &s.geo.guest, offset, len);
-                punch_hole(memfd, offset, len).map_err(|e| {
+                punch_hole(memfd, offset.get(), len).map_err(|e| {
                     SwapError::os(
                         format!("punching the hugetlb chunk at {}", s.geo.unit_name(unit)),
                         e,
@@ -158,7 +159,7 @@ impl Evictor<'_> {
     }
 
     /// move left empty (the unit had holes).
-    pub(super) fn fill_holes(&mut self, p: u32) -> Result<(), SwapError> {
+    pub(super) fn fill_holes(&mut self, p: ParkingSlot) -> Result<(), SwapError> {
         let s = self.s;
         s.parking
             .raw()
@@ -166,7 +167,7 @@ impl Evictor<'_> {
             .map_err(|e| SwapError::os("mincore on the parking area", e))?;
         for (i, &present) in self.residency.iter().enumerate() {
             if present & 1 == 0 {
-                let page = s.parking.addr(p) + i as u64 * PAGE_BYTES;
+                let page = s.parking.addr(p).offset_by(i as u64 * PAGE_BYTES);
                 match s.uffd.zeropage(page, PAGE_BYTES, true) {
                     Ok(()) => {}
                     // Present after all (mincore reports swapped-out pages as
@@ -182,9 +183,9 @@ impl Evictor<'_> {
     /// Decides the fate of a unit parked in `p`.
     pub(super) fn classify(
         &mut self,
-        unit: usize,
+        unit: UnitIndex,
         evicting: UnitState,
-        p: u32,
+        p: ParkingSlot,
     ) -> Result<(), SwapError> {
         let s = self.s;
         // SAFETY: slot `p` is populated (moved in and holes filled, or
@@ -242,7 +243,7 @@ impl Evictor<'_> {
         // point had its slot released by the fault thread.
         batch.retain(|&(unit, p)| loop {
             let state = s.table.load(unit);
-            if state.tag() != Tag::Staged || state.index() != p || state.writing() {
+            if state.tag() != Tag::Staged || state.parking_slot() != p || state.writing() {
                 return false;
             }
             if s.table.begin_write(unit.into(), state).is_ok() {
@@ -294,11 +295,11 @@ impl Evictor<'_> {
     }
 
     /// write (`None`).
-    pub(super) fn complete(&mut self, unit: usize, p: u32, slot: Option<SlotId>) {
+    pub(super) fn complete(&mut self, unit: UnitIndex, p: ParkingSlot, slot: Option<SlotId>) {
         let s = self.s;
         loop {
             let state = s.table.load(unit);
-            let ours = state.tag() == Tag::Staged && state.index() == p && state.writing();
+            let ours = state.tag() == Tag::Staged && state.parking_slot() == p && state.writing();
             if ours {
                 let settled = match slot {
                     Some(slot) => s.table.finish_write(unit.into(), state, slot),

@@ -10,12 +10,13 @@
 pub(crate) mod refault_distance;
 
 use crate::chunk::{PageTable, UnitState};
+use crate::index::{PageIndex, UnitIndex};
 
 /// A chunk faulting back from the store or the parking area.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RefaultEvent {
     /// The chunk.
-    pub chunk: usize,
+    pub chunk: UnitIndex,
     /// The chunk's word before the fault took it (stored or staged).
     pub state: UnitState,
     /// The fault continues a stream ([`GranularityPolicy::on_fault`]).
@@ -33,13 +34,13 @@ pub(crate) trait GranularityPolicy: Send + Sync {
     fn active(&self) -> bool;
     /// Notes a fault on page `page` of `chunk`; true when it continues a
     /// sequential stream.
-    fn on_fault(&self, chunk: usize, page: usize) -> bool;
+    fn on_fault(&self, chunk: UnitIndex, page: PageIndex) -> bool;
     /// What a refault tells: keep, mark, or split the chunk.
     fn on_refault(&self, event: RefaultEvent) -> Refault;
     /// Whether the split chunk `chunk` (its pages in `pages`) should be
     /// collapsed back into one huge mapping now, after a fault restored
     /// its page `page`.
-    fn should_collapse(&self, chunk: usize, page: usize, pages: &PageTable) -> bool;
+    fn should_collapse(&self, chunk: UnitIndex, page: PageIndex, pages: &PageTable) -> bool;
     /// Whether prefetching a stream's next chunk pays now.
     fn prefetch_pays(&self) -> bool;
 }
@@ -52,7 +53,7 @@ impl GranularityPolicy for Fixed {
         false
     }
 
-    fn on_fault(&self, _chunk: usize, _page: usize) -> bool {
+    fn on_fault(&self, _chunk: UnitIndex, _page: PageIndex) -> bool {
         false
     }
 
@@ -60,7 +61,7 @@ impl GranularityPolicy for Fixed {
         Refault::Keep
     }
 
-    fn should_collapse(&self, _chunk: usize, _page: usize, _pages: &PageTable) -> bool {
+    fn should_collapse(&self, _chunk: UnitIndex, _page: PageIndex, _pages: &PageTable) -> bool {
         false
     }
 

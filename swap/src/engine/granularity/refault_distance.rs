@@ -46,6 +46,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use super::{GranularityPolicy, Refault, RefaultEvent};
 use crate::chunk::{PageTable, PAGES_PER_CHUNK};
+use crate::index::{PageIndex, UnitIndex};
 
 /// Streams tracked at once (one per sequential writer; more are
 /// forgotten round robin).
@@ -129,10 +130,10 @@ impl RefaultDistance {
 
     /// The burst of page faults from which the split chunk `chunk` is
     /// collapsed.
-    pub fn dense_burst_faults(&self, chunk: usize) -> u64 {
+    pub fn dense_burst_faults(&self, chunk: UnitIndex) -> u64 {
         let backoff = self
             .collapse_backoff
-            .get(chunk)
+            .get(chunk.get())
             .map_or(0, |b| b.load(Ordering::Relaxed));
         DENSE_BURST_FAULTS << backoff.min(MAX_COLLAPSE_BACKOFF)
     }
@@ -141,8 +142,8 @@ impl RefaultDistance {
     /// new one) and returns the burst's length. Call after
     /// [`RefaultDistance::note_fault`] for the same fault, which ticks the
     /// clock.
-    fn note_burst(&self, chunk: usize) -> u64 {
-        let Some(burst) = self.bursts.get(chunk) else {
+    fn note_burst(&self, chunk: UnitIndex) -> u64 {
+        let Some(burst) = self.bursts.get(chunk.get()) else {
             return 0;
         };
         let now = self.faults_seen.load(Ordering::Relaxed);
@@ -165,8 +166,8 @@ impl RefaultDistance {
     }
 
     /// Notes that the policy splits `chunk` again after collapsing it.
-    fn note_flip(&self, chunk: usize) {
-        if let Some(backoff) = self.collapse_backoff.get(chunk) {
+    fn note_flip(&self, chunk: UnitIndex) {
+        if let Some(backoff) = self.collapse_backoff.get(chunk.get()) {
             // Races between fault threads on one chunk cannot happen: the
             // thread that splits it holds the chunk.
             let flips = backoff.load(Ordering::Relaxed);
@@ -206,8 +207,9 @@ impl RefaultDistance {
     /// each chunk at its start; a scattered hot page in the next chunk is
     /// no stream), or the one after and the fault is in its last pages (a
     /// pass downwards). Races between fault threads only lose a sample.
-    pub fn note_fault(&self, chunk: usize, page: usize) -> bool {
-        let chunk = chunk as u64;
+    pub fn note_fault(&self, chunk: UnitIndex, page: PageIndex) -> bool {
+        let chunk = chunk.get() as u64;
+        let page = page.get();
         let now = self.faults_seen.fetch_add(1, Ordering::Relaxed) + 1;
         for (stream, moved_at) in self.streams.iter().zip(&self.moved_at) {
             let last = stream.load(Ordering::Relaxed);
@@ -235,7 +237,7 @@ impl GranularityPolicy for RefaultDistance {
         true
     }
 
-    fn on_fault(&self, chunk: usize, page: usize) -> bool {
+    fn on_fault(&self, chunk: UnitIndex, page: PageIndex) -> bool {
         self.note_fault(chunk, page)
     }
 
@@ -271,7 +273,7 @@ impl GranularityPolicy for RefaultDistance {
 
     /// Dense: the chunk's page faults made a burst of
     /// [`RefaultDistance::dense_burst_faults`].
-    fn should_collapse(&self, chunk: usize, _page: usize, _pages: &PageTable) -> bool {
+    fn should_collapse(&self, chunk: UnitIndex, _page: PageIndex, _pages: &PageTable) -> bool {
         self.note_burst(chunk) >= self.dense_burst_faults(chunk)
     }
 
@@ -288,23 +290,41 @@ mod tests {
     #[test]
     fn consecutive_chunks_are_streams_and_scattered_ones_are_not() {
         let g = RefaultDistance::new(0);
-        assert!(!g.note_fault(10, 0), "a first fault starts a stream");
-        assert!(g.note_fault(11, 0));
-        assert!(g.note_fault(12, 3));
-        assert!(g.note_fault(12, 300), "again on the same chunk");
-        assert!(!g.note_fault(500, 0), "a second stream starts");
-        assert!(g.note_fault(13, 0), "the first goes on");
-        assert!(g.note_fault(501, 1));
         assert!(
-            !g.note_fault(502, 200),
+            !g.note_fault(UnitIndex::new(10), PageIndex::new(0)),
+            "a first fault starts a stream"
+        );
+        assert!(g.note_fault(UnitIndex::new(11), PageIndex::new(0)));
+        assert!(g.note_fault(UnitIndex::new(12), PageIndex::new(3)));
+        assert!(
+            g.note_fault(UnitIndex::new(12), PageIndex::new(300)),
+            "again on the same chunk"
+        );
+        assert!(
+            !g.note_fault(UnitIndex::new(500), PageIndex::new(0)),
+            "a second stream starts"
+        );
+        assert!(
+            g.note_fault(UnitIndex::new(13), PageIndex::new(0)),
+            "the first goes on"
+        );
+        assert!(g.note_fault(UnitIndex::new(501), PageIndex::new(1)));
+        assert!(
+            !g.note_fault(UnitIndex::new(502), PageIndex::new(200)),
             "the next chunk, but not at its start"
         );
-        assert!(g.note_fault(501, 511), "downwards: entered at its end");
+        assert!(
+            g.note_fault(UnitIndex::new(501), PageIndex::new(511)),
+            "downwards: entered at its end"
+        );
         for chunk in [7000, 3, 99, 4242, 17, 808, 61, 2024] {
-            assert!(!g.note_fault(chunk, 0), "{chunk} continues nothing");
+            assert!(
+                !g.note_fault(UnitIndex::new(chunk), PageIndex::new(0)),
+                "{chunk} continues nothing"
+            );
         }
         assert!(
-            !g.note_fault(14, 0),
+            !g.note_fault(UnitIndex::new(14), PageIndex::new(0)),
             "eight scattered faults pushed the stream out"
         );
     }
@@ -317,28 +337,28 @@ mod tests {
         };
         // Scattered faults start streams that never move: none active.
         for chunk in [100, 300, 500, 700] {
-            g.note_fault(chunk, 0);
+            g.note_fault(UnitIndex::new(chunk), PageIndex::new(0));
         }
         assert_eq!(g.active_streams(), 0);
         assert!(g.prefetch_pays());
         // Two streams taking turns.
         for step in 1..10 {
-            g.note_fault(100 + step, 0);
-            g.note_fault(300 + step, 0);
+            g.note_fault(UnitIndex::new(100 + step), PageIndex::new(0));
+            g.note_fault(UnitIndex::new(300 + step), PageIndex::new(0));
         }
         assert_eq!(g.active_streams(), 2);
         assert!(g.prefetch_pays());
         // Four streams taking turns on two CPUs: no prefetch.
         for step in 10..20 {
             for base in [100, 300, 500, 700] {
-                g.note_fault(base + step, 0);
+                g.note_fault(UnitIndex::new(base + step), PageIndex::new(0));
             }
         }
         assert_eq!(g.active_streams(), 4);
         assert!(!g.prefetch_pays());
         // One stream goes on alone: the others go quiet.
         for step in 20..20 + ACTIVE_WINDOW_FAULTS as usize {
-            g.note_fault(100 + step, 0);
+            g.note_fault(UnitIndex::new(100 + step), PageIndex::new(0));
         }
         assert_eq!(g.active_streams(), 1);
         assert!(g.prefetch_pays());
@@ -351,7 +371,7 @@ mod tests {
             .with_short_refault(short)
     }
 
-    fn short_refault(chunk: usize, state: UnitState) -> RefaultEvent {
+    fn short_refault(chunk: UnitIndex, state: UnitState) -> RefaultEvent {
         RefaultEvent {
             chunk,
             state,
@@ -365,7 +385,8 @@ mod tests {
     fn a_burst_of_faults_on_one_chunk_is_dense_and_faults_among_many_chunks_are_not() {
         let g = RefaultDistance::new(300);
         let fault = |chunk: usize| {
-            g.note_fault(chunk, 7);
+            let chunk = UnitIndex::new(chunk);
+            g.note_fault(chunk, PageIndex::new(7));
             g.note_burst(chunk)
         };
         // A pass over chunk 5, in any order, with two other vCPUs' faults
@@ -401,32 +422,32 @@ mod tests {
     #[test]
     fn each_flip_doubles_the_density_a_collapse_needs_up_to_a_whole_chunk() {
         let g = RefaultDistance::new(4);
-        assert_eq!(g.dense_burst_faults(1), DENSE_BURST_FAULTS);
+        assert_eq!(g.dense_burst_faults(UnitIndex::new(1)), DENSE_BURST_FAULTS);
         // A first split (the chunk was never collapsed) is no flip.
         assert_eq!(
-            g.on_refault(short_refault(1, stored(false, true))),
+            g.on_refault(short_refault(UnitIndex::new(1), stored(false, true))),
             Refault::Split
         );
-        assert_eq!(g.dense_burst_faults(1), DENSE_BURST_FAULTS);
-        let mut seen = vec![g.dense_burst_faults(1)];
+        assert_eq!(g.dense_burst_faults(UnitIndex::new(1)), DENSE_BURST_FAULTS);
+        let mut seen = vec![g.dense_burst_faults(UnitIndex::new(1))];
         for _ in 0..10 {
             assert_eq!(
-                g.on_refault(short_refault(1, stored(true, true))),
+                g.on_refault(short_refault(UnitIndex::new(1), stored(true, true))),
                 Refault::Split
             );
-            seen.push(g.dense_burst_faults(1));
+            seen.push(g.dense_burst_faults(UnitIndex::new(1)));
         }
         assert_eq!(seen, [16, 32, 64, 128, 256, 512, 512, 512, 512, 512, 512]);
         assert_eq!(
-            g.dense_burst_faults(0),
+            g.dense_burst_faults(UnitIndex::new(0)),
             DENSE_BURST_FAULTS,
             "other chunks keep their own count"
         );
         // Only a split verdict on a collapsed chunk is a flip.
         assert_eq!(
-            g.on_refault(short_refault(2, stored(true, false))),
+            g.on_refault(short_refault(UnitIndex::new(2), stored(true, false))),
             Refault::Short
         );
-        assert_eq!(g.dense_burst_faults(2), DENSE_BURST_FAULTS);
+        assert_eq!(g.dense_burst_faults(UnitIndex::new(2)), DENSE_BURST_FAULTS);
     }
 }
