@@ -224,7 +224,17 @@ impl RefaultDistance {
                 return true;
             }
         }
-        let i = self.next_stream.fetch_add(1, Ordering::Relaxed) % STREAMS;
+        // A fault that continues nothing may start a stream, in the slot
+        // that moved least recently: a slot that never moved (a scattered
+        // fault's) goes first, so scattered faults take turns among
+        // themselves and leave the streams that move alone, where round
+        // robin over all slots let any 8 scattered faults push out a
+        // stream that was still going.
+        let start = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let i = (0..STREAMS)
+            .map(|k| (start + k) % STREAMS)
+            .min_by_key(|&i| self.moved_at[i].load(Ordering::Relaxed))
+            .unwrap_or(start % STREAMS);
         self.streams[i].store(chunk, Ordering::Relaxed);
         // A new stream has not moved yet.
         self.moved_at[i].store(0, Ordering::Relaxed);
@@ -317,16 +327,41 @@ mod tests {
             g.note_fault(UnitIndex::new(501), PageIndex::new(511)),
             "downwards: entered at its end"
         );
-        for chunk in [7000, 3, 99, 4242, 17, 808, 61, 2024] {
+        for chunk in [7000, 3, 99, 4242, 1700, 808, 61, 2024] {
             assert!(
                 !g.note_fault(UnitIndex::new(chunk), PageIndex::new(0)),
                 "{chunk} continues nothing"
             );
         }
         assert!(
-            !g.note_fault(UnitIndex::new(14), PageIndex::new(0)),
-            "eight scattered faults pushed the stream out"
+            g.note_fault(UnitIndex::new(14), PageIndex::new(0)),
+            "scattered faults take the slots that never moved, not the stream's"
         );
+        let fault = |chunk: usize| g.note_fault(UnitIndex::new(chunk), PageIndex::new(0));
+        for round in 0..100 {
+            assert!(!fault(10_000 + 37 * round));
+            assert!(!fault(20_000 + 53 * round));
+        }
+        assert!(
+            fault(15),
+            "a stream goes on among any number of scattered faults"
+        );
+    }
+
+    #[test]
+    fn the_slot_that_moved_least_recently_is_the_one_taken() {
+        let g = RefaultDistance::new(0);
+        let fault = |chunk: usize| g.note_fault(UnitIndex::new(chunk), PageIndex::new(0));
+        // Eight streams, each moved once, stream 0 first.
+        for s in 0..STREAMS {
+            fault(s * 1000);
+            fault(s * 1000 + 1);
+        }
+        assert_eq!(g.active_streams(), STREAMS);
+        // A new fault takes stream 0's slot (moved longest ago).
+        assert!(!fault(50_000));
+        assert!(!fault(2), "stream 0 was pushed out");
+        assert!(fault(7002), "the newest stream goes on");
     }
 
     #[test]
