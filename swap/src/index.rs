@@ -7,7 +7,7 @@
 //! Host addresses and region offsets are guestmem's
 //! ([`guestmem::addr::Hva`], [`guestmem::addr::RegionOffset`]), store
 //! slots are [`crate::store::SlotId`], and a page of a split chunk is a
-//! [`crate::chunk::PageRef`] (a unit index and a page index). The raw
+//! [`PageRef`] (a unit index and a page index). The raw
 //! integer comes out (`.get()`, `.raw()`) only where it meets the kernel,
 //! a store, or a message.
 
@@ -16,7 +16,19 @@ use std::fmt;
 use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
-use crate::chunk::{PageRef, PAGES_PER_CHUNK};
+/// Pages in one 2 MiB chunk.
+pub const PAGES_PER_CHUNK: usize = 512;
+
+/// Which page of a split chunk (a transition's target, a page eviction's
+/// victim): here rather than in `chunk`, which uses these indices, so that
+/// the two modules do not import each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRef {
+    /// The chunk's index in the chunk table.
+    pub chunk: UnitIndex,
+    /// The page's index in the chunk.
+    pub page: PageIndex,
+}
 
 /// A unit's index in the chunk table (`0..units`): the unit that starts
 /// `index * unit_bytes` bytes into the managed region. For 2 MiB units

@@ -31,9 +31,8 @@ use std::time::Duration;
 
 use super::sync::{AtomicU32, AtomicU64, Condvar, Mutex, Ordering};
 use crate::index::{PageIndex, UnitIndex};
+pub use crate::index::{PageRef, PAGES_PER_CHUNK};
 
-/// Pages in one 2 MiB chunk.
-pub const PAGES_PER_CHUNK: usize = 512;
 const PAGES_PER_WORD: usize = 16;
 const WORDS_PER_CHUNK: usize = PAGES_PER_CHUNK / PAGES_PER_WORD;
 const GROUP_CHUNKS: usize = 16;
@@ -231,15 +230,6 @@ impl PageTransition {
             _ => None,
         }
     }
-}
-
-/// Which page a transition acts on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageRef {
-    /// The chunk's index in the chunk table.
-    pub chunk: UnitIndex,
-    /// The page's index in the chunk.
-    pub page: PageIndex,
 }
 
 /// A change of page state that the table does not allow.
