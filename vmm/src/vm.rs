@@ -185,7 +185,8 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
     // Last: every other thread has started, and filters only narrow.
     crate::seccomp::install(crate::seccomp::ThreadKind::Main)?;
 
-    let end = wait_for_the_end(&config, &events_rx, started, &vm.engine, &vm.stats);
+    let mut end = wait_for_the_end(&config, &events_rx, started, &vm.engine, &vm.stats);
+    end.account_for_trap();
     vm.finish(&config, started, end, tsc_khz)
         .map(crate::seccomp::account_for_trap)
 }
@@ -548,6 +549,25 @@ struct TheEnd {
     timeline: Vec<Sample>,
     /// What `--mem-limit auto` did.
     sizing: Option<crate::auto_limit::SizingReport>,
+}
+
+impl TheEnd {
+    /// Takes a call a filter stopped as the run's failure, also when the
+    /// loop ended before the seccomp watcher forwarded it (the watcher is
+    /// a thread of its own, which a busy host may run after the vCPUs
+    /// have finished): the trapped thread is parked for good, and the end
+    /// of a failed run waits for no thread, where that of a clean one
+    /// joins the API servers' and the engine's.
+    fn account_for_trap(&mut self) {
+        if self.failure.is_some() {
+            return;
+        }
+        if let Some(message) = crate::seccomp::trapped_message() {
+            self.failure = Some(message);
+            self.exit_status = Some(EXIT_TRAPPED);
+            self.exit_kind = ExitKind::VmFailure;
+        }
+    }
 }
 
 /// The run loop: waits for every vCPU's `Finished`, or the first event

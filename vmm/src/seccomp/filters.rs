@@ -229,16 +229,23 @@ pub fn engine_thread_setup() -> Option<swap::engine::ThreadSetup> {
     })
 }
 
+/// The first call a filter stopped in this process, described as the
+/// run's failure; None while no filter stopped one.
+pub fn trapped_message() -> Option<String> {
+    let trapped = trap::trapped()?;
+    let mut message = String::new();
+    trap::describe(&trapped, &mut message);
+    Some(message)
+}
+
 /// A run's outcome with a trapped call accounted for: a run in which a
 /// filter stopped a call ends with [`EXIT_TRAPPED`] and the call named
 /// as its failure, also when the trap came after the run loop had ended
 /// (while the run was ending), so that it did not end the loop itself.
 pub fn account_for_trap(mut outcome: RunOutcome) -> RunOutcome {
-    let Some(trapped) = trap::trapped() else {
+    let Some(message) = trapped_message() else {
         return outcome;
     };
-    let mut message = String::new();
-    trap::describe(&trapped, &mut message);
     outcome.failure = match outcome.failure.take() {
         Some(earlier) if earlier != message => Some(format!("{message} (after: {earlier})")),
         _ => Some(message),

@@ -32,6 +32,7 @@ mod watch;
 
 pub use filters::{
     account_for_trap, enabled, engine_thread_setup, init, install, install_or_exit, mode,
+    trapped_message,
 };
 pub use kind::ThreadKind;
 pub use teardown::RamTeardown;

@@ -6,6 +6,8 @@
 //! it (`--no-seccomp`): descriptors are -1, signals 0, and what it maps
 //! or opens is released.
 
+use std::time::Duration;
+
 use super::ioctls;
 use super::kind::ThreadKind;
 
@@ -20,6 +22,18 @@ pub const PROBES: &[&str] = &[
     "tgkill",
     "socket-dgram",
 ];
+
+/// Test aid: `HUGEVMM_SECCOMP_WATCH_DELAY_MS=N` holds a trap for N ms
+/// (at most 60 s) in the watcher before it reaches the run loop, as a
+/// busy host may, so that a test can make a trap arrive after the vCPUs
+/// have finished.
+pub fn watch_delay() -> Option<Duration> {
+    let ms: u64 = std::env::var("HUGEVMM_SECCOMP_WATCH_DELAY_MS")
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(Duration::from_millis(ms.min(60_000)))
+}
 
 /// Issues the probe asked for, if `kind` is the kind it names.
 pub fn run(kind: ThreadKind) {

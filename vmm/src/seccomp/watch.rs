@@ -42,12 +42,13 @@ pub fn forward_traps(events: Sender<RunEvent>) -> Result<()> {
     let reader = doorbell
         .try_clone()
         .context("cannot duplicate the seccomp trap's eventfd")?;
+    let delay = super::probe::watch_delay();
     std::thread::Builder::new()
         .name("seccomp-trap".into())
         .spawn(move || {
             trap::set_watcher();
             super::filters::install_or_exit(ThreadKind::Device);
-            watch(&reader)
+            watch(&reader, delay)
         })
         .context("cannot spawn the seccomp trap's thread")?;
     // A trap before this ends the process at once, from the handler.
@@ -55,7 +56,7 @@ pub fn forward_traps(events: Sender<RunEvent>) -> Result<()> {
     Ok(())
 }
 
-fn watch(doorbell: &EventFd) {
+fn watch(doorbell: &EventFd, delay: Option<Duration>) {
     loop {
         match doorbell.read() {
             Ok(_) => break,
@@ -64,6 +65,9 @@ fn watch(doorbell: &EventFd) {
             // trap then ends the process from the handler.
             Err(_) => return,
         }
+    }
+    if let Some(delay) = delay {
+        std::thread::sleep(delay);
     }
     let Some(trapped) = trap::trapped() else {
         return;
