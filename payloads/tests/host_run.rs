@@ -736,6 +736,7 @@ fn arguments_out_of_range_are_refused_with_the_range() {
         ("kv", 1, "heap=1M object=64 ops=0 reads=0 check=0"),
         ("kv", 1, "heap=1M object=4096 ops=10 reads=100 theta=2"),
         ("phases", 1, "heap=4M phases=1 ops=0"),
+        ("phases", 2, "heap=8M phases=2 ops=100 warm=1"),
         ("seqwrite", 1, "passes=1000000 bytes=8"),
     ] {
         let r = run(payload, vcpus, "16M", args, &[]);

@@ -225,6 +225,16 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         "--prefetch",
         for_engine,
     )?;
+    not_applicable(
+        !engine && args.flags.working_set_sampling.is_some(),
+        "--working-set-sampling",
+        for_engine,
+    )?;
+    let working_set = args
+        .flags
+        .working_set_sampling
+        .map(working_set_config)
+        .transpose()?;
     if args.flags.prefetch == Some(true)
         && matches!(
             args.flags.swap_unit,
@@ -368,9 +378,23 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         fault_thread_nice,
         force_split_every: args.flags.force_split_every,
         prefetch: args.flags.prefetch.unwrap_or(true),
+        working_set,
         seal,
     });
     Ok((guest, swap, balloon_target_pages))
+}
+
+/// `--working-set-sampling`'s configuration: the rate given, the default
+/// window and horizon.
+fn working_set_config(units_per_second: f64) -> Result<swap::engine::WorkingSetConfig> {
+    let config = swap::engine::WorkingSetConfig {
+        units_per_second,
+        ..Default::default()
+    };
+    config
+        .check()
+        .map_err(|e| anyhow::anyhow!("--working-set-sampling {units_per_second}: {e}"))?;
+    Ok(config)
 }
 
 /// `--mem-limit auto`'s target and bounds, each bound checked as a fixed

@@ -143,6 +143,26 @@ impl RunSummary<'_> {
                     by.in_flight as f64 * 1e-6,
                 ));
             }
+            let ws = &swap.working_set;
+            if ws.sampling {
+                let shown =
+                    |bytes: Option<u64>| bytes.map_or_else(|| "unknown".into(), format_size);
+                let vcpu_us = o.elapsed.as_micros().max(1) as f64 * f64::from(self.vcpus.max(1));
+                lines.push(format!(
+                    "hugevmm: working set: {} (standard error {}) active over {} s ({} samples; {} taken, {} came back); idle 10 s: {}, 60 s: {}, 300 s: {}; sampling cost {:.3} s of waits ({:.2} % of vCPU time)",
+                    shown(ws.estimate_bytes),
+                    shown(ws.estimate_stderr_bytes),
+                    ws.window_ms / 1000,
+                    ws.estimate_samples,
+                    ws.samples,
+                    ws.returned,
+                    shown(ws.cold.idle_10s_bytes),
+                    shown(ws.cold.idle_60s_bytes),
+                    shown(ws.cold.idle_300s_bytes),
+                    ws.sample_wait_us as f64 * 1e-6,
+                    ws.sample_wait_us as f64 / vcpu_us * 100.0,
+                ));
+            }
             let split = &swap.split;
             let splits = split.splits;
             if splits > 0 {
@@ -337,6 +357,8 @@ pub(crate) fn distinct_swap_stats() -> SwapStats {
                 *next += 1;
             }
             Value::Object(map) => map.values_mut().for_each(|v| number_leaves(v, next)),
+            // Settings that switch figures on (working-set sampling).
+            Value::Bool(on) => *on = true,
             _ => {}
         }
     }

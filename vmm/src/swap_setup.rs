@@ -31,6 +31,8 @@ pub struct SwapOptions {
     pub force_split_every: Option<u32>,
     /// Sequential prefetch of the auto unit (`--prefetch`).
     pub prefetch: bool,
+    /// Working-set sampling (`--working-set-sampling`).
+    pub working_set: Option<swap::engine::WorkingSetConfig>,
     /// The run's sealing key (`--swap-encrypt`); None: crc32 only.
     pub seal: Option<std::sync::Arc<swap::store::Sealer>>,
     /// `--mem-limit auto`: the controller's target and bounds (the run
@@ -103,6 +105,7 @@ pub fn start(
         fault_thread_nice: options.fault_thread_nice,
         force_split_every: options.force_split_every,
         prefetch: options.prefetch,
+        working_set: options.working_set.clone(),
         thread_setup: crate::seccomp::engine_thread_setup(),
         vcpus,
         ..EngineConfig::default()

@@ -10,6 +10,10 @@
  *   ops=N        page touches per phase per vCPU, 0 to 10^12 (default
  *                2000000)
  *   seed=N       varies the data and the touches (default 1)
+ *   warm=0|1     1: before the first phase, each vCPU writes every one of
+ *                its pages of the whole heap once, so that all of it is
+ *                resident and the phases' sets are the only memory in use
+ *                from then on (a known active set; default 0)
  *
  * The heap is cut into blocks of 64 pages (256 KiB); block b belongs to
  * vCPU b mod n, so the vCPUs share every 2 MiB chunk but never a page.
@@ -119,12 +123,13 @@ static int touch(const struct heap *h, unsigned vcpu, uint64_t phase,
 int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
 {
     uint64_t free_bytes = hvmm_free_bytes(info);
-    uint64_t heap_bytes = 512ull << 20, phases = 6, ops = 2000000, seed = 1;
+    uint64_t heap_bytes = 512ull << 20, phases = 6, ops = 2000000, seed = 1, warm = 0;
     const struct hvmm_arg_spec specs[] = {
         { "heap", HVMM_ARG_SIZE, &heap_bytes, HVMM_ARG_ANY }, /* checked below */
         { "phases", HVMM_ARG_NUMBER, &phases, HVMM_ARG_RANGE(1, MAX_PASSES) },
         { "ops", HVMM_ARG_NUMBER, &ops, HVMM_ARG_RANGE(0, MAX_OPS) },
         { "seed", HVMM_ARG_NUMBER, &seed, HVMM_ARG_ANY },
+        { "warm", HVMM_ARG_NUMBER, &warm, HVMM_ARG_RANGE(0, 1) },
         HVMM_ARG_END,
     };
     int report = vcpu == 0;
@@ -158,6 +163,11 @@ int hvmm_main(unsigned vcpu, const struct hvmm_boot_info *info)
     uint64_t rng = mix64(seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)vcpu << 32 | 0x5048));
 
     uint64_t start = hvmm_rdtsc(), touches = 0;
+    if (warm)
+        for (uint64_t b = vcpu; b < blocks; b += n)
+            for (uint64_t j = 0; j < BLOCK_PAGES; j++)
+                if (touch(&h, vcpu, 0, b * BLOCK_PAGES + j, 1) != 0)
+                    return 1;
     for (uint64_t p = 0; p < phases; p++) {
         const struct set *set = &SETS[p % NSETS];
         uint64_t lo = blocks * set->first16 / 16;

@@ -164,6 +164,8 @@ pub struct EngineConfig {
     /// threads waiting on the engine as the whole guest stalled
     /// ([`super::stall`]).
     pub vcpus: u32,
+    /// Working-set sampling ([`super::working_set`]); `None`: off.
+    pub working_set: Option<super::working_set::WorkingSetConfig>,
 }
 
 impl Default for EngineConfig {
@@ -184,6 +186,7 @@ impl Default for EngineConfig {
             thread_setup: None,
             hooks: Arc::new(NoHooks),
             vcpus: 1,
+            working_set: None,
         }
     }
 }

@@ -28,6 +28,7 @@ use super::restore::Restorer;
 use super::split::Splitter;
 use super::stall::{StallClock, StallSource};
 use super::stats::{bump, Counters, FaultSource};
+use super::working_set::WorkingSet;
 use crate::chunk::{ChunkTable, Tag, UnitState};
 use crate::index::UnitIndex;
 use crate::uffd::{FaultKind, Uffd, UffdEvent};
@@ -52,6 +53,8 @@ pub(crate) struct FaultService {
     pub counters: Arc<Counters>,
     /// How long faulting threads wait ([`super::stall`]).
     pub stall: Arc<StallClock>,
+    /// Working-set sampling ([`super::working_set`]), when on.
+    pub working_set: Option<Arc<WorkingSet>>,
     pub life: Arc<Lifecycle>,
 }
 
@@ -62,6 +65,8 @@ struct Served {
     page: bool,
     /// The message waited for another thread's work on the unit.
     waited: bool,
+    /// The unit was a working-set sample: its wait is the sampling's cost.
+    sample: bool,
     /// When the faulting thread was woken, where work went on after it
     /// (a collapse after a page fault); otherwise when `handle` returned.
     woken_at: Option<Instant>,
@@ -139,6 +144,9 @@ impl FaultService {
                     Err(_) => StallSource::Other,
                 };
                 s.stall.end(thread_id, read_at, woken_at, stall_source);
+                if let (true, Some(ws)) = (served.sample, &s.working_set) {
+                    ws.add_wait(woken_at.saturating_duration_since(read_at));
+                }
                 match handled {
                     Ok(Outcome::Woken(source)) => {
                         s.counters
@@ -223,6 +231,9 @@ impl FaultService {
             return Ok(Outcome::Woken(None));
         };
         let stream = s.granularity.active() && s.granularity.on_fault(unit, page_in_unit);
+        // Any fault on a sampled unit is a touch, a write-protect fault
+        // before the sampler took it away included.
+        served.sample = s.working_set.as_ref().is_some_and(|ws| ws.on_return(unit));
         loop {
             let state = s.table.load(unit);
             match state.tag() {

@@ -18,12 +18,15 @@
 //! - [`discard`]: units the guest freed;
 //! - [`prefetch`]: sequential prefetch, over the restorer;
 //! - [`fault`]: the fault service, the only place that asks the
-//!   [`granularity`] policy and the hooks what to do.
+//!   [`granularity`] policy and the hooks what to do;
+//! - [`working_set`]: samples resident units through the evictor and
+//!   estimates active and cold memory from the faults that bring them
+//!   back.
 //!
 //! Threads: fault service (`fault_threads`), background evictor
 //! ([`evict::background`]), buffer refill ([`recycle`]), prefetch (auto
-//! unit). The unit state machine and who may take which transition is in
-//! [`crate::chunk`].
+//! unit), working-set sampler ([`working_set`], when on). The unit state
+//! machine and who may take which transition is in [`crate::chunk`].
 
 mod access;
 pub mod buffers;
@@ -54,6 +57,7 @@ mod stall;
 mod start;
 pub mod stats;
 pub mod thread_setup;
+pub mod working_set;
 
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -73,9 +77,11 @@ pub use stats::{
     SplitsByReason, SwapStats,
 };
 pub use thread_setup::{EngineThread, ThreadSetup};
+pub use working_set::{ColdMemory, WorkingSetConfig, WorkingSetStats};
 
 use crate::chunk::Tag;
 use crate::chunk::{ChunkTable, PageTable, TagCounts, UnitState};
+use crate::index::UnitRange;
 use crate::store::SharedStore;
 use crate::uffd::Uffd;
 use buffers::PoolMode;
@@ -99,6 +105,7 @@ use restore::Restorer;
 use split::Splitter;
 use stall::StallClock;
 use stats::Counters;
+use working_set::WorkingSet;
 
 /// The running engine: its components, and the threads that run them.
 /// Dropping it shuts it down.
@@ -120,6 +127,7 @@ pub struct SwapEngine {
     splitter: Option<Arc<Splitter>>,
     collapser: Option<Arc<Collapser>>,
     discarder: Discarder,
+    working_set: Option<Arc<WorkingSet>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -291,6 +299,13 @@ impl SwapEngine {
             Arc::new(Fixed)
         };
         let stall = Arc::new(StallClock::new(config.vcpus));
+        if let Some(ws) = &config.working_set {
+            ws.check().map_err(SwapError::Config)?;
+        }
+        let working_set = config
+            .working_set
+            .clone()
+            .map(|ws| Arc::new(WorkingSet::new(table.units(), ws)));
         let faults = Arc::new(FaultService {
             geo: geo.clone(),
             uffd: uffd.clone(),
@@ -305,6 +320,7 @@ impl SwapEngine {
             room,
             counters: counters.clone(),
             stall: stall.clone(),
+            working_set: working_set.clone(),
             life: life.clone(),
         });
         let discarder = Discarder {
@@ -332,6 +348,7 @@ impl SwapEngine {
             splitter,
             collapser,
             discarder,
+            working_set,
             threads: Vec::new(),
         };
         engine.start_threads(&config, staging.pool_mode, faults, prefetcher)?;
@@ -359,6 +376,13 @@ impl SwapEngine {
             fault_threads,
             if config.prefetch && auto { ", sequential prefetch" } else { "" }
         );
+        if let Some(ws) = &config.working_set {
+            log::info!(
+                "swap engine: working-set sampling, {} unit(s) per second, window {:?}",
+                ws.units_per_second,
+                ws.window
+            );
+        }
         Ok(engine)
     }
 
@@ -396,6 +420,25 @@ impl SwapEngine {
             ThreadSetup::run(&setup, EngineThread::Evictor);
             evict::background::run(&evictor)
         })?;
+        if let Some(ws) = self.working_set.clone() {
+            let pinned_units = UnitRange::all(self.table.units())
+                .filter(|&u| self.table.load(u).pinned())
+                .count() as u64;
+            ws.set_pinned_bytes(pinned_units * self.geo.unit_bytes);
+            let sampler = working_set::Sampler {
+                working_set: ws,
+                evictor: self.evictor.clone(),
+                table: self.table.clone(),
+                limiter: self.limiter.clone(),
+                life: self.life.clone(),
+            };
+            let setup = config.thread_setup.clone();
+            self.spawn("swap-sampler".into(), move || {
+                // A sample is an eviction: the evictor's calls.
+                ThreadSetup::run(&setup, EngineThread::Evictor);
+                sampler.run()
+            })?;
+        }
         if pool_mode == PoolMode::Thp && config.refill_buffers {
             let buffers = self.buffers.clone();
             let life = self.life.clone();
@@ -454,6 +497,9 @@ impl SwapEngine {
         stats.buffers.bound = s.buffers.pool().bound() as u64;
         stats.store = s.store.report();
         stats.stall = s.stall.snapshot();
+        if let Some(ws) = &s.working_set {
+            stats.working_set = ws.snapshot();
+        }
         stats
     }
 

@@ -518,6 +518,9 @@ counter_group! {
             /// How long the guest's threads waited on the engine
             /// (`engine::stall`).
             stall: super::stall::StallStats,
+            /// Active and cold memory, estimated by sampling
+            /// (`engine::working_set`).
+            working_set: super::working_set::WorkingSetStats,
         }
         groups {
             /// Fault counts.

@@ -324,6 +324,9 @@ impl Collector for Figures {
             }
             gauge("swap_unit", "The swap unit.", Some(Unit::Bytes)).gauge(e, swap.unit_bytes)?;
             stall_metrics(e, &swap.stall)?;
+            if swap.working_set.sampling {
+                working_set_metrics(e, &swap.working_set)?;
+            }
             split_metrics(e, &swap.split, &swap.prefetch, swap.activations)?;
             store_metrics(e, &swap.store)?;
             gauge(
@@ -486,6 +489,63 @@ fn stall_metrics(e: &mut DescriptorEncoder, stall: &swap::engine::StallStats) ->
             .encode_family(&[("source", source)])?
             .encode_counter::<NoLabelSet, _, f64>(&seconds(us), None)?;
     }
+    Ok(())
+}
+
+/// The working-set figures (`engine::working_set`), when sampling is on;
+/// an estimate not made yet is absent.
+fn working_set_metrics(
+    e: &mut DescriptorEncoder,
+    ws: &swap::engine::WorkingSetStats,
+) -> std::fmt::Result {
+    if let Some(bytes) = ws.estimate_bytes {
+        gauge(
+            "working_set",
+            "Guest memory active over the sampling window (10 s), estimated by sampling resident units.",
+            Some(Unit::Bytes),
+        )
+        .gauge(e, bytes)?;
+    }
+    let cold = &ws.cold;
+    let ages = [
+        ("10s", cold.idle_10s_bytes),
+        ("60s", cold.idle_60s_bytes),
+        ("300s", cold.idle_300s_bytes),
+    ];
+    if ages.iter().any(|(_, bytes)| bytes.is_some()) {
+        let mut metric = e.encode_descriptor(
+            "cold_memory",
+            "Resident guest memory not touched for at least `idle`, estimated by sampling.",
+            Some(&Unit::Bytes),
+            MetricType::Gauge,
+        )?;
+        for (idle, bytes) in ages {
+            if let Some(bytes) = bytes {
+                metric
+                    .encode_family(&[("idle", idle)])?
+                    .encode_gauge(&bytes)?;
+            }
+        }
+    }
+    counter(
+        "working_set_samples",
+        "Resident units taken out to sample the working set.",
+        None,
+    )
+    .counter(e, ws.samples)?;
+    counter(
+        "working_set_samples_returned",
+        "Sampled units that faulted back.",
+        None,
+    )
+    .counter(e, ws.returned)?;
+    e.encode_descriptor(
+        "working_set_sample_wait",
+        "Time the guest's threads waited for sampled units to come back: the sampling's cost (thread-seconds).",
+        Some(&Unit::Seconds),
+        MetricType::Counter,
+    )?
+    .encode_counter::<NoLabelSet, _, f64>(&(ws.sample_wait_us as f64 * 1e-6), None)?;
     Ok(())
 }
 
@@ -867,6 +927,28 @@ mod tests {
             "/stall/by_source_us/other",
             r#"hugevmm_memory_stall_waits_seconds_total{source="other"}"#,
         ),
+        ("/working_set/estimate_bytes", "hugevmm_working_set_bytes"),
+        (
+            "/working_set/cold/idle_10s_bytes",
+            r#"hugevmm_cold_memory_bytes{idle="10s"}"#,
+        ),
+        (
+            "/working_set/cold/idle_60s_bytes",
+            r#"hugevmm_cold_memory_bytes{idle="60s"}"#,
+        ),
+        (
+            "/working_set/cold/idle_300s_bytes",
+            r#"hugevmm_cold_memory_bytes{idle="300s"}"#,
+        ),
+        ("/working_set/samples", "hugevmm_working_set_samples_total"),
+        (
+            "/working_set/returned",
+            "hugevmm_working_set_samples_returned_total",
+        ),
+        (
+            "/working_set/sample_wait_us",
+            "hugevmm_working_set_sample_wait_seconds_total",
+        ),
     ];
 
     /// The figures of the `swap` object that are not metrics, and why.
@@ -899,6 +981,19 @@ mod tests {
         (
             "/store/sealed",
             "a setting (GET /vm's configuration), not a figure",
+        ),
+        (
+            "/working_set/sampling",
+            "a setting (GET /vm's configuration); the metrics are absent when it is off",
+        ),
+        ("/working_set/window_ms", "a setting: the estimate's window"),
+        (
+            "/working_set/estimate_samples",
+            "how many samples the estimate is over: diagnosis",
+        ),
+        (
+            "/working_set/estimate_stderr_bytes",
+            "the estimate's standard error: diagnosis",
         ),
         (
             "/split/collapses_by_madvise",
