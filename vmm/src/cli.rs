@@ -43,6 +43,10 @@ enum Command {
     /// Send one command to a running VM's API (see `hugevmm run
     /// --api-socket`) and print the JSON body of the response.
     Ctl(crate::control::client::CtlArgs),
+    /// Start several VMs from their config files and divide one memory
+    /// budget among them, by their stall and working sets (README, "Several
+    /// VMs under one budget").
+    Host(crate::host::HostArgs),
     /// List the built-in payloads.
     Payloads,
     /// Run a benchmark suite (see README, "Results"): starts the
@@ -656,6 +660,7 @@ pub fn main(logging: Result<(), String>) -> i32 {
         (_, Some(e)) => Err(e),
         (Command::Bench { args }, None) => exec_bench(args),
         (Command::Ctl(args), None) => crate::control::client::run(args),
+        (Command::Host(args), None) => crate::host::run(args),
         (Command::Payloads, None) => {
             for p in payloads::all() {
                 println!("{:<10} {}", p.name, p.description);

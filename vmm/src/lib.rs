@@ -17,6 +17,7 @@ mod cpu;
 mod dumpable;
 mod event;
 mod exit;
+mod host;
 mod host_check;
 mod host_terminal;
 pub mod image_kind;

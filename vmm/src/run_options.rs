@@ -24,7 +24,7 @@ const DEFAULT_MEM_BYTES: u64 = 512 << 20;
 /// Largest `--config` file read: a VM's description is a few hundred bytes.
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
-fn parse_size_arg(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 

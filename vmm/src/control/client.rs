@@ -7,7 +7,7 @@ use super::command::{help, parse_words, ApiRequest};
 use anyhow::{anyhow, bail, Context, Result};
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Largest response accepted: `GET /stats` is a few KiB.
@@ -64,9 +64,11 @@ pub fn run(args: CtlArgs) -> Result<i32> {
 }
 
 /// A response: status code and JSON body.
-struct Reply {
-    status: u16,
-    body: serde_json::Value,
+pub(crate) struct Reply {
+    /// The HTTP status.
+    pub status: u16,
+    /// The JSON body.
+    pub body: serde_json::Value,
 }
 
 /// Prints a reply's body; the exit status for it (1 unless 2xx, with the
@@ -118,16 +120,25 @@ fn watch(args: &CtlArgs, request: &ApiRequest, interval: Duration) -> Result<i32
 
 /// One connection: sends the request, returns the response.
 fn exchange(args: &CtlArgs, request: &ApiRequest) -> Result<Reply> {
-    let shown = args.api_socket.display();
+    call(
+        &args.api_socket,
+        Duration::from_secs_f64(args.timeout),
+        request,
+    )
+}
+
+/// One request to the API at `socket` (one connection, closed after the
+/// response), with `timeout` for each read and write; the response.
+pub(crate) fn call(socket: &Path, timeout: Duration, request: &ApiRequest) -> Result<Reply> {
+    let shown = socket.display();
     let start_hint = format!("start the VM with `hugevmm run --api-socket {shown} ...`");
-    let mut stream = UnixStream::connect(&args.api_socket).map_err(|e| match e.kind() {
+    let mut stream = UnixStream::connect(socket).map_err(|e| match e.kind() {
         ErrorKind::NotFound => anyhow!("no API socket at {shown}: {start_hint}"),
         ErrorKind::ConnectionRefused => {
             anyhow!("nothing listens on {shown} (a socket left by a VM that ended?): {start_hint}")
         }
         _ => anyhow!("cannot connect to the API socket {shown}: {e}"),
     })?;
-    let timeout = Duration::from_secs_f64(args.timeout);
     stream.set_read_timeout(Some(timeout))?;
     stream.set_write_timeout(Some(timeout))?;
     let body = request.body.as_deref().unwrap_or_default();
@@ -155,7 +166,7 @@ fn exchange(args: &CtlArgs, request: &ApiRequest) -> Result<Reply> {
         .map_err(|e| match e.kind() {
             ErrorKind::WouldBlock | ErrorKind::TimedOut => anyhow!(
                 "no response from {shown} within {} s (is the VM stuck, or a long request such as pageout still running?)",
-                args.timeout
+                timeout.as_secs_f64()
             ),
             _ => anyhow!("cannot read the response from {shown}: {e}"),
         })?;

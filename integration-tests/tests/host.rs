@@ -1,0 +1,243 @@
+//! `hugevmm host`: several VMs, each a `hugevmm run` of its own, under one
+//! memory budget; a VM that ends gives its memory back; a supervisor that
+//! dies leaves the VMs their last limits; the options' checks.
+
+use integration_tests::*;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+/// A VM description file.
+fn vm_config(name: &str, json: &str) -> PathBuf {
+    temp_file(&format!("{name}.json"), json)
+}
+
+/// The report's timeline as (t_s, [(vm index by name order, limit)]).
+fn limits_over_time(report: &serde_json::Value) -> Vec<(f64, Vec<(String, u64)>)> {
+    report["timeline"]
+        .as_array()
+        .expect("a timeline")
+        .iter()
+        .map(|sample| {
+            let vms = sample["vms"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|vm| {
+                    (
+                        vm["name"].as_str().unwrap().to_string(),
+                        vm["limit_bytes"].as_u64().unwrap(),
+                    )
+                })
+                .collect();
+            (sample["t_s"].as_f64().unwrap(), vms)
+        })
+        .collect()
+}
+
+/// Two VMs whose peaks together pass the budget: a short `verify` and a
+/// longer `phases`, each checking every word it wrote. The limits never sum
+/// above the budget, both VMs end with status 0, and once the short one
+/// has ended the other gets all of the budget it can use.
+#[test]
+fn host_divides_its_budget_and_gives_an_ended_vm_s_memory_back() {
+    if skip_without_kvm("host_divides_its_budget_and_gives_an_ended_vm_s_memory_back") {
+        return;
+    }
+    let short = vm_config(
+        "short",
+        r#"{"payload": "verify", "mem": "128M", "payload-args": "passes=4"}"#,
+    );
+    let long = vm_config(
+        "long",
+        r#"{"payload": "phases", "mem": "320M", "payload-args": "heap=256M phases=6 ops=8000000"}"#,
+    );
+    let report_path = temp_path("host-report.json");
+    let state = temp_path("host-state");
+    let budget = 256 * MIB;
+    let run = hugevmm(
+        &[
+            "host",
+            "--budget",
+            "256M",
+            "--vm",
+            short.to_str().unwrap(),
+            "--vm",
+            long.to_str().unwrap(),
+            "--period-ms",
+            "500",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--report",
+            report_path.to_str().unwrap(),
+        ],
+        Duration::from_secs(600),
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("the report ({e}): {}", run.stderr));
+    let _ = std::fs::remove_file(&report_path);
+    run.expect_status(0);
+    let names: Vec<String> = report["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|vm| vm["name"].as_str().unwrap().to_string())
+        .collect();
+    for (i, vm) in report["vms"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(vm["exit_status"], 0, "{}: {report}", names[i]);
+        let stats: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(vm["stats_json"].as_str().unwrap()).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(stats["exit_status"], 0, "{}: {stats}", names[i]);
+        let out = std::fs::read_to_string(vm["stdout"].as_str().unwrap()).unwrap();
+        assert!(out.contains(" ok"), "{}: its data checked: {out}", names[i]);
+    }
+    let timeline = limits_over_time(&report);
+    for (t, vms) in &timeline {
+        let sum: u64 = vms.iter().map(|(_, l)| l).sum();
+        assert!(
+            sum <= budget,
+            "at {t} s the limits sum to {} MiB: {vms:?}",
+            sum / MIB
+        );
+    }
+    // The periods after the short VM ended: the long one alone, and within
+    // two periods at the whole budget (its RAM is more).
+    let alone: Vec<&(f64, Vec<(String, u64)>)> = timeline
+        .iter()
+        .skip_while(|(_, vms)| vms.len() == 2)
+        .filter(|(_, vms)| vms.len() == 1)
+        .collect();
+    assert!(alone.len() >= 3, "the long VM ran on alone: {timeline:?}");
+    assert_eq!(alone[0].1[0].0, names[1], "{timeline:?}");
+    assert_eq!(
+        alone[2].1[0].1, budget,
+        "the ended VM's memory went to the other: {timeline:?}"
+    );
+    assert!(
+        run.stderr.contains("its memory goes to the others"),
+        "{}",
+        run.stderr
+    );
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+/// Reads a VM's limit through its API socket.
+fn limit_of(socket: &Path) -> u64 {
+    ctl(socket, &["stats"])["swap"]["mem_limit_bytes"]
+        .as_u64()
+        .expect("a limit")
+}
+
+/// The supervisor is killed (SIGKILL, no chance to clean up): its VMs run
+/// on with the limits it last set, and end as they would have.
+#[test]
+fn a_dead_supervisor_leaves_the_vms_their_last_limits() {
+    if skip_without_kvm("a_dead_supervisor_leaves_the_vms_their_last_limits") {
+        return;
+    }
+    let configs = [
+        vm_config(
+            "one",
+            r#"{"payload": "verify", "mem": "192M", "payload-args": "passes=30"}"#,
+        ),
+        vm_config(
+            "two",
+            r#"{"payload": "verify", "mem": "192M", "payload-args": "passes=30"}"#,
+        ),
+    ];
+    let state = temp_path("host-state");
+    let mut host = Background::start(&[
+        "host",
+        "--budget",
+        "256M",
+        "--vm",
+        configs[0].to_str().unwrap(),
+        "--vm",
+        configs[1].to_str().unwrap(),
+        "--state-dir",
+        state.to_str().unwrap(),
+    ]);
+    let sockets: Vec<PathBuf> = configs
+        .iter()
+        .map(|c| state.join(format!("{}.sock", c.file_stem().unwrap().to_str().unwrap())))
+        .collect();
+    host.wait_until("both VMs' API sockets", Duration::from_secs(120), || {
+        sockets.iter().all(|s| s.exists())
+    });
+    // Two periods of the supervisor.
+    std::thread::sleep(Duration::from_millis(2500));
+    host.signal(libc::SIGKILL);
+    let _ = host.finish(Duration::from_secs(30));
+    let limits: Vec<u64> = sockets.iter().map(|s| limit_of(s)).collect();
+    assert!(limits.iter().sum::<u64>() <= 256 * MIB, "{limits:?}");
+    std::thread::sleep(Duration::from_millis(2500));
+    let later: Vec<u64> = sockets
+        .iter()
+        .filter(|s| s.exists())
+        .map(|s| limit_of(s))
+        .collect();
+    if later.len() == limits.len() {
+        assert_eq!(later, limits, "the VMs kept their last limits");
+    }
+    // Both end on their own, their data checked.
+    let t0 = Instant::now();
+    while sockets.iter().any(|s| s.exists()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the VMs never ended"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for config in &configs {
+        let name = config.file_stem().unwrap().to_str().unwrap();
+        let stats: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(state.join(format!("{name}.stats.json"))).unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| panic!("{name}'s stats ({e})"));
+        assert_eq!(stats["exit_status"], 0, "{name}: {stats}");
+    }
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+#[test]
+fn host_options_are_checked() {
+    let vm = vm_config(
+        "checked",
+        r#"{"payload": "hello", "mem": "128M", "vcpus": 2}"#,
+    );
+    let vm = vm.to_str().unwrap();
+    for (args, want) in [
+        (
+            vec!["--budget", "100M", "--vm", vm, "--vm", vm],
+            "is below the VMs' floors together",
+        ),
+        (
+            vec!["--budget", "1G", "--vm", vm, "--floor", "256M"],
+            "is more than its guest RAM",
+        ),
+        (
+            vec!["--budget", "1G", "--vm", "/nonexistent/vm.json"],
+            "/nonexistent/vm.json",
+        ),
+        (vec!["--budget", "1G"], "--vm"),
+        (
+            vec!["--budget", "1G", "--vm", vm, "--period-ms", "5"],
+            "--period-ms 5",
+        ),
+    ] {
+        let mut full = vec!["host"];
+        full.extend_from_slice(&args);
+        let run = hugevmm(&full, Duration::from_secs(60));
+        assert!(
+            run.status == Some(1) || run.status == Some(2),
+            "{args:?}: exited {:?}: {}",
+            run.status,
+            run.stderr
+        );
+        assert!(run.stderr.contains(want), "{args:?}: {}", run.stderr);
+    }
+}

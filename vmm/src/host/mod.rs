@@ -1,0 +1,423 @@
+//! `hugevmm host`: a supervisor that starts several VMs from their config
+//! files and divides one memory budget among them (issue 30, item 4).
+//!
+//! Each VM is a `hugevmm run` process of its own, with its own seccomp
+//! filters and API socket in the state folder; the supervisor runs no
+//! guest and touches no guest memory, it only reads each VM's figures
+//! (`GET /stats`: limit, resident memory, stall, working-set estimate)
+//! once a period and sets their limits (`PUT /mem-limit`) by the law in
+//! [`law`]. Limits that go down are set before limits that go up, so the
+//! sum of the limits stays within the budget at every moment. A VM that
+//! ends gives its memory back at the next period. If the supervisor dies,
+//! the VMs run on with their last limits (they are processes of their own,
+//! and a limit lives in the VM).
+//!
+//! - [`law`]: the division.
+//! - [`child`]: one VM: started, read, steered, stopped.
+
+mod child;
+pub mod law;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use guestmem::size::format_size;
+
+use crate::run_options::{self, RunFlags};
+use child::{ChildVm, Launch};
+use law::Demand;
+
+/// The swap unit the limits are whole numbers of: the VMs' limits must be
+/// multiples of their unit, and 2 MiB is a multiple of every unit.
+const UNIT_BYTES: u64 = 2 << 20;
+
+/// Arguments of `hugevmm host`.
+#[derive(clap::Args, Debug)]
+pub struct HostArgs {
+    /// The memory all the VMs together may keep resident (e.g. 1G).
+    #[arg(long, value_name = "SIZE", value_parser = run_options::parse_size_arg)]
+    budget: u64,
+    /// A VM's description (the `--config` file of `hugevmm run`); give one
+    /// per VM. Its name is the file's stem.
+    #[arg(long = "vm", value_name = "CONFIG", required = true)]
+    vms: Vec<PathBuf>,
+    /// No VM's limit goes below this (nor below what its vCPUs need, 8 MiB
+    /// per vCPU + 8 MiB).
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = run_options::parse_size_arg)]
+    floor: u64,
+    /// The stall, percent of wall time, above which a VM asks for half as
+    /// much again as its limit.
+    #[arg(long, value_name = "PCT", default_value_t = 2.0)]
+    stall_target: f64,
+    /// How often the limits are set, ms (100 to 60000).
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
+    period_ms: u64,
+    /// Working-set sampling in each VM (`--working-set-sampling`), units per
+    /// second; 0: off (the law then uses resident memory and stall alone).
+    #[arg(long, value_name = "UNITS_PER_S", default_value_t = 2.0)]
+    sampling: f64,
+    /// Where the VMs' sockets, statistics and output go (created if
+    /// missing; default: a new folder hugevmm-host-PID in $TMPDIR).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Write the run's report here: each VM's end and limits, and the
+    /// limits and stall of every period.
+    #[arg(long, value_name = "PATH")]
+    report: Option<PathBuf>,
+}
+
+/// One VM's description as the supervisor checked it.
+struct Planned {
+    config: PathBuf,
+    name: String,
+    mem_bytes: u64,
+    floor_bytes: u64,
+}
+
+/// Checks the arguments and every config file before any VM starts.
+fn plan(args: &HostArgs) -> Result<Vec<Planned>> {
+    if !(100..=60_000).contains(&args.period_ms) {
+        bail!("--period-ms {}: give 100 to 60000", args.period_ms);
+    }
+    if !(args.stall_target.is_finite() && args.stall_target > 0.0 && args.stall_target < 100.0) {
+        bail!(
+            "--stall-target {}: give a percentage above 0 and below 100",
+            args.stall_target
+        );
+    }
+    if !(args.sampling.is_finite() && (0.0..=1000.0).contains(&args.sampling)) {
+        bail!(
+            "--sampling {}: give 0 (off) to 1000 units per second",
+            args.sampling
+        );
+    }
+    let mut planned: Vec<Planned> = Vec::new();
+    for config in &args.vms {
+        let resolved = run_options::resolve(RunFlags {
+            config: Some(config.clone()),
+            ..RunFlags::default()
+        })
+        .with_context(|| format!("--vm {}", config.display()))?;
+        let stem = config
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .filter(|s| !s.is_empty())
+            .unwrap_or("vm");
+        let mut name = stem.to_string();
+        let mut n = 2;
+        while planned.iter().any(|p| p.name == name) {
+            name = format!("{stem}-{n}");
+            n += 1;
+        }
+        let need = swap::engine::MemLimit::min_bytes(resolved.vcpus);
+        let floor_bytes = args.floor.max(need).div_ceil(UNIT_BYTES) * UNIT_BYTES;
+        if floor_bytes > resolved.mem {
+            bail!(
+                "--vm {}: its floor {} is more than its guest RAM {}: lower --floor or give it more --mem",
+                config.display(),
+                format_size(floor_bytes),
+                format_size(resolved.mem)
+            );
+        }
+        planned.push(Planned {
+            config: config.clone(),
+            name,
+            mem_bytes: resolved.mem,
+            floor_bytes,
+        });
+    }
+    let floors: u64 = planned.iter().map(|p| p.floor_bytes).sum();
+    if floors > args.budget {
+        bail!(
+            "--budget {} is below the VMs' floors together ({}): give a larger budget, fewer VMs or a lower --floor",
+            format_size(args.budget),
+            format_size(floors)
+        );
+    }
+    Ok(planned)
+}
+
+/// Runs `hugevmm host`; its exit status: 0 when every VM exited 0, else
+/// the first VM's non-zero status (in the order given).
+pub fn run(args: HostArgs) -> Result<i32> {
+    let planned = plan(&args)?;
+    let state_dir = match &args.state_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("hugevmm-host-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("cannot create the state folder {}", state_dir.display()))?;
+    let binary = std::env::current_exe().context("cannot find the hugevmm binary")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+        signal_hook::flag::register(signal, stop.clone())
+            .context("cannot install signal handlers")?;
+    }
+    // The first limits: the law with no figures yet, every VM asking for
+    // an equal share.
+    let share = args.budget / planned.len() as u64;
+    let first = law::divide(
+        args.budget,
+        &planned
+            .iter()
+            .map(|p| Demand {
+                floor_bytes: p.floor_bytes,
+                max_bytes: p.mem_bytes,
+                need_bytes: share,
+                stall_share: 0.0,
+            })
+            .collect::<Vec<_>>(),
+        UNIT_BYTES,
+    );
+    let mut vms = Vec::new();
+    for (p, limit_bytes) in planned.into_iter().zip(first) {
+        let started = ChildVm::start(Launch {
+            binary: &binary,
+            config: &p.config,
+            name: p.name.clone(),
+            state_dir: &state_dir,
+            mem_bytes: p.mem_bytes,
+            floor_bytes: p.floor_bytes,
+            limit_bytes,
+            sampling: (args.sampling > 0.0).then_some(args.sampling),
+        });
+        match started {
+            Ok(vm) => vms.push(vm),
+            Err(e) => {
+                vms.iter().for_each(ChildVm::stop);
+                return Err(e);
+            }
+        }
+    }
+    eprintln!(
+        "hugevmm host: {} VM(s) under a budget of {}; sockets, statistics and output in {}",
+        vms.len(),
+        format_size(args.budget),
+        state_dir.display()
+    );
+    let mut report = Report::new(&args, &vms);
+    let started = Instant::now();
+    let period = Duration::from_millis(args.period_ms);
+    let mut stopping = false;
+    loop {
+        if stop.load(Ordering::Relaxed) && !stopping {
+            eprintln!("hugevmm host: stop signal: ending the VMs");
+            vms.iter().for_each(ChildVm::stop);
+            stopping = true;
+        }
+        for vm in vms.iter_mut() {
+            let was_running = vm.ended.is_none();
+            if !vm.running() && was_running {
+                eprintln!(
+                    "hugevmm host: VM {} ended ({}); its memory goes to the others",
+                    vm.name,
+                    describe_status(vm.ended)
+                );
+            }
+        }
+        if vms.iter().all(|vm| vm.ended.is_some()) {
+            break;
+        }
+        if !stopping {
+            steer(&args, &mut vms, &mut report, started);
+        }
+        std::thread::sleep(period);
+    }
+    report.finish(&vms, started);
+    for line in report.summary() {
+        eprintln!("{line}");
+    }
+    if let Some(path) = &args.report {
+        let text = serde_json::to_string_pretty(&report.json)?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write --report {}", path.display()))?;
+    }
+    Ok(vms
+        .iter()
+        .map(|vm| exit_code(vm.ended))
+        .find(|&code| code != 0)
+        .unwrap_or(0))
+}
+
+/// One period: reads every running VM, divides the budget, and sets the
+/// limits that change, those that go down first.
+fn steer(args: &HostArgs, vms: &mut [ChildVm], report: &mut Report, started: Instant) {
+    let target = args.stall_target / 100.0;
+    let mut running = Vec::new();
+    let mut demands = Vec::new();
+    for (i, vm) in vms.iter_mut().enumerate() {
+        if vm.ended.is_some() {
+            continue;
+        }
+        let Some(reading) = vm.read() else {
+            // Starting or ending: its current limit stays, and is counted.
+            let held = vm.limit_bytes;
+            running.push((i, held, false));
+            demands.push(Demand {
+                floor_bytes: held,
+                max_bytes: held,
+                need_bytes: held,
+                stall_share: 0.0,
+            });
+            continue;
+        };
+        let stall_share = vm.stall_share();
+        running.push((i, reading.limit_bytes, true));
+        demands.push(Demand {
+            floor_bytes: vm.floor_bytes,
+            max_bytes: vm.mem_bytes,
+            need_bytes: law::need_bytes(
+                reading.limit_bytes,
+                reading.resident_bytes,
+                reading.estimate_bytes,
+                stall_share,
+                target,
+            ),
+            stall_share,
+        });
+    }
+    let limits = law::divide(args.budget, &demands, UNIT_BYTES);
+    // Down first, then up: the sum never passes the budget in between.
+    let mut changes: Vec<(usize, u64, u64)> = running
+        .iter()
+        .zip(&limits)
+        .filter(|((_, now, readable), new)| *readable && *now != **new)
+        .map(|(&(i, now, _), &new)| (i, now, new))
+        .collect();
+    changes.sort_by_key(|&(_, now, new)| new > now);
+    for (i, now, new) in changes {
+        if let Err(e) = vms[i].set_limit(new) {
+            // Ending meanwhile, or a limit it cannot take: it keeps `now`.
+            log::info!(
+                "host: VM {}: limit {} not set: {e:#}",
+                vms[i].name,
+                format_size(new)
+            );
+            continue;
+        }
+        log::debug!(
+            "host: VM {}: limit {} -> {}",
+            vms[i].name,
+            format_size(now),
+            format_size(new)
+        );
+        vms[i].limit_bytes = new;
+    }
+    report.sample(vms, started);
+}
+
+/// A VM's exit status as a number: its code, or 128 + the signal.
+fn exit_code(status: Option<std::process::ExitStatus>) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Some(s) => s.code().unwrap_or_else(|| 128 + s.signal().unwrap_or(0)),
+        None => 0,
+    }
+}
+
+fn describe_status(status: Option<std::process::ExitStatus>) -> String {
+    format!("exit status {}", exit_code(status))
+}
+
+/// The run's report: the limits and stall of every period, and each VM's
+/// end.
+struct Report {
+    json: serde_json::Value,
+    /// Per VM: sum of limits over periods, periods, least and most limit.
+    limits: Vec<(u128, u64, u64, u64)>,
+}
+
+impl Report {
+    fn new(args: &HostArgs, vms: &[ChildVm]) -> Report {
+        Report {
+            json: serde_json::json!({
+                "budget_bytes": args.budget,
+                "period_ms": args.period_ms,
+                "stall_target_pct": args.stall_target,
+                "timeline": [],
+                "vms": vms.iter().map(|vm| serde_json::json!({
+                    "name": vm.name,
+                    "config": vm.config,
+                    "mem_bytes": vm.mem_bytes,
+                    "floor_bytes": vm.floor_bytes,
+                    "socket": vm.socket,
+                    "stats_json": vm.stats_path,
+                    "stdout": vm.log_paths.0,
+                    "stderr": vm.log_paths.1,
+                })).collect::<Vec<_>>(),
+            }),
+            limits: vec![(0, 0, u64::MAX, 0); vms.len()],
+        }
+    }
+
+    /// One period's line of the timeline: the running VMs' figures.
+    fn sample(&mut self, vms: &[ChildVm], started: Instant) {
+        let mut entries = Vec::new();
+        for (i, vm) in vms.iter().enumerate() {
+            if vm.ended.is_some() {
+                continue;
+            }
+            let limit = vm.limit_bytes;
+            let l = &mut self.limits[i];
+            l.0 += u128::from(limit);
+            l.1 += 1;
+            l.2 = l.2.min(limit);
+            l.3 = l.3.max(limit);
+            let last = vm.last.clone().unwrap_or_default();
+            entries.push(serde_json::json!({
+                "name": vm.name,
+                "limit_bytes": limit,
+                "resident_bytes": last.resident_bytes,
+                "estimate_bytes": last.estimate_bytes,
+                "stall_share": vm.stall_share(),
+            }));
+        }
+        if let Some(timeline) = self.json["timeline"].as_array_mut() {
+            timeline.push(serde_json::json!({
+                "t_s": started.elapsed().as_secs_f64(),
+                "vms": entries,
+            }));
+        }
+    }
+
+    /// Each VM's end and limits, and the run's length.
+    fn finish(&mut self, vms: &[ChildVm], started: Instant) {
+        self.json["elapsed_s"] = started.elapsed().as_secs_f64().into();
+        for (i, vm) in vms.iter().enumerate() {
+            let (sum, n, least, most) = self.limits[i];
+            let entry = &mut self.json["vms"][i];
+            entry["exit_status"] = exit_code(vm.ended).into();
+            entry["limit"] = serde_json::json!({
+                "mean_bytes": (n > 0).then(|| (sum / u128::from(n)) as u64),
+                "least_bytes": (n > 0).then_some(least),
+                "most_bytes": (n > 0).then_some(most),
+            });
+        }
+    }
+
+    /// A line per VM for stderr.
+    fn summary(&self) -> Vec<String> {
+        let vms = self.json["vms"].as_array().cloned().unwrap_or_default();
+        vms.iter()
+            .map(|vm| {
+                let size = |key: &str| {
+                    vm["limit"][key]
+                        .as_u64()
+                        .map_or_else(|| "-".to_string(), format_size)
+                };
+                format!(
+                    "hugevmm host: VM {}: exit status {}; limit {} to {}, mean {}; its figures in {}",
+                    vm["name"].as_str().unwrap_or("?"),
+                    vm["exit_status"],
+                    size("least_bytes"),
+                    size("most_bytes"),
+                    size("mean_bytes"),
+                    vm["stats_json"].as_str().unwrap_or("?"),
+                )
+            })
+            .collect()
+    }
+}
