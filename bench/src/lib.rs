@@ -50,6 +50,7 @@ mod figures;
 mod fio;
 mod floor;
 mod hist;
+mod host_budget;
 mod host_pageout;
 mod interrupt;
 mod limits;
@@ -97,6 +98,8 @@ pub enum Suite {
     /// The workload suite against the host kernel's own swap: seqwrite, randwrite, mixed, verify, key-value and phases under the engine's auto, 2m and 4k units and, without the engine, in a memory cgroup of auto's footprint with a host swap file, THP and 4k backing (root; not in `all`).
     #[value(alias = "kernel-swap")]
     Workloads,
+    /// Several VMs with changing active sets under one budget: `hugevmm host` against an equal static split (not in `all`).
+    HostBudget,
     /// All of the above but `linux` and `workloads` (limits first).
     All,
     /// Where one 4 KiB store fault's time goes: guest-observed cost, engine service, userfault round trip, store reads, installs, eviction writes, CPU and context switches per fault (not in `all`).
@@ -118,6 +121,7 @@ impl Suite {
             Suite::Nbd => "nbd",
             Suite::Linux => "linux",
             Suite::Workloads => "workloads",
+            Suite::HostBudget => "host-budget",
             Suite::All => "all",
             Suite::Report => "report",
         }
@@ -433,6 +437,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Nbd => nbd::run(&mut ctx),
             Suite::Linux => linux::run(&mut ctx),
             Suite::Workloads => workloads::run(&mut ctx),
+            Suite::HostBudget => host_budget::run(&mut ctx),
             Suite::All | Suite::Report => unreachable!("expanded above"),
         };
         if let Err(e) = result {

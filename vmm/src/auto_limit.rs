@@ -45,7 +45,7 @@ pub struct SizingReport {
 /// refaults (store, parking, pages of split chunks, units in flight) and
 /// the write-protect faults that follow a restore; not the zero fills of
 /// first touches, which any limit pays.
-fn refault_wait_us(stall: &swap::engine::StallStats) -> u64 {
+pub(crate) fn refault_wait_us(stall: &swap::engine::StallStats) -> u64 {
     let by = &stall.by_source_us;
     by.store + by.parking + by.page + by.in_flight + by.write_protect
 }

@@ -25,8 +25,10 @@ pub struct Reading {
     pub resident_bytes: u64,
     /// Its working-set estimate, when it has one yet.
     pub estimate_bytes: Option<u64>,
-    /// Its "some" stall so far, µs.
-    pub stall_some_us: u64,
+    /// Its vCPUs' waits so far on faults a larger limit would have spared
+    /// (refaults, not first touches: `auto_limit::refault_wait_us`), µs
+    /// per vCPU.
+    pub stall_us: u64,
     /// When it was read.
     pub at: Option<Instant>,
 }
@@ -151,7 +153,10 @@ impl ChildVm {
             limit_bytes: swap["mem_limit_bytes"].as_u64()?,
             resident_bytes: swap["resident_bytes"].as_u64().unwrap_or(0),
             estimate_bytes: swap["working_set"]["estimate_bytes"].as_u64(),
-            stall_some_us: swap["stall"]["some_us"].as_u64().unwrap_or(0),
+            stall_us: serde_json::from_value::<swap::engine::StallStats>(swap["stall"].clone())
+                .map_or(0, |stall| {
+                    crate::auto_limit::refault_wait_us(&stall) / stall.vcpus.max(1)
+                }),
             at: Some(Instant::now()),
         };
         self.limit_bytes = reading.limit_bytes;
@@ -159,19 +164,19 @@ impl ChildVm {
         Some(reading)
     }
 
-    /// Its stall over the last period, a share of wall time (0 before two
-    /// readings).
+    /// Its stall over the last period, a share of its vCPUs' time (0
+    /// before two readings).
     pub fn stall_share(&self) -> f64 {
         match (&self.previous, &self.last) {
             (
                 Some(Reading {
                     at: Some(t0),
-                    stall_some_us: s0,
+                    stall_us: s0,
                     ..
                 }),
                 Some(Reading {
                     at: Some(t1),
-                    stall_some_us: s1,
+                    stall_us: s1,
                     ..
                 }),
             ) => {

@@ -166,6 +166,7 @@ pub fn run(args: HostArgs) -> Result<i32> {
             .map(|p| Demand {
                 floor_bytes: p.floor_bytes,
                 max_bytes: p.mem_bytes,
+                limit_bytes: 0,
                 need_bytes: share,
                 stall_share: 0.0,
             })
@@ -259,6 +260,7 @@ fn steer(args: &HostArgs, vms: &mut [ChildVm], report: &mut Report, started: Ins
             demands.push(Demand {
                 floor_bytes: held,
                 max_bytes: held,
+                limit_bytes: held,
                 need_bytes: held,
                 stall_share: 0.0,
             });
@@ -269,6 +271,7 @@ fn steer(args: &HostArgs, vms: &mut [ChildVm], report: &mut Report, started: Ins
         demands.push(Demand {
             floor_bytes: vm.floor_bytes,
             max_bytes: vm.mem_bytes,
+            limit_bytes: reading.limit_bytes,
             need_bytes: law::need_bytes(
                 reading.limit_bytes,
                 reading.resident_bytes,

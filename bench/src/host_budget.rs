@@ -1,0 +1,320 @@
+//! The `host-budget` suite (issue 30, item 5): several VMs with different,
+//! changing active sets (the `phases` payload on different heaps) under one
+//! memory budget, `hugevmm host` against what an operator does without it,
+//! an equal static split (each VM `hugevmm run --mem-limit BUDGET/N`, all
+//! at once). Rounds alternate the two, the order swapped every round.
+//!
+//! Each VM does a fixed amount of work, so its progress is the inverse of
+//! its time. Per round: each VM's progress under the host over its
+//! progress under the static split (`static s / host s`); the total is
+//! their mean (every VM counts alike, whatever its speed); the least one
+//! says whether some VM paid for the others.
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use crate::report::{Aim, Headline, Table};
+use crate::{interrupt, Ctx};
+
+/// One VM of the scenario: name, guest RAM, payload arguments.
+struct VmSpec {
+    name: &'static str,
+    mem: &'static str,
+    args: String,
+}
+
+/// The scenario: quick, two VMs under 256 MiB; full, three under 384 MiB.
+fn scenario(quick: bool) -> (u64, Vec<VmSpec>) {
+    let ops = if quick { 3_000_000 } else { 6_000_000 };
+    let mut vms = vec![
+        // Its large phases (96 MiB) and its scattered one (8 pages in
+        // every chunk of 384 MiB) want more than a fair share.
+        VmSpec {
+            name: "big",
+            mem: "448M",
+            args: format!("heap=384M phases=6 ops={ops} seed=1"),
+        },
+        // All of it fits in a fair share, with room to spare.
+        VmSpec {
+            name: "small",
+            mem: "160M",
+            args: format!("heap=96M phases=6 ops={ops} seed=2"),
+        },
+    ];
+    if !quick {
+        vms.push(VmSpec {
+            name: "mid",
+            mem: "256M",
+            args: format!("heap=192M phases=6 ops={ops} seed=3"),
+        });
+    }
+    let budget_mib = 128 * vms.len() as u64;
+    (budget_mib << 20, vms)
+}
+
+/// One VM's end in one variant.
+#[derive(Debug, Clone)]
+struct VmEnd {
+    elapsed_s: f64,
+    mean_limit_bytes: Option<u64>,
+}
+
+/// Runs the suite.
+pub fn run(ctx: &mut Ctx) -> Result<()> {
+    if let Some(why) = ctx.kvm_unusable.clone() {
+        ctx.skip("host-budget", &why);
+        return Ok(());
+    }
+    let quick = ctx.quick();
+    let (budget, vms) = scenario(quick);
+    let rounds = if quick { 2 } else { 3 };
+    let dir = ctx.raw_path("host-budget");
+    std::fs::create_dir_all(&dir)?;
+    let configs: Vec<PathBuf> = vms
+        .iter()
+        .map(|vm| {
+            let path = dir.join(format!("{}.json", vm.name));
+            let config = json!({"payload": "phases", "mem": vm.mem, "payload-args": vm.args});
+            std::fs::write(&path, config.to_string())?;
+            Ok(path)
+        })
+        .collect::<Result<_>>()?;
+    ctx.progress.plan(rounds * 2);
+    let mut t = Table::new(
+        &format!(
+            "{} VMs (phases) under a budget of {} MiB: hugevmm host against an equal static split",
+            vms.len(),
+            budget >> 20
+        ),
+        &[
+            "round",
+            "VM",
+            "static s",
+            "host s",
+            "progress host / static",
+            "host mean limit MiB",
+        ],
+    );
+    let mut totals = Vec::new();
+    let mut least = Vec::new();
+    let mut makespans = Vec::new();
+    let mut rounds_json = Vec::new();
+    for round in 0..rounds {
+        let host_first = round % 2 == 1;
+        let mut ends: [Option<(Vec<VmEnd>, f64)>; 2] = [None, None];
+        for step in 0..2 {
+            interrupt::check()?;
+            let host = (step == 0) == host_first;
+            let label = format!(
+                "round {} {}",
+                round + 1,
+                if host { "host" } else { "static" }
+            );
+            ctx.progress.start(&label);
+            let started = Instant::now();
+            let result = if host {
+                run_host(ctx, &configs, budget, &dir.join(format!("host-{round}")))
+            } else {
+                run_static(ctx, &configs, budget, &dir.join(format!("static-{round}")))
+            };
+            match result {
+                Ok(end) => {
+                    let wall = started.elapsed().as_secs_f64();
+                    ctx.progress.done(&format!("{wall:.1} s"));
+                    ends[usize::from(host)] = Some((end, wall));
+                }
+                Err(e) => {
+                    ctx.progress.failed(&format!("{e:#}"));
+                    ctx.report
+                        .failures
+                        .push(format!("host-budget {label}: {e:#}"));
+                }
+            }
+        }
+        let (Some((fixed, fixed_wall)), Some((steered, steered_wall))) = (&ends[0], &ends[1])
+        else {
+            continue;
+        };
+        let ratios: Vec<f64> = fixed
+            .iter()
+            .zip(steered)
+            .map(|(f, s)| f.elapsed_s / s.elapsed_s)
+            .collect();
+        for (i, vm) in vms.iter().enumerate() {
+            t.row(vec![
+                (round + 1).to_string(),
+                vm.name.to_string(),
+                format!("{:.2}", fixed[i].elapsed_s),
+                format!("{:.2}", steered[i].elapsed_s),
+                format!("{:.2}", ratios[i]),
+                steered[i]
+                    .mean_limit_bytes
+                    .map_or("-".into(), |b| format!("{:.0}", b as f64 / 1048576.0)),
+            ]);
+        }
+        let total = ratios.iter().sum::<f64>() / ratios.len() as f64;
+        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        totals.push(total);
+        least.push(min);
+        makespans.push(fixed_wall / steered_wall);
+        rounds_json.push(json!({
+            "round": round + 1,
+            "host_first": host_first,
+            "static_s": fixed.iter().map(|e| e.elapsed_s).collect::<Vec<_>>(),
+            "host_s": steered.iter().map(|e| e.elapsed_s).collect::<Vec<_>>(),
+            "host_mean_limit_bytes": steered.iter().map(|e| e.mean_limit_bytes).collect::<Vec<_>>(),
+            "static_wall_s": fixed_wall,
+            "host_wall_s": steered_wall,
+        }));
+    }
+    t.note("progress = static s / host s for each VM (fixed work); the static split runs every VM at once with --mem-limit budget/N; the host runs them under hugevmm host --budget (working-set sampling at 2 units/s, its cost included)");
+    t.note(&format!(
+        "all VMs done, static wall / host wall, per round: {}",
+        makespans
+            .iter()
+            .map(|m| format!("{m:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let how = format!(
+        "{} interleaved rounds, order swapped each round; {}",
+        rounds,
+        vms.iter()
+            .map(|vm| format!("{}: --mem {} phases {}", vm.name, vm.mem, vm.args))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    ctx.report.headline.push(Headline::new(
+        "host_budget_total_progress",
+        "hugevmm host over an equal static split: the VMs' mean progress",
+        totals,
+        Some(Aim::AtLeast(1.25)),
+        how.clone(),
+    ));
+    ctx.report.headline.push(Headline::new(
+        "host_budget_least_vm_progress",
+        "hugevmm host over an equal static split: the least VM's progress",
+        least,
+        Some(Aim::AtLeast(0.8)),
+        how,
+    ));
+    ctx.report.tables.push(t);
+    ctx.report.set(
+        "host_budget",
+        json!({
+            "budget_bytes": budget,
+            "vms": vms.iter().map(|vm| json!({"name": vm.name, "mem": vm.mem, "payload_args": vm.args})).collect::<Vec<_>>(),
+            "rounds": rounds_json,
+        }),
+    );
+    Ok(())
+}
+
+/// Each VM alone at budget/N, all at once.
+fn run_static(ctx: &Ctx, configs: &[PathBuf], budget: u64, dir: &Path) -> Result<Vec<VmEnd>> {
+    std::fs::create_dir_all(dir)?;
+    let share = budget / configs.len() as u64;
+    let mut children = Vec::new();
+    for (i, config) in configs.iter().enumerate() {
+        let stats = dir.join(format!("{i}.stats.json"));
+        let out = dir.join(format!("{i}.out"));
+        let child = Command::new(&ctx.hugevmm)
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .arg("--mem-limit")
+            .arg(share.to_string())
+            .arg("--quiet")
+            .arg("--stats-json")
+            .arg(&stats)
+            .env("TMPDIR", &ctx.store_dir)
+            .stdout(std::fs::File::create(&out)?)
+            .stderr(std::fs::File::create(dir.join(format!("{i}.err")))?)
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("cannot start {}", ctx.hugevmm.display()))?;
+        children.push((child, stats, out));
+    }
+    let mut ends = Vec::new();
+    for (mut child, stats, out) in children {
+        let status = child.wait()?;
+        ends.push(vm_end(status.code(), &stats, &out, None)?);
+    }
+    Ok(ends)
+}
+
+/// The VMs under `hugevmm host --budget`.
+fn run_host(ctx: &Ctx, configs: &[PathBuf], budget: u64, dir: &Path) -> Result<Vec<VmEnd>> {
+    let report_path = dir.with_extension("report.json");
+    let _ = std::fs::remove_dir_all(dir);
+    let mut command = Command::new(&ctx.hugevmm);
+    command
+        .arg("host")
+        .arg("--budget")
+        .arg(budget.to_string())
+        .arg("--state-dir")
+        .arg(dir)
+        .arg("--report")
+        .arg(&report_path)
+        .env("TMPDIR", &ctx.store_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for config in configs {
+        command.arg("--vm").arg(config);
+    }
+    let output = command
+        .output()
+        .with_context(|| format!("cannot start {} host", ctx.hugevmm.display()))?;
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).with_context(|| {
+            format!(
+                "hugevmm host wrote no report: {}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })?)?;
+    let mut ends = Vec::new();
+    for vm in report["vms"].as_array().into_iter().flatten() {
+        let path = |key: &str| PathBuf::from(vm[key].as_str().unwrap_or_default());
+        ends.push(vm_end(
+            vm["exit_status"].as_i64().map(|s| s as i32),
+            &path("stats_json"),
+            &path("stdout"),
+            vm["limit"]["mean_bytes"].as_u64(),
+        )?);
+    }
+    if ends.len() != configs.len() {
+        bail!(
+            "the host's report names {} VMs, not {}",
+            ends.len(),
+            configs.len()
+        );
+    }
+    Ok(ends)
+}
+
+/// A VM's time, once its status, stats and checked data say it ran whole.
+fn vm_end(
+    status: Option<i32>,
+    stats: &Path,
+    out: &Path,
+    mean_limit_bytes: Option<u64>,
+) -> Result<VmEnd> {
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    if status != Some(0) || !text.contains(" ok") {
+        bail!(
+            "a VM ended with {status:?} without checking its data (see {})",
+            out.display()
+        );
+    }
+    let stats: Value = serde_json::from_str(&std::fs::read_to_string(stats)?)?;
+    Ok(VmEnd {
+        elapsed_s: stats["elapsed_s"]
+            .as_f64()
+            .context("no elapsed_s in its stats")?,
+        mean_limit_bytes,
+    })
+}
