@@ -193,7 +193,10 @@ fn a_dead_supervisor_leaves_the_vms_their_last_limits() {
     };
     let t0 = Instant::now();
     while configs.iter().any(|c| read_stats(c).is_none()) {
-        assert!(t0.elapsed() < Duration::from_secs(300), "the VMs never ended");
+        assert!(
+            t0.elapsed() < Duration::from_secs(300),
+            "the VMs never ended"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     for config in &configs {
@@ -240,4 +243,149 @@ fn host_options_are_checked() {
         );
         assert!(run.stderr.contains(want), "{args:?}: {}", run.stderr);
     }
+}
+
+/// The supervisor's API, through the real curl and the real OpenMetrics
+/// parser: the VMs and their limits, the budget lowered at run time (the
+/// limits follow within two periods; a budget below the floors is refused
+/// with what to give), and metrics labelled by vm.
+#[test]
+fn the_supervisor_api_shows_the_vms_and_takes_a_new_budget() {
+    let test = "the_supervisor_api_shows_the_vms_and_takes_a_new_budget";
+    if skip_without_kvm(test) {
+        return;
+    }
+    if !have_program("curl") {
+        skip(
+            test,
+            Resource::Curl,
+            "curl is not installed (apt-get install curl)",
+        );
+        return;
+    }
+    if !have_openmetrics_parser() {
+        skip(
+            test,
+            Resource::PrometheusParser,
+            "python3 cannot import prometheus_client.openmetrics (apt-get install python3-prometheus-client)",
+        );
+        return;
+    }
+    let config = vm_config(
+        "api",
+        r#"{"payload": "verify", "mem": "256M", "payload-args": "passes=1000000"}"#,
+    );
+    let state = temp_path("host-state");
+    let socket = temp_path("host.sock");
+    let mut host = Background::start(&[
+        "host",
+        "--budget",
+        "384M",
+        "--vm",
+        config.to_str().unwrap(),
+        "--vm",
+        config.to_str().unwrap(),
+        "--period-ms",
+        "200",
+        "--state-dir",
+        state.to_str().unwrap(),
+        "--api-socket",
+        socket.to_str().unwrap(),
+    ]);
+    let get_vms = || curl(Some(&socket), "GET", "http://host/vms", None, &[]);
+    host.wait_until(
+        "both VMs read by the supervisor",
+        Duration::from_secs(120),
+        || {
+            socket.exists()
+                && get_vms().json()["vms"].as_array().is_some_and(|vms| {
+                    vms.len() == 2 && vms.iter().all(|vm| vm["resident_bytes"].as_u64() > Some(0))
+                })
+        },
+    );
+    let vms = get_vms().json();
+    let names: Vec<&str> = vms["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|vm| vm["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{vms}");
+    assert_ne!(
+        names[0], names[1],
+        "two VMs of one file get names of their own: {vms}"
+    );
+    let refused = curl(
+        Some(&socket),
+        "PUT",
+        "http://host/budget",
+        Some(r#"{"budget_bytes": "100M"}"#),
+        &[],
+    );
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert!(
+        refused.body.contains("below the running VMs' floors"),
+        "{}",
+        refused.body
+    );
+    let lowered = curl(
+        Some(&socket),
+        "PUT",
+        "http://host/budget",
+        Some(r#"{"budget_bytes": "160M"}"#),
+        &[],
+    );
+    assert_eq!(lowered.status, 200, "{}", lowered.body);
+    assert_eq!(lowered.json()["budget_bytes"], 160 * MIB);
+    // Within two periods (and a slack for a loaded host) the limits fit.
+    let t0 = Instant::now();
+    loop {
+        let vms = get_vms().json();
+        let sum: u64 = vms["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|vm| vm["limit_bytes"].as_u64().unwrap())
+            .sum();
+        if sum <= 160 * MIB {
+            // The VMs' own APIs agree.
+            for vm in vms["vms"].as_array().unwrap() {
+                let own = limit_of(Path::new(vm["socket"].as_str().unwrap()));
+                assert!(own <= 160 * MIB - 64 * MIB, "{own}: {vms}");
+            }
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the limits never fit: {vms}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let metrics = curl(Some(&socket), "GET", "http://host/metrics", None, &[]);
+    assert_eq!(metrics.status, 200, "{}", metrics.body);
+    let families = parse_openmetrics(&metrics.body);
+    assert_eq!(
+        families["hugevmm_host_budget_bytes"]["samples"][0][2].as_f64(),
+        Some((160 * MIB) as f64),
+        "{families}"
+    );
+    let limits = families["hugevmm_host_vm_limit_bytes"]["samples"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{families}"));
+    let labelled: Vec<&str> = limits
+        .iter()
+        .map(|s| s[1]["vm"].as_str().unwrap_or_default())
+        .collect();
+    for name in &names {
+        assert!(labelled.contains(name), "{name}: {families}");
+    }
+    host.signal(libc::SIGTERM);
+    let run = host.finish(Duration::from_secs(120));
+    assert!(
+        run.stderr.contains("stop signal: ending the VMs"),
+        "{}",
+        run.stderr
+    );
+    assert!(!socket.exists(), "the supervisor's socket is removed");
+    let _ = std::fs::remove_dir_all(&state);
 }

@@ -85,6 +85,17 @@ pub fn render(
     snapshot: &Snapshot,
     accept: Option<&str>,
 ) -> Result<(&'static str, String), Refusal> {
+    let mut registry = Registry::with_prefix("hugevmm");
+    registry.register_collector(Box::new(Figures(snapshot.clone())));
+    encode(&registry, accept)
+}
+
+/// `registry`'s metrics in the format `accept` asks for, with its content
+/// type; 406 if it asks for neither format (also `hugevmm host`'s).
+pub fn encode(
+    registry: &Registry,
+    accept: Option<&str>,
+) -> Result<(&'static str, String), Refusal> {
     let format = choose(accept).ok_or_else(|| Refusal {
         status: 406,
         message: format!(
@@ -92,13 +103,11 @@ pub fn render(
             super::http::shorten(accept.unwrap_or_default())
         ),
     })?;
-    let mut registry = Registry::with_prefix("hugevmm");
-    registry.register_collector(Box::new(Figures(snapshot.clone())));
     let mut text = String::new();
     let encoded = match format {
-        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, &registry),
+        Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut text, registry),
         Format::PrometheusText => {
-            prometheus_client::encoding::prometheus_text::encode(&mut text, &registry)
+            prometheus_client::encoding::prometheus_text::encode(&mut text, registry)
         }
     };
     encoded.map_err(|e| Refusal {

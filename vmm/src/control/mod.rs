@@ -22,4 +22,4 @@ pub(crate) mod server;
 pub(crate) mod watch;
 
 pub(crate) use context::ControlContext;
-pub(crate) use server::{ControlSocket, MetricsListener};
+pub(crate) use server::{ControlSocket, MetricsListener, Routes};

@@ -95,6 +95,20 @@ impl Limits {
     };
 }
 
+/// What a server answers its requests with: the VM's API
+/// ([`ControlContext`], through [`api::handle`]), or another process's
+/// routes on the same listeners, peer checks and bounds (`hugevmm host`).
+pub(crate) trait Routes: Send + Sync + 'static {
+    /// The response to `request`, on a listener that serves `service`.
+    fn respond(&self, service: Service, request: &http::Request) -> http::Response;
+}
+
+impl Routes for ControlContext {
+    fn respond(&self, service: Service, request: &http::Request) -> http::Response {
+        api::handle(self, service, request)
+    }
+}
+
 // Client threads share one context: everything in it must be usable from
 // several threads at once (see `ControlContext`'s docs for what is
 // serialized and why).
@@ -369,7 +383,12 @@ impl ControlSocket {
         self.serve_with(context, Limits::DEFAULT)
     }
 
-    fn serve_with(self, context: Arc<ControlContext>, limits: Limits) -> Result<ControlServer> {
+    /// Starts the threads that answer every request with `routes`.
+    pub fn serve_routes(self, routes: Arc<dyn Routes>) -> Result<ControlServer> {
+        self.serve_with(routes, Limits::DEFAULT)
+    }
+
+    fn serve_with(self, context: Arc<dyn Routes>, limits: Limits) -> Result<ControlServer> {
         start(
             self.listener,
             Some(self.file),
@@ -417,7 +436,7 @@ impl MetricsListener {
         self.serve_with(context, Limits::DEFAULT)
     }
 
-    fn serve_with(self, context: Arc<ControlContext>, limits: Limits) -> Result<ControlServer> {
+    fn serve_with(self, context: Arc<dyn Routes>, limits: Limits) -> Result<ControlServer> {
         let admission = if self.remote {
             Admission::PerAddress(Default::default())
         } else {
@@ -546,7 +565,7 @@ enum Admission {
 fn start<L: Listen>(
     listener: L,
     file: Option<SocketFile>,
-    context: Arc<ControlContext>,
+    context: Arc<dyn Routes>,
     service: Service,
     admission: Admission,
     limits: Limits,
@@ -591,7 +610,7 @@ fn seccomp_kinds(service: Service) -> (crate::seccomp::ThreadKind, crate::seccom
 /// What the accepting thread and every client thread share.
 struct Shared {
     stop: Arc<EventFd>,
-    context: Arc<ControlContext>,
+    context: Arc<dyn Routes>,
     service: Service,
     admission: Admission,
     /// Rate limit of the messages about refused clients: whoever may
@@ -984,7 +1003,7 @@ fn serve_client<S: Connection>(stream: &S, shared: &Shared) -> io::Result<Client
             match http::parse(&pending) {
                 Ok(Parsed::Complete(request, used)) => {
                     pending.drain(..used);
-                    let response = api::handle(&shared.context, shared.service, &request);
+                    let response = shared.context.respond(shared.service, &request);
                     if let Some(end) = send(stream, &response.to_bytes(request.close), shared)? {
                         return Ok(end);
                     }

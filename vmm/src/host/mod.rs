@@ -14,7 +14,9 @@
 //!
 //! - [`law`]: the division.
 //! - [`child`]: one VM: started, read, steered, stopped.
+//! - [`api`]: the supervisor's own API (`--api-socket`).
 
+mod api;
 mod child;
 pub mod law;
 
@@ -26,7 +28,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use guestmem::size::format_size;
 
+use crate::control::ControlSocket;
 use crate::run_options::{self, RunFlags};
+use api::{HostState, VmView};
 use child::{ChildVm, Launch};
 use law::Demand;
 
@@ -67,6 +71,11 @@ pub struct HostArgs {
     /// limits and stall of every period.
     #[arg(long, value_name = "PATH")]
     report: Option<PathBuf>,
+    /// Serve the supervisor's API on this Unix socket (mode 0600): the VMs
+    /// (`GET /vms`), the budget (`GET`/`PUT /budget`) and `GET /metrics`
+    /// with a `vm` label.
+    #[arg(long, value_name = "PATH")]
+    api_socket: Option<PathBuf>,
 }
 
 /// One VM's description as the supervisor checked it.
@@ -151,6 +160,12 @@ pub fn run(args: HostArgs) -> Result<i32> {
     std::fs::create_dir_all(&state_dir)
         .with_context(|| format!("cannot create the state folder {}", state_dir.display()))?;
     let binary = std::env::current_exe().context("cannot find the hugevmm binary")?;
+    let state = Arc::new(HostState::new(args.budget));
+    // Bound before any VM starts, so that a path in use fails at once.
+    let server = match &args.api_socket {
+        Some(path) => Some(ControlSocket::bind(path, &[])?.serve_routes(state.clone())?),
+        None => None,
+    };
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
         signal_hook::flag::register(signal, stop.clone())
@@ -223,9 +238,13 @@ pub fn run(args: HostArgs) -> Result<i32> {
             break;
         }
         if !stopping {
-            steer(&args, &mut vms, &mut report, started);
+            steer(&args, state.budget_bytes(), &mut vms, &mut report, started);
         }
+        state.set_vms(vms.iter().map(view).collect());
         std::thread::sleep(period);
+    }
+    if let Some(server) = server {
+        server.shutdown(true);
     }
     report.finish(&vms, started);
     for line in report.summary() {
@@ -245,7 +264,13 @@ pub fn run(args: HostArgs) -> Result<i32> {
 
 /// One period: reads every running VM, divides the budget, and sets the
 /// limits that change, those that go down first.
-fn steer(args: &HostArgs, vms: &mut [ChildVm], report: &mut Report, started: Instant) {
+fn steer(
+    args: &HostArgs,
+    budget_bytes: u64,
+    vms: &mut [ChildVm],
+    report: &mut Report,
+    started: Instant,
+) {
     let target = args.stall_target / 100.0;
     let mut running = Vec::new();
     let mut demands = Vec::new();
@@ -282,7 +307,7 @@ fn steer(args: &HostArgs, vms: &mut [ChildVm], report: &mut Report, started: Ins
             stall_share,
         });
     }
-    let limits = law::divide(args.budget, &demands, UNIT_BYTES);
+    let limits = law::divide(budget_bytes, &demands, UNIT_BYTES);
     // Down first, then up: the sum never passes the budget in between.
     let mut changes: Vec<(usize, u64, u64)> = running
         .iter()
@@ -310,6 +335,23 @@ fn steer(args: &HostArgs, vms: &mut [ChildVm], report: &mut Report, started: Ins
         vms[i].limit_bytes = new;
     }
     report.sample(vms, started);
+}
+
+/// A VM as the API shows it.
+fn view(vm: &ChildVm) -> VmView {
+    let last = vm.last.clone().unwrap_or_default();
+    VmView {
+        name: vm.name.clone(),
+        running: vm.ended.is_none(),
+        exit_status: vm.ended.map(|s| exit_code(Some(s))),
+        mem_bytes: vm.mem_bytes,
+        floor_bytes: vm.floor_bytes,
+        limit_bytes: vm.limit_bytes,
+        resident_bytes: last.resident_bytes,
+        estimate_bytes: last.estimate_bytes,
+        stall_share: vm.stall_share(),
+        socket: vm.socket.clone(),
+    }
 }
 
 /// A VM's exit status as a number: its code, or 128 + the signal.
