@@ -135,6 +135,20 @@ pub fn hugevmm(args: &[&str], limit: Duration) -> Run {
     }
 }
 
+/// Runs `hugevmm` with `args` and checks that it refused them as a user
+/// error (status 1, or 2 for what clap cannot parse) with a message that
+/// contains `want`.
+pub fn assert_refused(args: &[&str], want: &str) {
+    let run = hugevmm(args, Duration::from_secs(60));
+    assert!(
+        run.status == Some(1) || run.status == Some(2),
+        "{args:?}: exited {:?}: {}",
+        run.status,
+        run.stderr
+    );
+    assert!(run.stderr.contains(want), "{args:?}: {}", run.stderr);
+}
+
 /// Runs a command, killing it if it outlives `limit` (the test then fails
 /// with what it printed so far).
 pub fn run_with_limit(cmd: Command, limit: Duration) -> Output {
@@ -491,6 +505,31 @@ pub fn have_openmetrics_parser() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Whether `test` must skip (and says so) for want of KVM, curl or the
+/// OpenMetrics parser: what the API tests that scrape metrics need.
+pub fn skip_without_kvm_curl_and_parser(test: &str) -> bool {
+    if skip_without_kvm(test) {
+        return true;
+    }
+    if !have_program("curl") {
+        skip(
+            test,
+            Resource::Curl,
+            "curl is not installed (apt-get install curl)",
+        );
+        return true;
+    }
+    if !have_openmetrics_parser() {
+        skip(
+            test,
+            Resource::PrometheusParser,
+            "python3 cannot import prometheus_client.openmetrics (apt-get install python3-prometheus-client)",
+        );
+        return true;
+    }
+    false
 }
 
 /// Parses OpenMetrics text with Python's `prometheus_client` (Debian's

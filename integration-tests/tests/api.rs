@@ -93,23 +93,7 @@ fn sample(metrics: &Value, family: &str, name: &str, labels: &Value) -> f64 {
 #[test]
 fn the_api_matches_its_document_under_a_swapping_guest() {
     let test = "the_api_matches_its_document_under_a_swapping_guest";
-    if skip_without_kvm(test) {
-        return;
-    }
-    if !have_program("curl") {
-        skip(
-            test,
-            Resource::Curl,
-            "curl is not installed (apt-get install curl)",
-        );
-        return;
-    }
-    if !have_openmetrics_parser() {
-        skip(
-            test,
-            Resource::PrometheusParser,
-            "python3 cannot import prometheus_client.openmetrics (apt-get install python3-prometheus-client)",
-        );
+    if skip_without_kvm_curl_and_parser(test) {
         return;
     }
     let doc = Document::load();

@@ -234,14 +234,7 @@ fn host_options_are_checked() {
     ] {
         let mut full = vec!["host"];
         full.extend_from_slice(&args);
-        let run = hugevmm(&full, Duration::from_secs(60));
-        assert!(
-            run.status == Some(1) || run.status == Some(2),
-            "{args:?}: exited {:?}: {}",
-            run.status,
-            run.stderr
-        );
-        assert!(run.stderr.contains(want), "{args:?}: {}", run.stderr);
+        assert_refused(&full, want);
     }
 }
 
@@ -252,23 +245,7 @@ fn host_options_are_checked() {
 #[test]
 fn the_supervisor_api_shows_the_vms_and_takes_a_new_budget() {
     let test = "the_supervisor_api_shows_the_vms_and_takes_a_new_budget";
-    if skip_without_kvm(test) {
-        return;
-    }
-    if !have_program("curl") {
-        skip(
-            test,
-            Resource::Curl,
-            "curl is not installed (apt-get install curl)",
-        );
-        return;
-    }
-    if !have_openmetrics_parser() {
-        skip(
-            test,
-            Resource::PrometheusParser,
-            "python3 cannot import prometheus_client.openmetrics (apt-get install python3-prometheus-client)",
-        );
+    if skip_without_kvm_curl_and_parser(test) {
         return;
     }
     let config = vm_config(

@@ -33,19 +33,10 @@ pub const ROUTES: [(&str, &str, &str); 8] = [
     ("GET", "/", "this list of routes"),
 ];
 
-fn routes_of(
-    service: Service,
-) -> impl Iterator<Item = &'static (&'static str, &'static str, &'static str)> {
+fn routes_of(service: Service) -> impl Iterator<Item = &'static Route> {
     ROUTES
         .iter()
         .filter(move |(_, path, _)| service == Service::Api || *path == "/metrics")
-}
-
-fn route_list(service: Service) -> String {
-    routes_of(service)
-        .map(|(method, path, _)| format!("{method} {path}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// `PUT /balloon`.
@@ -119,57 +110,81 @@ fn respond(outcome: Outcome) -> Response {
     }
 }
 
-/// The response to `request`.
-pub fn handle(context: &ControlContext, service: Service, request: &Request) -> Response {
-    let method = request.method.as_str();
-    let path = request.path.as_str();
-    let known: Vec<&str> = routes_of(service)
+/// A route: method, path, what it does.
+pub type Route = (&'static str, &'static str, &'static str);
+
+/// The 404 (no route has the path) or 405 (none with the method; `Allow`
+/// names those that have it) for a request none of `routes` takes, each
+/// listing the routes; None when one takes it.
+pub fn refuse_unrouted(routes: &[&Route], request: &Request) -> Option<Response> {
+    let (method, path) = (request.method.as_str(), request.path.as_str());
+    let list = routes
+        .iter()
+        .map(|(m, p, _)| format!("{m} {p}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let known: Vec<&str> = routes
+        .iter()
         .filter(|(_, p, _)| *p == path)
         .map(|(m, _, _)| *m)
         .collect();
     if known.is_empty() {
-        return Response::error(
+        return Some(Response::error(
             404,
-            format!(
-                "no such path {}; the routes are {}",
-                shorten(path),
-                route_list(service)
-            ),
-        );
+            format!("no such path {}; the routes are {list}", shorten(path)),
+        ));
     }
-    if !known.contains(&method) {
-        let allow = known.join(", ");
-        let mut response = Response::error(
-            405,
-            format!(
-                "{} is not allowed on {path}: use {allow} (the routes are {})",
-                shorten(method),
-                route_list(service)
-            ),
-        );
-        response.allow = Some(allow);
-        return response;
+    if known.contains(&method) {
+        return None;
     }
-    match (method, path) {
-        ("GET", "/metrics") => {
-            match metrics::render(&context.snapshot(), request.accept.as_deref()) {
-                Ok((content_type, text)) => Response {
-                    status: 200,
-                    content_type: content_type.into(),
-                    body: text.into_bytes(),
-                    allow: None,
-                },
-                Err(refusal) => Response::error(refusal.status, refusal.message),
-            }
-        }
-        ("GET", "/") => Response::json(
-            200,
-            &serde_json::json!({
-                "routes": routes_of(service)
-                    .map(|(m, p, does)| serde_json::json!({ "method": m, "path": p, "does": does }))
-                    .collect::<Vec<_>>(),
-            }),
+    let allow = known.join(", ");
+    let mut response = Response::error(
+        405,
+        format!(
+            "{} is not allowed on {path}: use {allow} (the routes are {list})",
+            shorten(method)
         ),
+    );
+    response.allow = Some(allow);
+    Some(response)
+}
+
+/// `GET /`'s body: the routes.
+pub fn route_index(routes: &[&Route]) -> serde_json::Value {
+    serde_json::json!({
+        "routes": routes
+            .iter()
+            .map(|(m, p, does)| serde_json::json!({ "method": m, "path": p, "does": does }))
+            .collect::<Vec<_>>(),
+    })
+}
+
+/// `GET /metrics`' response from the encoded text, or its refusal.
+pub fn metrics_response(rendered: Result<(&'static str, String), Refusal>) -> Response {
+    match rendered {
+        Ok((content_type, text)) => Response {
+            status: 200,
+            content_type: content_type.into(),
+            body: text.into_bytes(),
+            allow: None,
+        },
+        Err(refusal) => Response::error(refusal.status, refusal.message),
+    }
+}
+
+/// The response to `request`.
+pub fn handle(context: &ControlContext, service: Service, request: &Request) -> Response {
+    let routes: Vec<&Route> = routes_of(service).collect();
+    if let Some(refusal) = refuse_unrouted(&routes, request) {
+        return refusal;
+    }
+    let (method, path) = (request.method.as_str(), request.path.as_str());
+    match (method, path) {
+        ("GET", "/metrics") => metrics_response(metrics::render(
+            &context.snapshot(),
+            request.accept.as_deref(),
+        )),
+        ("GET", "/") => Response::json(200, &route_index(&routes)),
         ("GET", "/vm") => Response::json(200, &context.vm_info()),
         ("GET", "/stats") => Response::json(200, &context.stats()),
         ("GET", "/balloon") => respond(context.balloon()),

@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::{json, Value};
 
-use crate::control::api::Service;
+use crate::control::api::{metrics_response, refuse_unrouted, route_index, Route, Service};
 use crate::control::http::{Request, Response};
 use crate::control::Routes;
 use guestmem::size::{format_size, parse_size};
@@ -57,7 +57,7 @@ pub struct HostState {
 }
 
 /// The routes: method, path, what it does.
-pub const ROUTES: [(&str, &str, &str); 5] = [
+pub const ROUTES: [Route; 5] = [
     ("GET", "/", "the routes"),
     (
         "GET",
@@ -178,15 +178,7 @@ impl HostState {
             "1 while the VM runs, 0 once it ended",
             running,
         );
-        match crate::control::metrics::encode(&registry, accept) {
-            Ok((content_type, text)) => Response {
-                status: 200,
-                content_type: content_type.into(),
-                body: text.into_bytes(),
-                allow: None,
-            },
-            Err(refusal) => Response::error(refusal.status, refusal.message),
-        }
+        metrics_response(crate::control::metrics::encode(&registry, accept))
     }
 }
 
@@ -204,44 +196,13 @@ fn budget_of(body: &[u8]) -> Result<u64, String> {
     }
 }
 
-fn route_list() -> String {
-    ROUTES
-        .iter()
-        .map(|(m, p, _)| format!("{m} {p}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 impl Routes for HostState {
     fn respond(&self, _service: Service, request: &Request) -> Response {
+        let routes: Vec<&Route> = ROUTES.iter().collect();
+        if let Some(refusal) = refuse_unrouted(&routes, request) {
+            return refusal;
+        }
         let (method, path) = (request.method.as_str(), request.path.as_str());
-        let known: Vec<&str> = ROUTES
-            .iter()
-            .filter(|(_, p, _)| *p == path)
-            .map(|(m, _, _)| *m)
-            .collect();
-        if known.is_empty() {
-            return Response::error(
-                404,
-                format!(
-                    "no such path {}; the routes are {}",
-                    crate::control::http::shorten(path),
-                    route_list()
-                ),
-            );
-        }
-        if !known.contains(&method) {
-            let mut response = Response::error(
-                405,
-                format!(
-                    "{} is not allowed on {path}: use {}",
-                    crate::control::http::shorten(method),
-                    known.join(", ")
-                ),
-            );
-            response.allow = Some(known.join(", "));
-            return response;
-        }
         match (method, path) {
             ("GET", "/vms") => Response::json(200, &self.vms_json()),
             ("GET", "/budget") => {
@@ -255,15 +216,7 @@ impl Routes for HostState {
                 Err(message) => Response::error(400, message),
             },
             ("GET", "/metrics") => self.metrics(request.accept.as_deref()),
-            _ => Response::json(
-                200,
-                &json!({
-                    "routes": ROUTES
-                        .iter()
-                        .map(|(m, p, does)| json!({ "method": m, "path": p, "does": does }))
-                        .collect::<Vec<_>>(),
-                }),
-            ),
+            _ => Response::json(200, &route_index(&routes)),
         }
     }
 }
