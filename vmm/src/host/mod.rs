@@ -52,8 +52,8 @@ pub struct HostArgs {
     /// per vCPU + 8 MiB).
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = run_options::parse_size_arg)]
     floor: u64,
-    /// The stall, percent of wall time, above which a VM asks for half as
-    /// much again as its limit.
+    /// The stall (waits on refaults, percent of the VM's vCPU time) above
+    /// which a VM asks for half as much again as its limit.
     #[arg(long, value_name = "PCT", default_value_t = 2.0)]
     stall_target: f64,
     /// How often the limits are set, ms (100 to 60000).
