@@ -160,9 +160,9 @@ fn a_limit_set_through_the_api_ends_auto_sizing() {
 /// the first sixteenth of it, and nothing else. The estimate is that
 /// sixteenth plus the memory every payload uses (its code, stack and page
 /// tables in the pinned first chunk, the generation table), not the heap
-/// that was resident; the idle rest goes to the store. The run goes on until the estimate
-/// rests on 64 samples (the window is 10 s, so at least 12 s), whatever
-/// the host's speed, and is then told to quit.
+/// that was resident; the idle rest goes to the store. The run goes on
+/// until the estimate rests on 400 samples (at 40 a second and a window of
+/// 10 s, about 20 s), whatever the host's speed, and is then told to quit.
 #[test]
 fn working_set_sampling_estimates_a_phase_s_active_set() {
     if skip_without_kvm("working_set_sampling_estimates_a_phase_s_active_set") {
@@ -267,7 +267,7 @@ fn working_set_sampling_options_are_checked() {
         ),
         (
             vec!["--swap-store", "default", "--working-set-sampling", "0"],
-            "give a rate above 0",
+            "give a rate of at least",
         ),
         (
             vec!["--swap-store", "default", "--working-set-sampling", "5000"],

@@ -282,12 +282,20 @@ impl SwapEngine {
                 life: life.clone(),
             })
         });
+        if let Some(ws) = &config.working_set {
+            ws.check().map_err(SwapError::Config)?;
+        }
+        let working_set = config
+            .working_set
+            .clone()
+            .map(|ws| Arc::new(WorkingSet::new(table.units(), ws)));
         let prefetcher = (config.prefetch && auto).then(|| {
             Arc::new(Prefetcher::new(
                 table.clone(),
                 limiter.clone(),
                 restorer.clone(),
                 counters.clone(),
+                working_set.clone(),
                 life.clone(),
             ))
         });
@@ -299,13 +307,6 @@ impl SwapEngine {
             Arc::new(Fixed)
         };
         let stall = Arc::new(StallClock::new(config.vcpus));
-        if let Some(ws) = &config.working_set {
-            ws.check().map_err(SwapError::Config)?;
-        }
-        let working_set = config
-            .working_set
-            .clone()
-            .map(|ws| Arc::new(WorkingSet::new(table.units(), ws)));
         let faults = Arc::new(FaultService {
             geo: geo.clone(),
             uffd: uffd.clone(),

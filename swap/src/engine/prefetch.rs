@@ -21,6 +21,7 @@ use super::lifecycle::Lifecycle;
 use super::limit::Limiter;
 use super::restore::Restorer;
 use super::stats::{bump, Counters};
+use super::working_set::WorkingSet;
 use crate::chunk::{ChunkTable, Tag};
 use crate::index::UnitIndex;
 
@@ -35,6 +36,9 @@ pub(crate) struct Prefetcher {
     limiter: Arc<Limiter>,
     restorer: Arc<Restorer>,
     counters: Arc<Counters>,
+    /// Working-set sampling, when on: a sampled unit is left to its fault,
+    /// which is how the sample is seen to come back.
+    working_set: Option<Arc<WorkingSet>>,
     life: Arc<Lifecycle>,
 }
 
@@ -45,6 +49,7 @@ impl Prefetcher {
         limiter: Arc<Limiter>,
         restorer: Arc<Restorer>,
         counters: Arc<Counters>,
+        working_set: Option<Arc<WorkingSet>>,
         life: Arc<Lifecycle>,
     ) -> Prefetcher {
         Prefetcher {
@@ -54,6 +59,7 @@ impl Prefetcher {
             limiter,
             restorer,
             counters,
+            working_set,
             life,
         }
     }
@@ -100,6 +106,9 @@ impl Prefetcher {
         }
         let state = s.table.load(chunk);
         if state.tag() != Tag::Stored || state.pinned() {
+            return;
+        }
+        if s.working_set.as_ref().is_some_and(|ws| ws.is_marked(chunk)) {
             return;
         }
         let unit_pages = s.limiter.unit_pages();

@@ -62,6 +62,10 @@ pub const COLD_AGES: [Duration; 3] = [
 /// sample moves it by more than 6 %.
 pub const MIN_SAMPLES: u64 = 16;
 
+/// The slowest sampling: one unit an hour (a slower rate gives no
+/// estimate within any run, and its interval would not fit a `Duration`).
+pub const MIN_UNITS_PER_SECOND: f64 = 1.0 / 3600.0;
+
 /// How the sampler samples (`EngineConfig::working_set`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkingSetConfig {
@@ -87,9 +91,9 @@ impl Default for WorkingSetConfig {
 impl WorkingSetConfig {
     /// Checks the values; the message says what to give instead.
     pub fn check(&self) -> Result<(), String> {
-        if !(self.units_per_second > 0.0 && self.units_per_second <= 1000.0) {
+        if !(self.units_per_second >= MIN_UNITS_PER_SECOND && self.units_per_second <= 1000.0) {
             return Err(format!(
-                "working-set sampling rate {} units per second: give a rate above 0 and at most 1000",
+                "working-set sampling rate {} units per second: give a rate of at least {MIN_UNITS_PER_SECOND} (one unit an hour) and at most 1000",
                 self.units_per_second
             ));
         }
@@ -248,13 +252,21 @@ impl WorkingSet {
             .is_ok()
     }
 
+    /// Whether `unit` is a sample that has not come back.
+    pub fn is_marked(&self, unit: UnitIndex) -> bool {
+        self.marks[unit.get()].load(Ordering::Relaxed) != 0
+    }
+
     /// The unit is out: the sample counts from its mark. A fault that came
     /// between the mark and this call is kept (it returned at once).
     pub fn record(&self, unit: UnitIndex, mark: u64, population_bytes: u64) {
-        let returned_now = self.marks[unit.get()].load(Ordering::Relaxed) != mark;
         self.taken.fetch_add(1, Ordering::Relaxed);
         let at_ms = mark - 1;
         let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        // Read under the lock: a fault's `on_return` takes the mark before
+        // it takes the lock, so either the mark is gone here or the return
+        // finds this sample once it is pushed.
+        let returned_now = self.marks[unit.get()].load(Ordering::Relaxed) != mark;
         samples.push_back(Sample {
             unit,
             at_ms,
@@ -613,7 +625,7 @@ mod tests {
 
     #[test]
     fn bad_rates_are_refused_with_what_to_give() {
-        for rate in [0.0, -1.0, f64::NAN, 5000.0] {
+        for rate in [0.0, -1.0, f64::NAN, 1e-20, 5000.0] {
             let c = WorkingSetConfig {
                 units_per_second: rate,
                 ..config()

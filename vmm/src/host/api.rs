@@ -46,6 +46,8 @@ pub struct VmView {
 #[derive(Debug, Default)]
 struct Shared {
     budget_bytes: u64,
+    /// The floors of all the VMs, until the first [`HostState::set_vms`].
+    planned_floors_bytes: u64,
     vms: Vec<VmView>,
 }
 
@@ -78,11 +80,13 @@ pub const ROUTES: [Route; 5] = [
 ];
 
 impl HostState {
-    /// A state with `budget_bytes` and no VM yet.
-    pub fn new(budget_bytes: u64) -> HostState {
+    /// A state with `budget_bytes` and VMs to come whose floors sum to
+    /// `floors_bytes`.
+    pub fn new(budget_bytes: u64, floors_bytes: u64) -> HostState {
         HostState {
             shared: Mutex::new(Shared {
                 budget_bytes,
+                planned_floors_bytes: floors_bytes,
                 vms: Vec::new(),
             }),
         }
@@ -105,12 +109,16 @@ impl HostState {
     /// Sets the budget, refusing one below the floors of the VMs that run.
     pub fn set_budget(&self, budget_bytes: u64) -> Result<(), String> {
         let mut shared = self.lock();
-        let floors: u64 = shared
-            .vms
-            .iter()
-            .filter(|vm| vm.running)
-            .map(|vm| vm.floor_bytes)
-            .sum();
+        let floors: u64 = if shared.vms.is_empty() {
+            shared.planned_floors_bytes
+        } else {
+            shared
+                .vms
+                .iter()
+                .filter(|vm| vm.running)
+                .map(|vm| vm.floor_bytes)
+                .sum()
+        };
         if budget_bytes < floors {
             return Err(format!(
                 "a budget of {} is below the running VMs' floors together ({}): give at least that",
@@ -253,7 +261,7 @@ mod tests {
 
     #[test]
     fn the_budget_changes_only_above_the_running_vms_floors() {
-        let state = HostState::new(256 << 20);
+        let state = HostState::new(256 << 20, 0);
         state.set_vms(vec![vm("a", true), vm("b", true), vm("c", false)]);
         let put = |body: &str| state.respond(Service::Api, &request("PUT", "/budget", body));
         let refused = put(r#"{"budget_bytes": "100M"}"#);
@@ -279,8 +287,15 @@ mod tests {
     }
 
     #[test]
+    fn before_the_vms_report_the_planned_floors_bound_the_budget() {
+        let state = HostState::new(256 << 20, 128 << 20);
+        assert!(state.set_budget(100 << 20).is_err());
+        assert!(state.set_budget(128 << 20).is_ok());
+    }
+
+    #[test]
     fn metrics_carry_a_vm_label() {
-        let state = HostState::new(256 << 20);
+        let state = HostState::new(256 << 20, 0);
         state.set_vms(vec![vm("a", true), vm("b", false)]);
         let response = state.respond(Service::Api, &request("GET", "/metrics", ""));
         assert_eq!(response.status, 200);
@@ -309,7 +324,7 @@ mod tests {
 
     #[test]
     fn unknown_routes_and_methods_say_what_there_is() {
-        let state = HostState::new(1);
+        let state = HostState::new(1, 0);
         let r = state.respond(Service::Api, &request("GET", "/nope", ""));
         assert_eq!(r.status, 404);
         assert!(String::from_utf8_lossy(&r.body).contains("PUT /budget"));

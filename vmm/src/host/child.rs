@@ -153,9 +153,13 @@ impl ChildVm {
             limit_bytes: swap["mem_limit_bytes"].as_u64()?,
             resident_bytes: swap["resident_bytes"].as_u64().unwrap_or(0),
             estimate_bytes: swap["working_set"]["estimate_bytes"].as_u64(),
+            // Without the waits for working-set samples: what the
+            // supervisor's own sampling costs is no call for more memory.
             stall_us: serde_json::from_value::<swap::engine::StallStats>(swap["stall"].clone())
                 .map_or(0, |stall| {
-                    crate::auto_limit::refault_wait_us(&stall) / stall.vcpus.max(1)
+                    let sampling_us = swap["working_set"]["sample_wait_us"].as_u64().unwrap_or(0);
+                    crate::auto_limit::refault_wait_us(&stall).saturating_sub(sampling_us)
+                        / stall.vcpus.max(1)
                 }),
             at: Some(Instant::now()),
         };
@@ -205,10 +209,29 @@ impl ChildVm {
 
     /// Asks it to end as on SIGTERM: statistics written, socket removed.
     pub fn stop(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Ends it at once (SIGKILL), after a stop it did not heed.
+    pub fn kill(&self) {
+        self.signal(libc::SIGKILL);
+    }
+
+    fn signal(&self, signo: i32) {
         if self.ended.is_none() {
             // SAFETY: kill with the pid of a child this process has not
-            // reaped (`ended` is None), so the pid is still ours.
-            unsafe { libc::kill(self.process.id() as i32, libc::SIGTERM) };
+            // reaped (`ended` is None: only `running` and `wait` reap, and
+            // both set it), so the pid is still ours.
+            unsafe { libc::kill(self.process.id() as i32, signo) };
+        }
+    }
+
+    /// Waits for it to end, noting its status.
+    pub fn wait(&mut self) {
+        if self.ended.is_none() {
+            if let Ok(status) = self.process.wait() {
+                self.ended = Some(status);
+            }
         }
     }
 

@@ -20,8 +20,8 @@ mod api;
 mod child;
 pub mod law;
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,7 +60,8 @@ pub struct HostArgs {
     #[arg(long, value_name = "MS", default_value_t = 1000)]
     period_ms: u64,
     /// Working-set sampling in each VM (`--working-set-sampling`), units per
-    /// second; 0: off (the law then uses resident memory and stall alone).
+    /// second; 0: none added (a VM's file may still ask for it; without an
+    /// estimate the law uses resident memory and stall alone).
     #[arg(long, value_name = "UNITS_PER_S", default_value_t = 2.0)]
     sampling: f64,
     /// Where the VMs' sockets, statistics and output go (created if
@@ -97,9 +98,10 @@ fn plan(args: &HostArgs) -> Result<Vec<Planned>> {
             args.stall_target
         );
     }
-    if !(args.sampling.is_finite() && (0.0..=1000.0).contains(&args.sampling)) {
+    let slowest = swap::engine::working_set::MIN_UNITS_PER_SECOND;
+    if !(args.sampling == 0.0 || (slowest..=1000.0).contains(&args.sampling)) {
         bail!(
-            "--sampling {}: give 0 (off) to 1000 units per second",
+            "--sampling {}: give 0 (none) or {slowest} (one unit an hour) to 1000 units per second",
             args.sampling
         );
     }
@@ -153,24 +155,19 @@ fn plan(args: &HostArgs) -> Result<Vec<Planned>> {
 /// the first VM's non-zero status (in the order given).
 pub fn run(args: HostArgs) -> Result<i32> {
     let planned = plan(&args)?;
-    let state_dir = match &args.state_dir {
-        Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!("hugevmm-host-{}", std::process::id())),
-    };
-    std::fs::create_dir_all(&state_dir)
-        .with_context(|| format!("cannot create the state folder {}", state_dir.display()))?;
+    let state_dir = state_dir(args.state_dir.as_deref())?;
     let binary = std::env::current_exe().context("cannot find the hugevmm binary")?;
-    let state = Arc::new(HostState::new(args.budget));
+    let state = Arc::new(HostState::new(
+        args.budget,
+        planned.iter().map(|p| p.floor_bytes).sum(),
+    ));
     // Bound before any VM starts, so that a path in use fails at once.
-    let server = match &args.api_socket {
-        Some(path) => Some(ControlSocket::bind(path, &[])?.serve_routes(state.clone())?),
-        None => None,
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
-        signal_hook::flag::register(signal, stop.clone())
-            .context("cannot install signal handlers")?;
-    }
+    let socket = args
+        .api_socket
+        .as_deref()
+        .map(|path| ControlSocket::bind(path, &[]))
+        .transpose()?;
+    let signals = StopSignals::install()?;
     // The first limits: the law with no figures yet, every VM asking for
     // an equal share.
     let share = args.budget / planned.len() as u64;
@@ -203,11 +200,17 @@ pub fn run(args: HostArgs) -> Result<i32> {
         match started {
             Ok(vm) => vms.push(vm),
             Err(e) => {
+                // The ones started end as on SIGTERM, and are waited for.
                 vms.iter().for_each(ChildVm::stop);
+                vms.iter_mut().for_each(ChildVm::wait);
                 return Err(e);
             }
         }
     }
+    state.set_vms(vms.iter().map(view).collect());
+    let server = socket
+        .map(|socket| socket.serve_routes(state.clone()))
+        .transpose()?;
     eprintln!(
         "hugevmm host: {} VM(s) under a budget of {}; sockets, statistics and output in {}",
         vms.len(),
@@ -218,11 +221,23 @@ pub fn run(args: HostArgs) -> Result<i32> {
     let started = Instant::now();
     let period = Duration::from_millis(args.period_ms);
     let mut stopping = false;
+    let mut killed = false;
+    let mut next_period = Instant::now();
     loop {
-        if stop.load(Ordering::Relaxed) && !stopping {
-            eprintln!("hugevmm host: stop signal: ending the VMs");
-            vms.iter().for_each(ChildVm::stop);
-            stopping = true;
+        match signals.received() {
+            0 => {}
+            1 if !stopping => {
+                eprintln!("hugevmm host: stop signal: ending the VMs (a second one kills them)");
+                vms.iter().for_each(ChildVm::stop);
+                stopping = true;
+            }
+            1 => {}
+            _ if !killed => {
+                eprintln!("hugevmm host: second stop signal: killing the VMs");
+                vms.iter().for_each(ChildVm::kill);
+                killed = true;
+            }
+            _ => {}
         }
         for vm in vms.iter_mut() {
             let was_running = vm.ended.is_none();
@@ -237,12 +252,15 @@ pub fn run(args: HostArgs) -> Result<i32> {
         if vms.iter().all(|vm| vm.ended.is_some()) {
             break;
         }
-        if !stopping {
+        if !stopping && Instant::now() >= next_period {
             steer(&args, state.budget_bytes(), &mut vms, &mut report, started);
+            state.set_vms(vms.iter().map(view).collect());
+            next_period = Instant::now() + period;
         }
-        state.set_vms(vms.iter().map(view).collect());
-        std::thread::sleep(period);
+        // Short naps: a signal or a VM's end is seen within one.
+        std::thread::sleep(period.min(Duration::from_millis(100)));
     }
+    state.set_vms(vms.iter().map(view).collect());
     if let Some(server) = server {
         server.shutdown(true);
     }
@@ -316,7 +334,19 @@ fn steer(
         .map(|(&(i, now, _), &new)| (i, now, new))
         .collect();
     changes.sort_by_key(|&(_, now, new)| new > now);
+    // What is in force: a lowering that failed (a VM ending, or too slow to
+    // answer) keeps its old limit, so a raise goes out only if it fits
+    // beside what is in force; the rest waits for the next period.
+    let mut in_force: u64 = running.iter().map(|&(_, now, _)| now).sum();
     for (i, now, new) in changes {
+        if new > now && in_force - now + new > budget_bytes {
+            log::info!(
+                "host: VM {}: raise to {} waits: a lowering did not take",
+                vms[i].name,
+                format_size(new)
+            );
+            continue;
+        }
         if let Err(e) = vms[i].set_limit(new) {
             // Ending meanwhile, or a limit it cannot take: it keeps `now`.
             log::info!(
@@ -333,8 +363,71 @@ fn steer(
             format_size(new)
         );
         vms[i].limit_bytes = new;
+        in_force = in_force - now + new;
     }
     report.sample(vms, started);
+}
+
+/// The state folder: the one given (created if missing), or a new one of
+/// this process's, mode 0700, in `$TMPDIR` (refused if it exists: another
+/// user could have made it to plant links or sockets in it).
+fn state_dir(given: Option<&Path>) -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    match given {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the state folder {}", dir.display()))?;
+            Ok(dir.to_path_buf())
+        }
+        None => {
+            let dir = std::env::temp_dir().join(format!("hugevmm-host-{}", std::process::id()));
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&dir)
+                .with_context(|| {
+                    format!(
+                        "cannot create a new state folder {} (give one with --state-dir)",
+                        dir.display()
+                    )
+                })?;
+            Ok(dir)
+        }
+    }
+}
+
+/// Counts the stop signals (SIGTERM, SIGINT, SIGHUP); one delivered twice
+/// within [`crate::signals::SECOND_SIGNAL_AFTER`] (GNU timeout signals
+/// the child and then its group) counts once.
+struct StopSignals {
+    count: Arc<AtomicUsize>,
+}
+
+impl StopSignals {
+    fn install() -> Result<StopSignals> {
+        let mut signals =
+            signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT, libc::SIGHUP])
+                .context("cannot install signal handlers")?;
+        let count = Arc::new(AtomicUsize::new(0));
+        let counted = count.clone();
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                let mut last: Option<Instant> = None;
+                for _ in signals.forever() {
+                    let now = Instant::now();
+                    if last.is_none_or(|t| now - t >= crate::signals::SECOND_SIGNAL_AFTER) {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    last = Some(now);
+                }
+            })
+            .context("cannot spawn the signal thread")?;
+        Ok(StopSignals { count })
+    }
+
+    fn received(&self) -> usize {
+        self.count.load(Ordering::Relaxed)
+    }
 }
 
 /// A VM as the API shows it.
