@@ -746,10 +746,14 @@ impl Vm {
             );
         }
         let vcpus_still_running = still_running > 0;
+        // A thread a filter stopped while the run was ending is parked for
+        // good: from then on the end waits for no thread, as after a
+        // failure (the outcome names the call: `account_for_trap`).
+        let clean = || failure.is_none() && crate::seccomp::trapped_message().is_none();
         for server in self.control.drain(..) {
             // After a failure a request may be stuck on guest memory nobody
             // will serve any more: do not wait for it then.
-            server.shutdown(failure.is_none());
+            server.shutdown(clean());
         }
         drop(self.host_terminal.take());
         let pageout = match (&self.engine, config.pageout_at_exit && failure.is_none()) {
@@ -792,7 +796,7 @@ impl Vm {
             // Every vCPU thread has ended and the devices (served on vCPU
             // threads) and the API servers are gone: nothing can fault any
             // more.
-            Some(Ok(engine)) if failure.is_none() && !vcpus_still_running && !store_unreachable => {
+            Some(Ok(engine)) if clean() && !vcpus_still_running && !store_unreachable => {
                 engine.shutdown()
             }
             // vCPUs may still run or be blocked in faults. Unregistering
