@@ -397,3 +397,67 @@ fn the_supervisor_api_shows_the_vms_and_takes_a_new_budget() {
     assert!(!socket.exists(), "the supervisor's socket is removed");
     let _ = std::fs::remove_dir_all(&state);
 }
+
+/// `--balloons`: a VM with a balloon is asked through it for what its RAM
+/// has above its limit. The balloon payload follows the target it is
+/// given, inflates that much and checks the inflated chunks were dropped.
+#[test]
+fn with_balloons_a_vm_is_asked_for_what_its_ram_has_above_its_limit() {
+    if skip_without_kvm("with_balloons_a_vm_is_asked_for_what_its_ram_has_above_its_limit") {
+        return;
+    }
+    let ballooned = vm_config(
+        "ballooned",
+        r#"{"payload": "balloon", "mem": "256M", "balloon": true, "payload-args": "follow=1 wait_gcycles=600"}"#,
+    );
+    let other = vm_config(
+        "other",
+        r#"{"payload": "verify", "mem": "128M", "payload-args": "passes=20"}"#,
+    );
+    let state = temp_path("host-state");
+    let _vms = VmsOf(state.clone());
+    let report_path = temp_path("host-report.json");
+    let run = hugevmm(
+        &[
+            "host",
+            "--budget",
+            "256M",
+            "--balloons",
+            "--vm",
+            ballooned.to_str().unwrap(),
+            "--vm",
+            other.to_str().unwrap(),
+            "--period-ms",
+            "200",
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--report",
+            report_path.to_str().unwrap(),
+        ],
+        Duration::from_secs(600),
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("the report ({e}): {}", run.stderr));
+    let _ = std::fs::remove_file(&report_path);
+    run.expect_status(0);
+    let out = std::fs::read_to_string(report["vms"][0]["stdout"].as_str().unwrap()).unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("balloon follow ok"))
+        .unwrap_or_else(|| panic!("the guest followed its balloon: {out}"));
+    let field = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {line}"))
+    };
+    // Its RAM above a limit the budget allows it (the other VM holds at
+    // least its floor): a whole number of 2 MiB units, in pages.
+    let target_bytes = field("target_pages=") * 4096;
+    assert!(
+        (64 * MIB..=192 * MIB).contains(&target_bytes) && target_bytes % (2 * MIB) == 0,
+        "{line}"
+    );
+    assert!(field("dropped_chunks=") > 0, "{line}");
+}

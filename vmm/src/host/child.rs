@@ -51,6 +51,10 @@ pub struct ChildVm {
     pub floor_bytes: u64,
     /// Its limit: the last one set, or read.
     pub limit_bytes: u64,
+    /// Whether it has a balloon the supervisor steers (`--balloons`).
+    pub balloon: bool,
+    /// The balloon target last set.
+    pub balloon_target_bytes: Option<u64>,
     process: Child,
     /// Its exit status, once it ended.
     pub ended: Option<ExitStatus>,
@@ -78,6 +82,8 @@ pub struct Launch<'a> {
     pub limit_bytes: u64,
     /// `--working-set-sampling` for it; None: off.
     pub sampling: Option<f64>,
+    /// Its balloon is steered with its limit.
+    pub balloon: bool,
 }
 
 impl ChildVm {
@@ -127,6 +133,8 @@ impl ChildVm {
             mem_bytes: launch.mem_bytes,
             floor_bytes: launch.floor_bytes,
             limit_bytes: launch.limit_bytes,
+            balloon: launch.balloon,
+            balloon_target_bytes: None,
             process,
             ended: None,
             previous: None,
@@ -204,6 +212,29 @@ impl ChildVm {
                     .unwrap_or("the API gave no message")
             );
         }
+        Ok(())
+    }
+
+    /// Asks the guest, through its balloon, to give back what its RAM has
+    /// above `limit_bytes` (`PUT /balloon`), so that the guest chooses
+    /// what to free before the engine chooses what to evict; nothing when
+    /// that target is already set or the VM has no steered balloon.
+    pub fn set_balloon_for(&mut self, limit_bytes: u64) -> Result<()> {
+        let target_bytes = self.mem_bytes.saturating_sub(limit_bytes);
+        if !self.balloon || self.balloon_target_bytes == Some(target_bytes) {
+            return Ok(());
+        }
+        let body = serde_json::json!({ "target_bytes": target_bytes }).to_string();
+        let reply = self.call("PUT", "/balloon", Some(body))?;
+        if !(200..300).contains(&reply.status) {
+            anyhow::bail!(
+                "{}",
+                reply.body["error"]["message"]
+                    .as_str()
+                    .unwrap_or("the API gave no message")
+            );
+        }
+        self.balloon_target_bytes = Some(target_bytes);
         Ok(())
     }
 

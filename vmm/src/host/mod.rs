@@ -72,6 +72,13 @@ pub struct HostArgs {
     /// limits and stall of every period.
     #[arg(long, value_name = "PATH")]
     report: Option<PathBuf>,
+    /// Steer the balloons of the VMs whose config gives them one
+    /// (`"balloon": true`): before a VM's limit goes down, and whenever it
+    /// changes, its balloon target is set to what its RAM has above the
+    /// limit, so that the guest gives back memory it does not need before
+    /// the engine evicts.
+    #[arg(long)]
+    balloons: bool,
     /// Serve the supervisor's API on this Unix socket (mode 0600): the VMs
     /// (`GET /vms`), the budget (`GET`/`PUT /budget`) and `GET /metrics`
     /// with a `vm` label.
@@ -85,6 +92,7 @@ struct Planned {
     name: String,
     mem_bytes: u64,
     floor_bytes: u64,
+    balloon: bool,
 }
 
 /// Checks the arguments and every config file before any VM starts.
@@ -138,6 +146,7 @@ fn plan(args: &HostArgs) -> Result<Vec<Planned>> {
             name,
             mem_bytes: resolved.mem,
             floor_bytes,
+            balloon: args.balloons && resolved.balloon(),
         });
     }
     let floors: u64 = planned.iter().map(|p| p.floor_bytes).sum();
@@ -196,6 +205,7 @@ pub fn run(args: HostArgs) -> Result<i32> {
             floor_bytes: p.floor_bytes,
             limit_bytes,
             sampling: (args.sampling > 0.0).then_some(args.sampling),
+            balloon: p.balloon,
         });
         match started {
             Ok(vm) => vms.push(vm),
@@ -347,6 +357,16 @@ fn steer(
             );
             continue;
         }
+        // The guest first: a lowering asks it to give memory back before
+        // the engine evicts; a raise lets it have the memory back after.
+        let balloon = |vm: &mut ChildVm| {
+            if let Err(e) = vm.set_balloon_for(new) {
+                log::info!("host: VM {}: balloon not set: {e:#}", vm.name);
+            }
+        };
+        if new < now {
+            balloon(&mut vms[i]);
+        }
         if let Err(e) = vms[i].set_limit(new) {
             // Ending meanwhile, or a limit it cannot take: it keeps `now`.
             log::info!(
@@ -364,6 +384,17 @@ fn steer(
         );
         vms[i].limit_bytes = new;
         in_force = in_force - now + new;
+        if new > now {
+            balloon(&mut vms[i]);
+        }
+    }
+    // A balloon not set yet (the first period) follows the limit in force.
+    for &(i, now, readable) in &running {
+        if readable && vms[i].balloon_target_bytes.is_none() {
+            if let Err(e) = vms[i].set_balloon_for(now) {
+                log::info!("host: VM {}: balloon not set: {e:#}", vms[i].name);
+            }
+        }
     }
     report.sample(vms, started);
 }
