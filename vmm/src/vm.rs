@@ -797,7 +797,9 @@ impl Vm {
             // threads) and the API servers are gone: nothing can fault any
             // more.
             Some(Ok(engine)) if clean() && !vcpus_still_running && !store_unreachable => {
-                engine.shutdown()
+                // A thread a filter stops from here on (one that started
+                // late, say) is parked for good: stop waiting then.
+                engine.shutdown_unless(&|| crate::seccomp::trapped_message().is_some());
             }
             // vCPUs may still run or be blocked in faults. Unregistering
             // would let them see empty memory before the process exits;

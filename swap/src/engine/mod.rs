@@ -651,6 +651,25 @@ impl SwapEngine {
         self.stop();
     }
 
+    /// [`SwapEngine::shutdown`], unless `give_up` holds while its threads
+    /// are ending: then the engine is left as it is (registered, its
+    /// threads running) for the process exit, and this returns false. For
+    /// a VMM whose threads can be parked for good (a call its seccomp
+    /// filter stopped), where a join would never return.
+    pub fn shutdown_unless(mut self, give_up: &dyn Fn() -> bool) -> bool {
+        self.life.stop();
+        self.limiter.kick();
+        while !self.threads.iter().all(JoinHandle::is_finished) {
+            if give_up() {
+                std::mem::forget(self);
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        self.stop();
+        true
+    }
+
     fn stop(&mut self) {
         if self.threads.is_empty() {
             return;

@@ -645,7 +645,16 @@ impl ControlServer {
         }
         if let Some(thread) = self.thread.take() {
             if wait {
-                // The accepting thread joins the client threads.
+                // The accepting thread joins the client threads. One that
+                // a seccomp filter stopped (a thread that started late
+                // may trap after the end began) is parked for good: the
+                // wait ends then, and the thread is left to the exit.
+                while !thread.is_finished() {
+                    if crate::seccomp::trapped_message().is_some() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 let _ = thread.join();
             }
         }

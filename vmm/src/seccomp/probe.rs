@@ -47,6 +47,15 @@ pub fn run(kind: ThreadKind) {
     if wanted_kind != kind.name() {
         return;
     }
+    // `HUGEVMM_SECCOMP_PROBE_DELAY_MS=N` (at most 60 s): the call comes N
+    // ms after the filter, as from a thread that started late, e.g. once
+    // the run has begun to end.
+    if let Some(ms) = std::env::var("HUGEVMM_SECCOMP_PROBE_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(Duration::from_millis(ms.min(60_000)));
+    }
     let Some(returned) = issue(call) else {
         eprintln!(
             "hugevmm: seccomp probe: no probe {call:?}; the probes are {}",
