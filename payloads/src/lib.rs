@@ -92,7 +92,9 @@ static BUILTINS: &[Builtin] = &[
          the whole heap, 8 in every 2 MiB chunk), small-again [0,1), \
          large-moved [8,12); every touch checks the page's last generation and \
          writes the next, each phase ends checking all its pages; exit 1 on a \
-         mismatch (seed=N, default 1)"
+         mismatch (seed=N, default 1; warm=1: each vCPU first writes all its \
+         pages of the heap once, so the phases' sets are the only memory in \
+         use afterwards, default 0)"
     ),
     builtin!(
         "verify",
