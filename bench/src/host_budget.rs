@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use crate::report::{Aim, Headline, Table};
-use crate::{interrupt, Ctx};
+use crate::{interrupt, plots, Ctx};
 
 /// One VM of the scenario: name, guest RAM, payload arguments.
 struct VmSpec {
@@ -26,9 +26,19 @@ struct VmSpec {
     args: String,
 }
 
+/// Whether the self-sizing suite's tiny plan is asked for (a few seconds
+/// of work per VM and one round; for the test).
+fn tiny() -> bool {
+    std::env::var(crate::self_sizing::PLAN_VAR).is_ok_and(|v| v == "tiny")
+}
+
 /// The scenario: quick, two VMs under 256 MiB; full, three under 384 MiB.
 fn scenario(quick: bool) -> (u64, Vec<VmSpec>) {
-    let ops = if quick { 3_000_000 } else { 6_000_000 };
+    let ops = match (tiny(), quick) {
+        (true, _) => 300_000,
+        (false, true) => 3_000_000,
+        (false, false) => 6_000_000,
+    };
     let mut vms = vec![
         // Its large phases (96 MiB) and its scattered one (8 pages in
         // every chunk of 384 MiB) want more than a fair share.
@@ -70,7 +80,11 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     }
     let quick = ctx.quick();
     let (budget, vms) = scenario(quick);
-    let rounds = if quick { 2 } else { 3 };
+    let rounds = match (tiny(), quick) {
+        (true, _) => 1,
+        (false, true) => 2,
+        (false, false) => 3,
+    };
     let dir = ctx.raw_path("host-budget");
     std::fs::create_dir_all(&dir)?;
     let configs: Vec<PathBuf> = vms
@@ -83,24 +97,6 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         })
         .collect::<Result<_>>()?;
     ctx.progress.plan(rounds * 2);
-    let mut t = Table::new(
-        &format!(
-            "{} VMs (phases) under a budget of {} MiB: hugevmm host against an equal static split",
-            vms.len(),
-            budget >> 20
-        ),
-        &[
-            "round",
-            "VM",
-            "static s",
-            "host s",
-            "progress host / static",
-            "host mean limit MiB",
-        ],
-    );
-    let mut totals = Vec::new();
-    let mut least = Vec::new();
-    let mut makespans = Vec::new();
     let mut rounds_json = Vec::new();
     for round in 0..rounds {
         let host_first = round % 2 == 1;
@@ -116,7 +112,17 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             ctx.progress.start(&label);
             let started = Instant::now();
             let result = if host {
-                run_host(ctx, &configs, budget, &dir.join(format!("host-{round}")))
+                run_host(ctx, &configs, budget, &dir.join(format!("host-{round}"))).map(
+                    |(end, report)| {
+                        let plot = ctx
+                            .out_dir
+                            .join(format!("host-budget-round-{}.svg", round + 1));
+                        if let Err(e) = plot_host(&report, &plot, round + 1) {
+                            ctx.progress.note(&format!("no plot: {e:#}"));
+                        }
+                        end
+                    },
+                )
             } else {
                 run_static(ctx, &configs, budget, &dir.join(format!("static-{round}")))
             };
@@ -138,28 +144,6 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         else {
             continue;
         };
-        let ratios: Vec<f64> = fixed
-            .iter()
-            .zip(steered)
-            .map(|(f, s)| f.elapsed_s / s.elapsed_s)
-            .collect();
-        for (i, vm) in vms.iter().enumerate() {
-            t.row(vec![
-                (round + 1).to_string(),
-                vm.name.to_string(),
-                format!("{:.2}", fixed[i].elapsed_s),
-                format!("{:.2}", steered[i].elapsed_s),
-                format!("{:.2}", ratios[i]),
-                steered[i]
-                    .mean_limit_bytes
-                    .map_or("-".into(), |b| format!("{:.0}", b as f64 / 1048576.0)),
-            ]);
-        }
-        let total = ratios.iter().sum::<f64>() / ratios.len() as f64;
-        let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        totals.push(total);
-        least.push(min);
-        makespans.push(fixed_wall / steered_wall);
         rounds_json.push(json!({
             "round": round + 1,
             "host_first": host_first,
@@ -170,47 +154,171 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "host_wall_s": steered_wall,
         }));
     }
-    t.note("progress = static s / host s for each VM (fixed work); the static split runs every VM at once with --mem-limit budget/N; the host runs them under hugevmm host --budget (working-set sampling at 2 units/s, its cost included)");
-    t.note(&format!(
-        "all VMs done, static wall / host wall, per round: {}",
-        makespans
-            .iter()
-            .map(|m| format!("{m:.2}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
+    let suite = json!({
+        "budget_bytes": budget,
+        "vms": vms.iter().map(|vm| json!({"name": vm.name, "mem": vm.mem, "payload_args": vm.args})).collect::<Vec<_>>(),
+        "rounds_planned": rounds,
+        "rounds": rounds_json,
+    });
+    ctx.report.tables.push(table_from_json(&suite));
+    ctx.report.headline.extend(headlines(&suite));
+    ctx.report.set("host_budget", suite);
+    Ok(())
+}
+
+/// Per round, each VM's progress under the host over the static split
+/// (`static s / host s`, fixed work).
+fn ratios(round: &Value) -> Vec<f64> {
+    let times = |key: &str| -> Vec<f64> {
+        round[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_f64)
+            .collect()
+    };
+    times("static_s")
+        .iter()
+        .zip(times("host_s"))
+        .map(|(f, s)| f / s)
+        .collect()
+}
+
+fn rounds_of(suite: &Value) -> impl Iterator<Item = &Value> {
+    suite["rounds"].as_array().into_iter().flatten()
+}
+
+/// The suite's two aims, per round, from its object alone.
+pub fn headlines(suite: &Value) -> Vec<Headline> {
+    let vms: Vec<&Value> = suite["vms"].as_array().into_iter().flatten().collect();
     let how = format!(
         "{} interleaved rounds, order swapped each round; {}",
-        rounds,
+        suite["rounds_planned"],
         vms.iter()
-            .map(|vm| format!("{}: --mem {} phases {}", vm.name, vm.mem, vm.args))
+            .map(|vm| format!(
+                "{}: --mem {} phases {}",
+                vm["name"].as_str().unwrap_or(""),
+                vm["mem"].as_str().unwrap_or(""),
+                vm["payload_args"].as_str().unwrap_or("")
+            ))
             .collect::<Vec<_>>()
             .join("; ")
     );
-    ctx.report.headline.push(Headline::new(
-        "host_budget_total_progress",
-        "hugevmm host over an equal static split: the VMs' mean progress",
-        totals,
-        Some(Aim::AtLeast(1.25)),
-        how.clone(),
-    ));
-    ctx.report.headline.push(Headline::new(
-        "host_budget_least_vm_progress",
-        "hugevmm host over an equal static split: the least VM's progress",
-        least,
-        Some(Aim::AtLeast(0.8)),
-        how,
-    ));
-    ctx.report.tables.push(t);
-    ctx.report.set(
-        "host_budget",
-        json!({
-            "budget_bytes": budget,
-            "vms": vms.iter().map(|vm| json!({"name": vm.name, "mem": vm.mem, "payload_args": vm.args})).collect::<Vec<_>>(),
-            "rounds": rounds_json,
-        }),
+    let per_round: Vec<Vec<f64>> = rounds_of(suite).map(ratios).collect();
+    vec![
+        Headline::new(
+            "host_budget_total_progress",
+            "hugevmm host over an equal static split: the VMs' mean progress",
+            per_round
+                .iter()
+                .map(|r| r.iter().sum::<f64>() / r.len() as f64)
+                .collect(),
+            Some(Aim::AtLeast(1.25)),
+            how.clone(),
+        ),
+        Headline::new(
+            "host_budget_least_vm_progress",
+            "hugevmm host over an equal static split: the least VM's progress",
+            per_round
+                .iter()
+                .map(|r| r.iter().copied().fold(f64::INFINITY, f64::min))
+                .collect(),
+            Some(Aim::AtLeast(0.8)),
+            how,
+        ),
+    ]
+}
+
+/// The suite's table, from its object alone.
+pub fn table_from_json(suite: &Value) -> Table {
+    let vms: Vec<&str> = suite["vms"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|vm| vm["name"].as_str().unwrap_or(""))
+        .collect();
+    let mut t = Table::new(
+        &format!(
+            "{} VMs (phases) under a budget of {} MiB: hugevmm host against an equal static split",
+            vms.len(),
+            suite["budget_bytes"].as_u64().unwrap_or(0) >> 20
+        ),
+        &[
+            "round",
+            "VM",
+            "static s",
+            "host s",
+            "progress host / static",
+            "host mean limit MiB",
+        ],
     );
-    Ok(())
+    let mut makespans = Vec::new();
+    for round in rounds_of(suite) {
+        let r = ratios(round);
+        for (i, vm) in vms.iter().enumerate() {
+            let at = |key: &str| round[key].get(i).and_then(Value::as_f64);
+            t.row(vec![
+                round["round"].to_string(),
+                vm.to_string(),
+                at("static_s").map_or("-".into(), |s| format!("{s:.2}")),
+                at("host_s").map_or("-".into(), |s| format!("{s:.2}")),
+                r.get(i).map_or("-".into(), |x| format!("{x:.2}")),
+                at("host_mean_limit_bytes").map_or("-".into(), |b| format!("{:.0}", b / 1048576.0)),
+            ]);
+        }
+        if let (Some(a), Some(b)) = (
+            round["static_wall_s"].as_f64(),
+            round["host_wall_s"].as_f64(),
+        ) {
+            makespans.push(format!("{:.2}", a / b));
+        }
+    }
+    t.note("progress = static s / host s for each VM (fixed work); the static split runs every VM at once with --mem-limit budget/N; the host runs them under hugevmm host --budget (working-set sampling at 2 units/s, its cost included)");
+    t.note(&format!(
+        "all VMs done, static wall / host wall, per round: {}",
+        makespans.join(", ")
+    ));
+    t
+}
+
+/// Each VM's limit and stall over one host run, from the host's report.
+fn plot_host(report: &Value, path: &Path, round: usize) -> Result<()> {
+    let mut limits: Vec<plots::Series> = Vec::new();
+    let mut stalls: Vec<plots::Series> = Vec::new();
+    for vm in report["vms"].as_array().into_iter().flatten() {
+        let name = vm["name"].as_str().unwrap_or("").to_string();
+        let (mut limit, mut stall) = (Vec::new(), Vec::new());
+        for sample in report["timeline"].as_array().into_iter().flatten() {
+            let t = sample["t_s"].as_f64().unwrap_or(0.0);
+            let Some(entry) = sample["vms"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"].as_str() == Some(&name))
+            else {
+                continue;
+            };
+            if let Some(b) = entry["limit_bytes"].as_f64() {
+                limit.push((t, b / 1048576.0));
+            }
+            if let Some(s) = entry["stall_share"].as_f64() {
+                stall.push((t, s * 100.0));
+            }
+        }
+        limits.push((format!("{name} limit"), limit));
+        stalls.push((format!("{name} stall"), stall));
+    }
+    plots::limits_and_stall(
+        path,
+        &format!(
+            "hugevmm host, budget {} MiB, round {round}",
+            report["budget_bytes"].as_u64().unwrap_or(0) >> 20
+        ),
+        &limits,
+        &stalls,
+        report["stall_target_pct"].as_f64().unwrap_or(0.0),
+        &[],
+    )
 }
 
 /// Each VM alone at budget/N, all at once.
@@ -247,7 +355,12 @@ fn run_static(ctx: &Ctx, configs: &[PathBuf], budget: u64, dir: &Path) -> Result
 }
 
 /// The VMs under `hugevmm host --budget`.
-fn run_host(ctx: &Ctx, configs: &[PathBuf], budget: u64, dir: &Path) -> Result<Vec<VmEnd>> {
+fn run_host(
+    ctx: &Ctx,
+    configs: &[PathBuf],
+    budget: u64,
+    dir: &Path,
+) -> Result<(Vec<VmEnd>, Value)> {
     let report_path = dir.with_extension("report.json");
     let _ = std::fs::remove_dir_all(dir);
     let mut command = Command::new(&ctx.hugevmm);
@@ -293,7 +406,7 @@ fn run_host(ctx: &Ctx, configs: &[PathBuf], budget: u64, dir: &Path) -> Result<V
             configs.len()
         );
     }
-    Ok(ends)
+    Ok((ends, report))
 }
 
 /// A VM's time, once its status, stats and checked data say it ran whole.

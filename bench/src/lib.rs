@@ -63,6 +63,7 @@ mod progress;
 pub mod render;
 mod report;
 mod runner;
+mod self_sizing;
 mod swap_w_seq;
 mod workloads;
 
@@ -100,6 +101,8 @@ pub enum Suite {
     Workloads,
     /// Several VMs with changing active sets under one budget: `hugevmm host` against an equal static split (not in `all`).
     HostBudget,
+    /// Memory that sizes itself: the phases payload with no limit, under a ladder of fixed limits and under `--mem-limit auto`, then `host-budget` (not in `all`).
+    SelfSizing,
     /// All of the above but `linux` and `workloads` (limits first).
     All,
     /// Where one 4 KiB store fault's time goes: guest-observed cost, engine service, userfault round trip, store reads, installs, eviction writes, CPU and context switches per fault (not in `all`).
@@ -122,6 +125,7 @@ impl Suite {
             Suite::Linux => "linux",
             Suite::Workloads => "workloads",
             Suite::HostBudget => "host-budget",
+            Suite::SelfSizing => "self-sizing",
             Suite::All => "all",
             Suite::Report => "report",
         }
@@ -438,6 +442,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Linux => linux::run(&mut ctx),
             Suite::Workloads => workloads::run(&mut ctx),
             Suite::HostBudget => host_budget::run(&mut ctx),
+            Suite::SelfSizing => self_sizing::run(&mut ctx),
             Suite::All | Suite::Report => unreachable!("expanded above"),
         };
         if let Err(e) = result {
@@ -490,6 +495,14 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     if args.suite == Suite::Workloads && ctx.report.failures.is_empty() {
         eprintln!(
             "hugevmm bench: to publish this run's tables in docs/KERNEL_BASELINE.md: cp {} docs/results/workloads-{}.json && hugevmm bench report --render docs/results/workloads-{}.json",
+            ctx.out_dir.join("results.json").display(),
+            mode.name(),
+            mode.name()
+        );
+    }
+    if args.suite == Suite::SelfSizing && ctx.report.failures.is_empty() {
+        eprintln!(
+            "hugevmm bench: to publish this run's tables in docs/SELF_SIZING.md: cp {} docs/results/self-sizing-{}.json && hugevmm bench report --render docs/results/self-sizing-{}.json",
             ctx.out_dir.join("results.json").display(),
             mode.name(),
             mode.name()

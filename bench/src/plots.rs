@@ -425,3 +425,90 @@ pub fn timeline(
     root.present().map_err(&err)?;
     Ok(())
 }
+
+/// One named line of a plot: (x, y) points.
+pub type Series = (String, Vec<(f64, f64)>);
+
+/// Two panels over time for memory that sizes itself: limits (and what
+/// is resident) in MiB above, each one's stall as a percentage of vCPU
+/// time below, with the stall target as a line. `marks` are times drawn
+/// as thin vertical lines in both panels (phase changes).
+pub fn limits_and_stall(
+    path: &Path,
+    title: &str,
+    memory: &[Series],
+    stall: &[Series],
+    target_pct: f64,
+    marks: &[f64],
+) -> Result<()> {
+    let root = SVGBackend::new(path, (WIDTH, 640)).into_drawing_area();
+    let err = plot_err(path);
+    root.fill(&WHITE).map_err(&err)?;
+    let root = root.titled(title, ("sans-serif", 20)).map_err(&err)?;
+    let (top, bottom) = root.split_vertically(330);
+    let all = || memory.iter().chain(stall).flat_map(|(_, p)| p.iter());
+    let t_max = all().map(|p| p.0).fold(1e-3, f64::max);
+    let panels: [(&_, &[Series], &str, f64); 2] = [
+        (&top, memory, "MiB", 0.0),
+        (&bottom, stall, "stall, % of vCPU time", target_pct),
+    ];
+    for (area, lines, y_desc, target) in panels {
+        let y_max = lines
+            .iter()
+            .flat_map(|(_, p)| p.iter().map(|q| q.1))
+            .fold(target.max(1.0), f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(area)
+            .margin(10)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..t_max, 0.0..y_max)
+            .map_err(&err)?;
+        chart
+            .configure_mesh()
+            .x_desc("s")
+            .y_desc(y_desc)
+            .draw()
+            .map_err(&err)?;
+        for &t in marks {
+            chart
+                .draw_series(LineSeries::new(
+                    vec![(t, 0.0), (t, y_max)],
+                    BLACK.mix(0.25).stroke_width(1),
+                ))
+                .map_err(&err)?;
+        }
+        for (i, (name, points)) in lines.iter().enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), c.stroke_width(2)))
+                .map_err(&err)?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
+        }
+        if target > 0.0 {
+            let c = color(6);
+            chart
+                .draw_series(LineSeries::new(
+                    vec![(0.0, target), (t_max, target)],
+                    c.stroke_width(1),
+                ))
+                .map_err(&err)?
+                .label(format!("stall target {target} %"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(1))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(&err)?;
+    }
+    root.present().map_err(&err)?;
+    Ok(())
+}

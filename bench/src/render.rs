@@ -43,11 +43,19 @@ pub const DOCS: [(&str, &[&str]); 2] = [
 /// file, and its block.
 pub const WORKLOADS_DOCS: [(&str, &[&str]); 1] = [("docs/KERNEL_BASELINE.md", &["workloads"])];
 
-/// The docs a results file renders into: a workloads suite's file (it has
-/// a `workloads` key) renders its own block, any other the report's.
+/// The doc that carries the blocks of a `hugevmm bench self-sizing`
+/// results file, and its blocks.
+pub const SELF_SIZING_DOCS: [(&str, &[&str]); 1] =
+    [("docs/SELF_SIZING.md", &["self-sizing", "host-budget"])];
+
+/// The docs a results file renders into: a workloads or self-sizing
+/// suite's file (it has a `workloads` or `self_sizing` key) renders its own
+/// blocks, any other the report's.
 pub fn docs_of(results: &Value) -> &'static [(&'static str, &'static [&'static str])] {
     if results.get("workloads").is_some() {
         &WORKLOADS_DOCS
+    } else if results.get("self_sizing").is_some() {
+        &SELF_SIZING_DOCS
     } else {
         &DOCS
     }
@@ -76,7 +84,9 @@ pub fn block(results: &Value, name: &str) -> Result<String> {
         "fault-latency" => fault_latency(results),
         "limits" => limits(results),
         "workloads" => workloads(results)?,
-        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, limits, workloads)"),
+        "self-sizing" => self_sizing(results)?,
+        "host-budget" => host_budget(results)?,
+        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, limits, workloads, self-sizing, host-budget)"),
     })
 }
 
@@ -637,6 +647,33 @@ fn workloads(r: &Value) -> Result<String> {
         .iter()
         .map(super::report::Table::markdown)
         .collect())
+}
+
+/// The self-sizing suite's tables: the sweep, auto's phases, its aims.
+fn self_sizing(r: &Value) -> Result<String> {
+    let suite = r.get("self_sizing").context(
+        "this results file has no self-sizing suite (hugevmm bench self-sizing writes one)",
+    )?;
+    let tables: String = super::self_sizing::tables_from_json(suite)?
+        .iter()
+        .map(super::report::Table::markdown)
+        .collect();
+    Ok(format!(
+        "{tables}\n{}",
+        figures_table(&super::self_sizing::headlines(suite))
+    ))
+}
+
+/// The host-budget suite's table and its aims, as the run printed them.
+fn host_budget(r: &Value) -> Result<String> {
+    let suite = r
+        .get("host_budget")
+        .context("this results file has no host-budget suite (hugevmm bench self-sizing or host-budget writes one)")?;
+    Ok(format!(
+        "{}\n{}",
+        super::host_budget::table_from_json(suite).markdown(),
+        figures_table(&super::host_budget::headlines(suite))
+    ))
 }
 
 fn limits(r: &Value) -> String {

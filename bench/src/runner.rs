@@ -116,13 +116,23 @@ impl RunSpec {
     }
 }
 
-/// One `<payload> vcpu=<i> bytes=<n> cycles=<c> passes=<p>` line.
+/// One `<payload> vcpu=<i> bytes=<n> cycles=<c> passes=<p>` line, or one
+/// of `phases`' per-phase lines (`phase=<p> set=<name> hot_bytes=<n>
+/// touches=<t> cycles=<c>`).
 #[derive(Debug, Clone, Default)]
 pub struct PayloadLine {
+    /// The vCPU that printed it.
+    pub vcpu: u32,
     /// Bytes the vCPU wrote over all passes.
     pub bytes: u64,
-    /// TSC cycles the vCPU's loop took.
+    /// TSC cycles the vCPU's loop (or the phase) took.
     pub cycles: u64,
+    /// `phases`: the phase this line ends (none on the closing line).
+    pub phase: Option<u64>,
+    /// `phases`: the name of the phase's hot set.
+    pub set: String,
+    /// `phases`: the bytes of the phase's hot set.
+    pub hot_bytes: u64,
 }
 
 /// A finished run.
@@ -226,11 +236,15 @@ fn parse_payload_lines(payload: &str, stdout: &str) -> Vec<PayloadLine> {
         .map(|l| {
             let mut line = PayloadLine::default();
             for word in l.split_whitespace() {
-                if let Some((k, v)) = word.split_once('=') {
-                    let v = v.parse().unwrap_or(0);
+                if let Some((k, text)) = word.split_once('=') {
+                    let v = text.parse().unwrap_or(0);
                     match k {
+                        "vcpu" => line.vcpu = u32::try_from(v).unwrap_or(u32::MAX),
                         "bytes" => line.bytes = v,
                         "cycles" => line.cycles = v,
+                        "phase" => line.phase = Some(v),
+                        "set" => line.set = text.to_string(),
+                        "hot_bytes" => line.hot_bytes = v,
                         _ => {}
                     }
                 }

@@ -4,7 +4,9 @@
 //! `cp bench-results/results.json docs/results/quick.json &&
 //! hugevmm bench report --render docs/results/quick.json`. The same holds
 //! for docs/KERNEL_BASELINE.md and the committed run of `hugevmm bench
-//! workloads` (docs/results/workloads-quick.json).
+//! workloads` (docs/results/workloads-quick.json), and for
+//! docs/SELF_SIZING.md and that of `hugevmm bench self-sizing`
+//! (docs/results/self-sizing-quick.json).
 
 use std::path::{Path, PathBuf};
 
@@ -62,4 +64,23 @@ fn the_kernel_baseline_tables_are_rendered_from_the_committed_workloads_run() {
         committed.display(),
         stale.join(", ")
     );
+}
+
+#[test]
+fn the_self_sizing_tables_are_rendered_from_the_committed_self_sizing_run() {
+    let committed = repo().join("docs/results/self-sizing-quick.json");
+    let stale = bench::render::stale_docs(&repo(), &committed).unwrap();
+    assert!(
+        stale.is_empty(),
+        "these tables differ from {}: {}; run `hugevmm bench report --render docs/results/self-sizing-quick.json` from the repository's top directory",
+        committed.display(),
+        stale.join(", ")
+    );
+    let results = bench::render::read_results(&committed).unwrap();
+    for key in ["self_sizing", "host_budget"] {
+        assert!(
+            results.get(key).is_some(),
+            "the committed run has no {key}: it must come from `hugevmm bench self-sizing`"
+        );
+    }
 }

@@ -1,0 +1,131 @@
+//! The `self-sizing` suite end to end on its tiny plan (one round of a
+//! small phases run with no limit, two fixed limits and auto, then one
+//! round of the host budget): every variant gets a row and a record with
+//! its phases and timeline, the plots are drawn, and the results file
+//! renders the docs' blocks. It asserts no times. It needs KVM and the
+//! release `hugevmm` beside the test's `hugevmm-bench` (`cargo build
+//! --release -p vmm`; a debug binary works too, named in HUGEVMM_BIN).
+
+use std::path::PathBuf;
+use std::process::Command;
+use test_resources::{skip, skip_without_kvm, Resource};
+
+const TEST: &str = "self_sizing_tiny_rows_records_plots_and_render";
+
+fn hugevmm() -> PathBuf {
+    if let Some(p) = std::env::var_os("HUGEVMM_BIN") {
+        return PathBuf::from(p);
+    }
+    PathBuf::from(env!("CARGO_BIN_EXE_hugevmm-bench")).with_file_name("hugevmm")
+}
+
+#[test]
+fn self_sizing_tiny_rows_records_plots_and_render() {
+    if skip_without_kvm(TEST) {
+        return;
+    }
+    let bin = hugevmm();
+    if !bin.is_file() {
+        skip(
+            TEST,
+            Resource::Kvm,
+            format!(
+                "{} does not exist: cargo build --release -p vmm",
+                bin.display()
+            ),
+        );
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("hugevmm-bench-sizing-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let result = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))
+        .args(["self-sizing", "--quick", "--out"])
+        .arg(&out)
+        .args(["--store-dir", "/var/tmp"])
+        .env("HUGEVMM_BIN", &bin)
+        .env("HUGEVMM_BENCH_SELF_SIZING_PLAN", "tiny")
+        .output()
+        .expect("run hugevmm-bench");
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        result.status.success(),
+        "self-sizing failed: {}\n{stderr}\n{stdout}",
+        result.status
+    );
+    assert!(!stderr.contains("SKIP"), "the suite skipped:\n{stderr}");
+    for row in [
+        "none",
+        "fixed-24M",
+        "fixed-48M",
+        "auto",
+        "1      big",
+        "1      small",
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(row)),
+            "no `{row}` row:\n{stdout}"
+        );
+    }
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("results.json")).expect("results.json"),
+    )
+    .expect("results.json parses");
+    let runs = json["self_sizing"]["runs"]
+        .as_array()
+        .expect("self_sizing.runs");
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    for run in runs {
+        assert_eq!(run["end"], "ok", "{run}");
+        let phases = run["phases"].as_array().expect("phases");
+        assert_eq!(phases.len(), 6, "six phases, from the payload: {run}");
+        let mut last_end = 0.0;
+        for p in phases {
+            let (start, end) = (p["start_s"].as_f64().unwrap(), p["end_s"].as_f64().unwrap());
+            assert!(
+                start >= last_end - 1e-9 && end > start,
+                "phases follow one another: {phases:?}"
+            );
+            last_end = end;
+        }
+        assert!(
+            !run["timeline"].as_array().expect("timeline").is_empty(),
+            "{run}"
+        );
+    }
+    let limited = runs.iter().find(|r| r["variant"] == "fixed-24M").unwrap();
+    assert!(
+        limited["refault_wait_us"].as_f64().unwrap() > 0.0,
+        "24 MiB under a 32 MiB heap refaults: {limited}"
+    );
+    let auto = runs.iter().find(|r| r["variant"] == "auto").unwrap();
+    assert!(
+        auto["stall_target_pct"].as_f64().is_some(),
+        "auto reports its target: {auto}"
+    );
+    let rounds = json["host_budget"]["rounds"]
+        .as_array()
+        .expect("host rounds");
+    assert_eq!(rounds.len(), 1, "{rounds:?}");
+    for key in [
+        "self_sizing_auto_footprint_over_best_fixed",
+        "self_sizing_auto_slowdown_pct",
+        "host_budget_total_progress",
+        "host_budget_least_vm_progress",
+    ] {
+        assert!(
+            json["headline"].get(key).is_some(),
+            "no headline {key}: {}",
+            json["headline"]
+        );
+    }
+    for plot in ["self-sizing-auto-1.svg", "host-budget-round-1.svg"] {
+        let text = std::fs::read_to_string(out.join(plot)).unwrap_or_default();
+        assert!(text.contains("<svg"), "{plot} is not drawn");
+    }
+    for block in ["self-sizing", "host-budget"] {
+        let text = bench::render::block(&json, block).expect("the block renders");
+        assert!(text.contains("| "), "{block}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
