@@ -298,12 +298,15 @@ pub fn figures_table(headlines: &[Headline]) -> String {
             let verdict = match h.met() {
                 Some(true) => "met".to_string(),
                 Some(false) => "**missed**".to_string(),
+                None if h.aim.is_some() => "**not measured**".to_string(),
                 None => "(no aim)".to_string(),
             };
             vec![
                 h.what.clone(),
                 format!("**{}**", num(Some(h.median()), 2)),
-                if h.values.len() > 1 {
+                if h.values.is_empty() {
+                    "no value".into()
+                } else if h.values.len() > 1 {
                     format!(
                         "{}-{} ({} rounds)",
                         num(Some(h.min()), 2),

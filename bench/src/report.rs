@@ -214,11 +214,13 @@ impl Headline {
         (!self.values.is_empty()).then(|| aim.met_by(self.median()))
     }
 
-    /// `met`, `missed` or empty.
+    /// `met`, `missed`, `not measured` (an aim, but no value: the run gave
+    /// nothing to compare, which is no success), or empty.
     pub fn verdict(&self) -> &'static str {
         match self.met() {
             Some(true) => "met",
             Some(false) => "missed",
+            None if self.aim.is_some() => "not measured",
             None => "",
         }
     }
@@ -419,10 +421,18 @@ impl Report {
             &["figure", "median", "min-max", "rounds", "aim", "met", "how"],
         );
         for h in &self.headline {
+            let (median, spread) = if h.values.is_empty() {
+                ("-".to_string(), "-".to_string())
+            } else {
+                (
+                    fmt_f(h.median(), 2),
+                    format!("{}-{}", fmt_f(h.min(), 2), fmt_f(h.max(), 2)),
+                )
+            };
             t.row(vec![
                 h.what.clone(),
-                fmt_f(h.median(), 2),
-                format!("{}-{}", fmt_f(h.min(), 2), fmt_f(h.max(), 2)),
+                median,
+                spread,
                 h.values.len().to_string(),
                 h.aim.map(Aim::text).unwrap_or_default(),
                 h.verdict().into(),

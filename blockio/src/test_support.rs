@@ -87,6 +87,82 @@ pub fn with_mount<R: Send>(
     })
 }
 
+/// A throwaway X.509 authority, a server certificate it signed for
+/// `localhost` and `127.0.0.1`, and a client certificate, written in one
+/// directory as nbdkit, qemu-nbd and this client look for them:
+/// `ca-cert.pem`, `server-cert.pem`, `server-key.pem`, `client-cert.pem`,
+/// `client-key.pem`. The same directory serves the server
+/// (`--tls-certificates=DIR`, `tls-creds-x509,dir=DIR`) and the client
+/// (`tls-certificates=DIR`: the authority, and the client's own
+/// certificate for servers that ask, as qemu-nbd does by default).
+#[derive(Debug)]
+pub struct TlsCertificates {
+    /// The directory.
+    pub dir: PathBuf,
+}
+
+impl TlsCertificates {
+    /// A new authority and server certificate in a fresh directory.
+    pub fn new() -> TlsCertificates {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+            KeyUsagePurpose,
+        };
+        let dir = NbdServer::fresh_dir();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        ca.distinguished_name
+            .push(DnType::CommonName, "hugevmm test authority");
+        let ca_key = KeyPair::generate().expect("a CA key");
+        let ca_cert = ca.self_signed(&ca_key).expect("the CA certificate");
+        let mut server =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .expect("server parameters");
+        server
+            .distinguished_name
+            .push(DnType::CommonName, "localhost");
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        server.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let server_key = KeyPair::generate().expect("a server key");
+        let server_cert = server
+            .signed_by(&server_key, &ca_cert, &ca_key)
+            .expect("the server certificate");
+        let mut client = CertificateParams::new(Vec::<String>::new()).expect("client parameters");
+        client
+            .distinguished_name
+            .push(DnType::CommonName, "hugevmm test client");
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        client.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let client_key = KeyPair::generate().expect("a client key");
+        let client_cert = client
+            .signed_by(&client_key, &ca_cert, &ca_key)
+            .expect("the client certificate");
+        let write = |name: &str, text: String| {
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(dir.join(name))
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            std::io::Write::write_all(&mut f, text.as_bytes()).expect("certificate written");
+        };
+        write("ca-cert.pem", ca_cert.pem());
+        write("server-cert.pem", server_cert.pem());
+        write("server-key.pem", server_key.serialize_pem());
+        write("client-cert.pem", client_cert.pem());
+        write("client-key.pem", client_key.serialize_pem());
+        TlsCertificates { dir }
+    }
+}
+
+impl Default for TlsCertificates {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// An NBD server a test started (nbdkit or qemu-nbd) on a Unix socket of
 /// its own, killed when dropped. Tests use Unix sockets so that parallel
 /// tests never compete for TCP ports; [`NbdServer::nbdkit_tcp`] is for the
@@ -119,55 +195,108 @@ impl NbdServer {
     /// fresh Unix socket; `None` (after a visible skip of `test`) when
     /// nbdkit is not installed.
     pub fn nbdkit(test: &str, args: &[&str]) -> Option<NbdServer> {
-        if !Self::have_nbdkit(test) {
-            return None;
-        }
-        let dir = Self::fresh_dir();
-        let socket = dir.join("sock");
-        let mut all: Vec<String> = [
-            "--foreground",
-            "--exit-with-parent",
-            "-U",
-            socket.to_str().expect("UTF-8 temp dir"),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        all.extend(args.iter().map(|s| s.to_string()));
-        Some(Self::start("nbdkit", all, socket, dir, ""))
+        Self::nbdkit_with(test, args, false, None)
     }
 
     /// `nbdkit -i 127.0.0.1 -p PORT ARGS...` on a free TCP port of the
     /// loopback interface; `None` as for [`Self::nbdkit`].
     pub fn nbdkit_tcp(test: &str, args: &[&str]) -> Option<NbdServer> {
+        Self::nbdkit_with(test, args, true, None)
+    }
+
+    /// `nbdkit --tls=require --tls-certificates=DIR ARGS...` on a fresh
+    /// Unix socket, with its `nbds+unix://` URI (the client checks the
+    /// certificate against `localhost`); `None` as for [`Self::nbdkit`].
+    pub fn nbdkit_tls(test: &str, certs: &TlsCertificates, args: &[&str]) -> Option<NbdServer> {
+        Self::nbdkit_with(test, args, false, Some(certs))
+    }
+
+    /// [`Self::nbdkit_tls`] on a free TCP port of the loopback interface
+    /// (`nbds://127.0.0.1:PORT/`: the certificate is checked against the
+    /// address).
+    pub fn nbdkit_tls_tcp(test: &str, certs: &TlsCertificates, args: &[&str]) -> Option<NbdServer> {
+        Self::nbdkit_with(test, args, true, Some(certs))
+    }
+
+    fn nbdkit_with(
+        test: &str,
+        args: &[&str],
+        tcp: bool,
+        tls: Option<&TlsCertificates>,
+    ) -> Option<NbdServer> {
         if !Self::have_nbdkit(test) {
             return None;
         }
         let dir = Self::fresh_dir();
-        // A port the kernel just handed out and we released: another test
-        // taking it in between is possible but unlikely, and would show
-        // as nbdkit failing to bind, not as a wrong result.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let mut all: Vec<String> = [
-            "--foreground".to_string(),
-            "--exit-with-parent".to_string(),
-            "-i".to_string(),
-            "127.0.0.1".to_string(),
-            "-p".to_string(),
-            port.to_string(),
-        ]
-        .to_vec();
+        let mut all: Vec<String> = vec!["--foreground".into(), "--exit-with-parent".into()];
+        let s = if tls.is_some() { "s" } else { "" };
+        let (socket, mut uri) = if tcp {
+            // A port the kernel just handed out and we released: another
+            // test taking it in between is possible but unlikely, and
+            // would show as nbdkit failing to bind, not as a wrong result.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free loopback port")
+                .port();
+            all.extend([
+                "-i".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                port.to_string(),
+            ]);
+            (PathBuf::new(), format!("nbd{s}://127.0.0.1:{port}/"))
+        } else {
+            let socket = dir.join("sock");
+            all.extend(["-U".into(), socket.to_str().expect("UTF-8 temp dir").into()]);
+            let uri = format!("nbd{s}+unix:///?socket={}", socket.display());
+            (socket, uri)
+        };
+        if let Some(certs) = tls {
+            all.extend([
+                "--tls=require".into(),
+                format!("--tls-certificates={}", certs.dir.display()),
+            ]);
+            uri.push(if tcp { '?' } else { '&' });
+            uri.push_str(&format!("tls-certificates={}", certs.dir.display()));
+            if !tcp {
+                uri.push_str("&tls-hostname=localhost");
+            }
+        }
         all.extend(args.iter().map(|s| s.to_string()));
-        let uri = format!("nbd://127.0.0.1:{port}/");
-        Some(Self::start("nbdkit", all, PathBuf::new(), dir, &uri))
+        Some(Self::start("nbdkit", all, socket, dir, &uri))
+    }
+
+    /// `qemu-nbd` as [`Self::qemu_nbd`], with TLS required
+    /// (`--object tls-creds-x509,...,endpoint=server --tls-creds`).
+    pub fn qemu_nbd_tls(test: &str, certs: &TlsCertificates, file: &Path) -> Option<NbdServer> {
+        Self::qemu_nbd_with(
+            test,
+            file,
+            &[
+                "--object".to_string(),
+                format!(
+                    "tls-creds-x509,id=tls0,dir={},endpoint=server",
+                    certs.dir.display()
+                ),
+                "--tls-creds".to_string(),
+                "tls0".to_string(),
+            ],
+            Some(certs),
+        )
     }
 
     /// `qemu-nbd --persistent -f raw FILE` (export name empty) on a fresh
     /// Unix socket; `None` (after a visible skip) without qemu-nbd.
     pub fn qemu_nbd(test: &str, file: &Path) -> Option<NbdServer> {
+        Self::qemu_nbd_with(test, file, &[], None)
+    }
+
+    fn qemu_nbd_with(
+        test: &str,
+        file: &Path,
+        extra: &[String],
+        tls: Option<&TlsCertificates>,
+    ) -> Option<NbdServer> {
         if !test_resources::have_program("qemu-nbd") {
             test_resources::skip(
                 test,
@@ -178,7 +307,8 @@ impl NbdServer {
         }
         let dir = Self::fresh_dir();
         let socket = dir.join("sock");
-        let all = vec![
+        let mut all = extra.to_vec();
+        all.extend([
             "--persistent".to_string(),
             "--shared=8".to_string(),
             "-f".to_string(),
@@ -188,8 +318,16 @@ impl NbdServer {
             "-k".to_string(),
             socket.to_str().expect("UTF-8 temp dir").to_string(),
             file.to_str().expect("UTF-8 path").to_string(),
-        ];
-        Some(Self::start("qemu-nbd", all, socket, dir, ""))
+        ]);
+        let uri = match tls {
+            None => String::new(),
+            Some(certs) => format!(
+                "nbds+unix:///?socket={}&tls-certificates={}&tls-hostname=localhost",
+                socket.display(),
+                certs.dir.display()
+            ),
+        };
+        Some(Self::start("qemu-nbd", all, socket, dir, &uri))
     }
 
     fn fresh_dir() -> PathBuf {
@@ -211,12 +349,12 @@ impl NbdServer {
         args: Vec<String>,
         socket: PathBuf,
         dir: PathBuf,
-        tcp_uri: &str,
+        uri: &str,
     ) -> NbdServer {
-        let uri = if tcp_uri.is_empty() {
+        let uri = if uri.is_empty() {
             format!("nbd+unix:///?socket={}", socket.display())
         } else {
-            tcp_uri.to_string()
+            uri.to_string()
         };
         let mut server = NbdServer {
             child: None,
@@ -307,9 +445,16 @@ impl NbdServer {
             // before it can serve (qemu-nbd resets such early connections)
             // is not ready yet.
             let uri: crate::nbd::NbdUri = self.uri.parse().expect("our own URI parses");
+            let tls = crate::nbd::tls::TlsSetup::load(&uri)
+                .unwrap_or_else(|e| panic!("the test's TLS settings: {e}"));
             let ready = uri.resolve().ok().is_some_and(|addrs| {
-                crate::nbd::handshake::connect(&uri, &addrs, crate::nbd::DEFAULT_RECONNECT_TIMEOUT)
-                    .is_ok()
+                crate::nbd::handshake::connect(
+                    &uri,
+                    &addrs,
+                    tls.as_ref(),
+                    crate::nbd::DEFAULT_RECONNECT_TIMEOUT,
+                )
+                .is_ok()
             });
             if ready {
                 return;

@@ -8,7 +8,7 @@
 //! failing I/O ends the VM with the chunk's address and the server's name,
 //! never with zeros; and an export too small for the run is refused at start.
 
-use blockio::test_support::{FakeNbdServer, Misbehaviour, NbdServer};
+use blockio::test_support::{FakeNbdServer, Misbehaviour, NbdServer, TlsCertificates};
 use integration_tests::*;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -81,6 +81,53 @@ fn verify_at_4x_overcommit_on_nbdkit_memory_and_qemu_nbd() {
     if let Some(server) = NbdServer::qemu_nbd("nbd verify on qemu-nbd", &file) {
         let run = verify_on(server.uri(), &[]);
         check_swapped_through(&run, "qemu-nbd");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+/// The same over TLS (`nbds+unix://`, NBD_OPT_STARTTLS): nbdkit with
+/// `--tls=require`, and qemu-nbd with `--tls-creds`, which also checks the
+/// VM's client certificate. The store is sealed too (TLS guards the link,
+/// sealing guards against the server), and no warning is printed.
+#[test]
+fn verify_at_4x_overcommit_over_tls_on_nbdkit_and_qemu_nbd() {
+    if skip_without_kvm("nbd tls verify") {
+        return;
+    }
+    let certs = TlsCertificates::new();
+    if let Some(server) =
+        NbdServer::nbdkit_tls("nbd tls verify on nbdkit", &certs, &["memory", "size=1G"])
+    {
+        assert!(server.uri().starts_with("nbds+unix://"));
+        let run = verify_on(server.uri(), &[]);
+        check_swapped_through(&run, "nbdkit memory over TLS");
+        assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+        assert_eq!(
+            run.stats.as_ref().unwrap().pointer("/swap/store/sealed"),
+            Some(&serde_json::Value::Bool(true))
+        );
+    }
+    let file = backing_file("qemu-nbd-tls", 1 << 30);
+    if let Some(server) = NbdServer::qemu_nbd_tls("nbd tls verify on qemu-nbd", &certs, &file) {
+        let run = verify_on(server.uri(), &[]);
+        check_swapped_through(&run, "qemu-nbd over TLS");
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+/// A TLS server killed and started again mid-run: the reply reader makes
+/// a new TLS session under its seccomp filter (random numbers, no files:
+/// the certificates were read at start) and nothing is lost.
+#[test]
+fn a_tls_server_restarted_mid_run_loses_no_word() {
+    if skip_without_kvm("nbd tls restart") {
+        return;
+    }
+    let certs = TlsCertificates::new();
+    let file = backing_file("restart-nbdkit-tls", 1 << 30);
+    let path = file.to_str().unwrap().to_string();
+    if let Some(server) = NbdServer::nbdkit_tls("nbd tls restart", &certs, &["file", &path]) {
+        restart_mid_run(server, "nbdkit file over TLS", NbdServer::kill);
     }
     let _ = std::fs::remove_file(&file);
 }

@@ -370,6 +370,9 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     if let Some(warning) = args.unsealed_remote_store_warning() {
         eprintln!("hugevmm: warning: {warning}");
     }
+    for warning in args.clear_network_link_warnings() {
+        eprintln!("hugevmm: warning: {warning}");
+    }
     let swap = engine.then(|| SwapOptions {
         mem_limit_bytes: match auto_limit {
             Some(target) => Some(target.max_bytes),

@@ -563,6 +563,33 @@ impl RunArgs {
         })
     }
 
+    /// A warning for each NBD store or disk reached over a network without
+    /// TLS (`nbd://` to a host that is not loopback): whoever is on the
+    /// path sees which parts of the export are read and written and when,
+    /// a disk's data in the clear, and can cut or stall the connection.
+    pub fn clear_network_link_warnings(&self) -> Vec<String> {
+        let store = match &self.flags.swap_store {
+            Some(StoreSpec::Nbd { uri, .. }) => Some((uri, "swap store")),
+            _ => None,
+        };
+        let disks = self
+            .flags
+            .disks
+            .iter()
+            .filter_map(|d| d.nbd.as_ref().map(|n| (&n.uri, "disk")));
+        store
+            .into_iter()
+            .chain(disks)
+            .filter(|(uri, _)| uri.in_the_clear_over_a_network())
+            .map(|(uri, what)| {
+                format!(
+                    "the NBD {what} {uri} is reached over the network without TLS: anyone on the path sees which blocks are read and written{}, and can cut the connection; serve it with TLS (nbdkit --tls=require, qemu-nbd --tls-creds) and write nbds://",
+                    if what == "disk" { " and their data" } else { " and when" }
+                )
+            })
+            .collect()
+    }
+
     /// Whether the threads get their seccomp filters (the default).
     pub fn seccomp(&self) -> bool {
         !self.flags.no_seccomp.unwrap_or(false)
@@ -1115,5 +1142,28 @@ mod tests {
             .find(|l| l.starts_with("| `--swap-key-file PATH` |"))
             .expect("README.md has the --swap-key-file row");
         assert!(row.contains(rule), "{row}");
+    }
+
+    #[test]
+    fn plain_nbd_beyond_loopback_is_warned_about_once_per_store_and_disk() {
+        let warned = |args: &[&str]| {
+            let mut all = vec!["--payload", "hello"];
+            all.extend_from_slice(args);
+            resolve(flags(&all)).unwrap().clear_network_link_warnings()
+        };
+        let w = warned(&[
+            "--swap-store",
+            "nbd://10.0.0.2/swap",
+            "--disk",
+            "nbd://storage.example/disk",
+            "--disk",
+            "nbd://127.0.0.1/local",
+        ]);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("swap store nbd://10.0.0.2/swap") && w[0].contains("nbds://"));
+        assert!(w[1].contains("disk nbd://storage.example/disk") && w[1].contains("their data"));
+        assert!(warned(&["--swap-store", "nbds://10.0.0.2/swap"]).is_empty());
+        assert!(warned(&["--swap-store", "nbd://[::1]/swap"]).is_empty());
+        assert!(warned(&["--swap-store", "nbd+unix:///x?socket=/s"]).is_empty());
     }
 }

@@ -55,6 +55,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::handshake::{self, ExportInfo, Stream};
+use super::tls::TlsSetup;
 use super::uri::NbdUri;
 
 const REQUEST_MAGIC: u32 = 0x2560_9513;
@@ -254,6 +255,8 @@ struct Tx {
 struct Shared {
     uri: NbdUri,
     tcp_addrs: Vec<SocketAddr>,
+    /// The TLS settings, certificates read at open (`None`: in the clear).
+    tls: Option<TlsSetup>,
     export: ExportInfo,
     reconnect_timeout: Duration,
     tx: Mutex<Tx>,
@@ -292,14 +295,16 @@ impl NbdClient {
         let tcp_addrs = uri
             .resolve()
             .map_err(|e| format!("cannot resolve the host name: {e}"))?;
-        let (stream, export) =
-            handshake::connect(uri, &tcp_addrs, reconnect_timeout).map_err(|e| e.message)?;
+        let tls = TlsSetup::load(uri)?;
+        let (stream, export) = handshake::connect(uri, &tcp_addrs, tls.as_ref(), reconnect_timeout)
+            .map_err(|e| e.message)?;
         let reader_stream = stream
             .try_clone()
             .map_err(|e| format!("cannot duplicate the socket: {e}"))?;
         let shared = Arc::new(Shared {
             uri: uri.clone(),
             tcp_addrs,
+            tls,
             export,
             reconnect_timeout,
             tx: Mutex::new(Tx {
@@ -704,6 +709,7 @@ impl Shared {
             match handshake::connect_by(
                 &self.uri,
                 &self.tcp_addrs,
+                self.tls.as_ref(),
                 deadline,
                 self.reconnect_timeout,
             ) {

@@ -13,6 +13,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use super::tls::TlsSetup;
 use super::uri::{NbdAddress, NbdUri};
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943; // "NBDMAGIC"
@@ -26,6 +27,7 @@ const CLIENT_FLAG_FIXED_NEWSTYLE: u32 = 1 << 0;
 const CLIENT_FLAG_NO_ZEROES: u32 = 1 << 1;
 
 const OPT_ABORT: u32 = 2;
+const OPT_STARTTLS: u32 = 5;
 const OPT_GO: u32 = 7;
 
 const REP_ACK: u32 = 1;
@@ -101,6 +103,8 @@ impl ExportInfo {
 pub(crate) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// TLS over one of the two ([`super::tls`]).
+    Tls(super::tls::TlsStream),
 }
 
 impl Stream {
@@ -108,6 +112,7 @@ impl Stream {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tls(s) => Stream::Tls(s.try_clone()?),
         })
     }
 
@@ -116,6 +121,10 @@ impl Stream {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
+            Stream::Tls(s) => {
+                s.raw().shutdown();
+                Ok(())
+            }
         };
     }
 
@@ -123,6 +132,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.set_read_timeout(timeout),
             Stream::Unix(s) => s.set_read_timeout(timeout),
+            Stream::Tls(s) => s.raw().set_read_timeout(timeout),
         }
     }
 }
@@ -132,6 +142,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -141,12 +152,14 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
     fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tls(s) => s.write_vectored(bufs),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -198,13 +211,13 @@ pub(crate) struct AttemptError {
 }
 
 impl AttemptError {
-    fn io(what: &str, e: io::Error) -> Self {
+    pub(crate) fn io(what: &str, e: io::Error) -> Self {
         AttemptError {
             message: format!("{what}: {e}"),
             retryable: true,
         }
     }
-    fn protocol(message: String) -> Self {
+    pub(crate) fn protocol(message: String) -> Self {
         AttemptError {
             message,
             retryable: false,
@@ -219,11 +232,13 @@ impl AttemptError {
 pub(crate) fn connect(
     uri: &NbdUri,
     tcp_addrs: &[SocketAddr],
+    tls: Option<&TlsSetup>,
     dead_peer_after: Duration,
 ) -> Result<(Stream, ExportInfo), AttemptError> {
     connect_by(
         uri,
         tcp_addrs,
+        tls,
         Instant::now() + ATTEMPT_TIMEOUT,
         dead_peer_after,
     )
@@ -234,6 +249,7 @@ pub(crate) fn connect(
 pub(crate) fn connect_by(
     uri: &NbdUri,
     tcp_addrs: &[SocketAddr],
+    tls: Option<&TlsSetup>,
     deadline: Instant,
     dead_peer_after: Duration,
 ) -> Result<(Stream, ExportInfo), AttemptError> {
@@ -269,7 +285,20 @@ pub(crate) fn connect_by(
             Stream::Tcp(s)
         }
     };
-    let info = negotiate(
+    greet(&mut Timed {
+        stream: &mut stream,
+        deadline,
+        started,
+    })?;
+    if let Some(tls) = tls {
+        start_tls(&mut Timed {
+            stream: &mut stream,
+            deadline,
+            started,
+        })?;
+        stream = tls.start(stream, deadline)?;
+    }
+    let info = go(
         &mut Timed {
             stream: &mut stream,
             deadline,
@@ -286,10 +315,10 @@ pub(crate) fn connect_by(
 
 /// The socket during the handshake: each read waits only for what is left
 /// of the attempt's time, so that no sequence of slow answers outlasts it.
-struct Timed<'a> {
-    stream: &'a mut Stream,
-    deadline: Instant,
-    started: Instant,
+pub(crate) struct Timed<'a> {
+    pub(crate) stream: &'a mut Stream,
+    pub(crate) deadline: Instant,
+    pub(crate) started: Instant,
 }
 
 impl Read for Timed<'_> {
@@ -379,8 +408,14 @@ pub fn negotiate_replayed(server_bytes: &[u8], export: &str) -> Result<ExportInf
     .map_err(|e| e.message)
 }
 
-/// The fixed-newstyle negotiation up to transmission.
+/// The fixed-newstyle negotiation up to transmission, without TLS.
 fn negotiate(s: &mut (impl Read + Write), export: &str) -> Result<ExportInfo, AttemptError> {
+    greet(s)?;
+    go(s, export)
+}
+
+/// The server's greeting and the client's flags.
+fn greet(s: &mut (impl Read + Write)) -> Result<(), AttemptError> {
     let io = |what: &'static str| move |e: io::Error| AttemptError::io(what, e);
     let magic = read_u64(s).map_err(io("reading the server's greeting"))?;
     if magic != NBDMAGIC {
@@ -410,8 +445,57 @@ fn negotiate(s: &mut (impl Read + Write), export: &str) -> Result<ExportInfo, At
         client_flags |= CLIENT_FLAG_NO_ZEROES;
     }
     s.write_all(&client_flags.to_be_bytes())
-        .map_err(io("sending the client flags"))?;
+        .map_err(io("sending the client flags"))
+}
 
+/// `NBD_OPT_STARTTLS`: the server must acknowledge it, and the TLS
+/// handshake follows at once; a server that will not is refused rather
+/// than used in the clear.
+fn start_tls(s: &mut (impl Read + Write)) -> Result<(), AttemptError> {
+    let io = |what: &'static str| move |e: io::Error| AttemptError::io(what, e);
+    send_option(s, OPT_STARTTLS, &[]).map_err(io("sending NBD_OPT_STARTTLS"))?;
+    let magic = read_u64(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
+    if magic != OPT_REPLY_MAGIC {
+        return Err(AttemptError::protocol(format!(
+            "bad option reply magic {magic:#x}"
+        )));
+    }
+    let option = read_u32(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
+    let reply = read_u32(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
+    let len = read_u32(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
+    if option != OPT_STARTTLS {
+        return Err(AttemptError::protocol(format!(
+            "reply to option {option} while waiting for NBD_OPT_STARTTLS"
+        )));
+    }
+    if len > 1 << 20 {
+        return Err(AttemptError::protocol(format!(
+            "option reply of {len} bytes is implausibly long"
+        )));
+    }
+    let mut payload = vec![0; len as usize];
+    s.read_exact(&mut payload)
+        .map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
+    match reply {
+        REP_ACK if len == 0 => Ok(()),
+        r if r & REP_FLAG_ERROR != 0 => {
+            let text = String::from_utf8_lossy(&payload);
+            let _ = send_option(s, OPT_ABORT, &[]);
+            Err(AttemptError::protocol(format!(
+                "the server does not offer TLS (NBD_OPT_STARTTLS refused with error {}{}{text}); start it with TLS (nbdkit --tls=require --tls-certificates=DIR, qemu-nbd --tls-creds) or use nbd:// in the clear",
+                r & !REP_FLAG_ERROR,
+                if text.is_empty() { "" } else { ": " },
+            )))
+        }
+        r => Err(AttemptError::protocol(format!(
+            "unexpected reply type {r} to NBD_OPT_STARTTLS"
+        ))),
+    }
+}
+
+/// `NBD_OPT_GO` for `export`, up to transmission.
+fn go(s: &mut (impl Read + Write), export: &str) -> Result<ExportInfo, AttemptError> {
+    let io = |what: &'static str| move |e: io::Error| AttemptError::io(what, e);
     // NBD_OPT_GO: name length, name, the info requests.
     let name = export.as_bytes();
     let mut data = Vec::with_capacity(8 + name.len());
@@ -530,7 +614,7 @@ fn option_error(reply: u32, export: &str, text: &str) -> String {
         1 => "the server does not support NBD_OPT_GO (it is too old: use nbdkit, qemu-nbd or nbd-server >= 3.10)".to_string(),
         2 => "the server's policy refuses the export".to_string(),
         3 => "the server calls the request invalid".to_string(),
-        5 => "the server requires TLS, which this client does not do".to_string(),
+        5 => "the server requires TLS: connect with nbds:// (tls-certificates=DIR naming its CA)".to_string(),
         6 => format!("the server has no export named {export:?}; check the EXPORT part of the URI (nbdkit serves any name, qemu-nbd the one given with -x, default empty)"),
         7 => "the server is shutting down".to_string(),
         8 => "the server requires block size negotiation".to_string(),

@@ -24,13 +24,16 @@ mod conn;
 #[cfg(any(test, feature = "test-support"))]
 pub(crate) mod fake_server;
 pub(crate) mod handshake;
+pub(crate) mod tls;
 mod uri;
 
 pub use conn::{clients_reconnecting, set_reader_thread_setup, NbdClient};
 #[doc(hidden)]
 pub use handshake::negotiate_replayed;
 pub use handshake::ExportInfo;
-pub use uri::{NbdAddress, NbdUri, NbdUriError, DEFAULT_PORT, NBD_URI_FORMS};
+pub use uri::{
+    NbdAddress, NbdTls, NbdUri, NbdUriError, DEFAULT_PORT, NBD_URI_FORMS, SYSTEM_CA_FILE,
+};
 
 use std::io;
 use std::path::PathBuf;
@@ -351,3 +354,5 @@ impl NbdClient {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tls_tests;

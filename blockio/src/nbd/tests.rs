@@ -67,7 +67,7 @@ fn a_tcp_connection_is_dropped_by_the_kernel_once_its_server_stops_answering() {
     let uri: NbdUri = server.uri().parse().expect("the server's URI parses");
     let addrs = uri.resolve().expect("the server's address resolves");
     let timeout = Duration::from_secs(10);
-    let (stream, _) = handshake::connect(&uri, &addrs, timeout)
+    let (stream, _) = handshake::connect(&uri, &addrs, None, timeout)
         .unwrap_or_else(|e| panic!("connect {}: {}", server.uri(), e.message));
     let handshake::Stream::Tcp(tcp) = &stream else {
         panic!("{} gave a Unix socket", server.uri());

@@ -1,8 +1,10 @@
 //! NBD URIs, as the NBD project specifies them (`doc/uri.md` there):
 //! `nbd://HOST[:PORT]/EXPORT` over TCP and `nbd+unix:///EXPORT?socket=PATH`
-//! over a Unix socket. TLS (`nbds://`, `nbds+unix://`) is not supported and
-//! is refused with a message saying so, rather than silently sending data
-//! in the clear.
+//! over a Unix socket, and their TLS forms `nbds://` and `nbds+unix://`,
+//! whose query names the certificates (`tls-certificates=DIR`), the name
+//! the server's certificate must carry (`tls-hostname=NAME`) and, for tests
+//! only, `tls-verify-peer=false`. TLS-PSK (`tls-psk-file=`) is refused with
+//! a message: rustls implements no external pre-shared keys.
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -14,7 +16,30 @@ pub const DEFAULT_PORT: u16 = 10809;
 
 /// The forms an NBD URI can take, for error messages.
 pub const NBD_URI_FORMS: &str =
-    "nbd://HOST[:PORT]/EXPORT (TCP, port 10809 by default) or nbd+unix:///EXPORT?socket=PATH (Unix socket)";
+    "nbd://HOST[:PORT]/EXPORT (TCP, port 10809 by default) or nbd+unix:///EXPORT?socket=PATH (Unix socket), with TLS nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR][&tls-hostname=NAME] or nbds+unix:///EXPORT?socket=PATH&tls-hostname=NAME[&tls-certificates=DIR]";
+
+/// The file of trusted certificate authorities used when an `nbds://` URI
+/// names no `tls-certificates=` directory: Debian's system bundle.
+pub const SYSTEM_CA_FILE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// TLS settings of an `nbds://` or `nbds+unix://` URI.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct NbdTls {
+    /// `tls-certificates=DIR`: a directory laid out as nbdkit, qemu-nbd and
+    /// libnbd expect, `ca-cert.pem` (the authorities trusted to sign the
+    /// server's certificate) and optionally `client-cert.pem` with
+    /// `client-key.pem` (this client's own, for servers that ask).
+    /// `None`: the system's authorities ([`SYSTEM_CA_FILE`]), no client
+    /// certificate.
+    pub certificates_dir: Option<PathBuf>,
+    /// `tls-hostname=NAME`: the name (or address) the server's certificate
+    /// must be issued to; `None` is the URI's host.
+    pub hostname: Option<String>,
+    /// `tls-verify-peer=false` clears it: any certificate is accepted. The
+    /// traffic is still encrypted, but anyone on the path can pose as the
+    /// server; for tests with throwaway certificates only.
+    pub verify_peer: bool,
+}
 
 /// Where an NBD server listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +65,8 @@ pub struct NbdUri {
     pub address: NbdAddress,
     /// The export name (percent-decoded; empty is the server's default).
     pub export: String,
+    /// TLS, for the `nbds` schemes (`None`: in the clear).
+    pub tls: Option<NbdTls>,
 }
 
 /// Why an NBD URI was refused.
@@ -59,6 +86,23 @@ impl NbdUri {
     pub fn looks_like(text: &str) -> bool {
         text.split_once("://")
             .is_some_and(|(scheme, _)| scheme.starts_with("nbd"))
+    }
+
+    /// Whether this URI's traffic crosses a network in the clear: TCP
+    /// without TLS to a host other than `localhost` or a loopback address.
+    /// (A name is judged as written: one that resolves to a loopback
+    /// address still counts as remote, which errs toward the warning.)
+    pub fn in_the_clear_over_a_network(&self) -> bool {
+        match (&self.address, &self.tls) {
+            (NbdAddress::Tcp { host, .. }, None) => {
+                let loopback = host == "localhost"
+                    || host
+                        .parse::<std::net::IpAddr>()
+                        .is_ok_and(|ip| ip.is_loopback());
+                !loopback
+            }
+            _ => false,
+        }
     }
 
     /// The socket addresses to try, resolved now. Resolution opens files
@@ -98,56 +142,102 @@ impl FromStr for NbdUri {
             None => (rest, ""),
         };
         let export = percent_decode(path).map_err(|r| fail(&r))?;
-        let mut socket = None;
-        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("socket", value)) if !value.is_empty() => {
-                    socket = Some(PathBuf::from(percent_decode(value).map_err(|r| fail(&r))?))
-                }
-                Some(("tls-certificates" | "tls-verify-peer" | "tls-psk-file" | "tls-hostname", _)) => {
-                    return Err(fail("TLS is not supported; use a plain nbd:// or nbd+unix:// server"))
-                }
-                _ => {
-                    return Err(fail(&format!(
-                        "unknown query parameter {pair:?} (the only one is socket=PATH, with nbd+unix://)"
-                    )))
-                }
-            }
-        }
-        let address = match scheme {
-            "nbd" => {
-                if socket.is_some() {
-                    return Err(fail("socket= belongs to nbd+unix://, not nbd://"));
-                }
-                if authority.is_empty() {
-                    return Err(fail("nbd:// needs a host, e.g. nbd://127.0.0.1/EXPORT"));
-                }
-                let (host, port) = split_host_port(authority).map_err(|r| fail(&r))?;
-                NbdAddress::Tcp { host, port }
-            }
-            "nbd+unix" => {
-                if !authority.is_empty() {
-                    return Err(fail(
-                        "nbd+unix:// takes no host: write three slashes, nbd+unix:///EXPORT?socket=PATH",
-                    ));
-                }
-                let socket = socket.ok_or_else(|| {
-                    fail("nbd+unix:// needs ?socket=PATH naming the server's Unix socket")
-                })?;
-                NbdAddress::Unix { socket }
-            }
-            "nbds" | "nbds+unix" => {
-                return Err(fail(
-                    "TLS (nbds://) is not supported; use a plain nbd:// or nbd+unix:// server",
-                ))
-            }
+        let (unix, tls) = match scheme {
+            "nbd" => (false, false),
+            "nbd+unix" => (true, false),
+            "nbds" => (false, true),
+            "nbds+unix" => (true, true),
             other => {
                 return Err(fail(&format!(
                     "unknown scheme {other:?} (nbd+vsock and others are not supported)"
                 )))
             }
         };
-        Ok(NbdUri { address, export })
+        let mut socket = None;
+        let mut tls_settings = NbdTls {
+            verify_peer: true,
+            ..NbdTls::default()
+        };
+        let mut tls_named = None;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            let decoded = |value: &str| percent_decode(value).map_err(|r| fail(&r));
+            match pair.split_once('=') {
+                Some(("socket", value)) if !value.is_empty() => {
+                    socket = Some(PathBuf::from(decoded(value)?))
+                }
+                Some(("tls-certificates", value)) if !value.is_empty() => {
+                    tls_named = Some("tls-certificates");
+                    tls_settings.certificates_dir = Some(PathBuf::from(decoded(value)?));
+                }
+                Some(("tls-hostname", value)) if !value.is_empty() => {
+                    tls_named = Some("tls-hostname");
+                    tls_settings.hostname = Some(decoded(value)?);
+                }
+                Some(("tls-verify-peer", value)) => {
+                    tls_named = Some("tls-verify-peer");
+                    tls_settings.verify_peer = match value {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        v => {
+                            return Err(fail(&format!(
+                                "tls-verify-peer={v:?}: expected true or false"
+                            )))
+                        }
+                    };
+                }
+                Some(("tls-psk-file" | "tls-username", _)) => {
+                    return Err(fail(
+                        "TLS with a pre-shared key is not supported (rustls implements none); give the server an X.509 certificate and name its CA with tls-certificates=DIR",
+                    ))
+                }
+                _ => {
+                    return Err(fail(&format!(
+                        "unknown query parameter {pair:?} (known: socket=PATH with the +unix schemes; tls-certificates=DIR, tls-hostname=NAME, tls-verify-peer=false with nbds)"
+                    )))
+                }
+            }
+        }
+        if let (Some(name), false) = (tls_named, tls) {
+            return Err(fail(&format!(
+                "{name}= asks for TLS, which is the nbds:// (or nbds+unix://) scheme, not {scheme}://"
+            )));
+        }
+        let address = if unix {
+            if !authority.is_empty() {
+                return Err(fail(&format!(
+                    "{scheme}:// takes no host: write three slashes, {scheme}:///EXPORT?socket=PATH"
+                )));
+            }
+            let socket = socket.ok_or_else(|| {
+                fail(&format!(
+                    "{scheme}:// needs ?socket=PATH naming the server's Unix socket"
+                ))
+            })?;
+            if tls && tls_settings.verify_peer && tls_settings.hostname.is_none() {
+                return Err(fail(
+                    "nbds+unix:// needs tls-hostname=NAME, the name on the server's certificate (a Unix socket has no host to check it against)",
+                ));
+            }
+            NbdAddress::Unix { socket }
+        } else {
+            if socket.is_some() {
+                return Err(fail(&format!(
+                    "socket= belongs to {scheme}+unix://, not {scheme}://"
+                )));
+            }
+            if authority.is_empty() {
+                return Err(fail(&format!(
+                    "{scheme}:// needs a host, e.g. {scheme}://127.0.0.1/EXPORT"
+                )));
+            }
+            let (host, port) = split_host_port(authority).map_err(|r| fail(&r))?;
+            NbdAddress::Tcp { host, port }
+        };
+        Ok(NbdUri {
+            address,
+            export,
+            tls: tls.then_some(tls_settings),
+        })
     }
 }
 
@@ -244,26 +334,49 @@ fn percent_encode(text: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
 impl fmt::Display for NbdUri {
     /// The URI in the form it parses from.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = if self.tls.is_some() { "s" } else { "" };
+        let mut separator = '?';
         match &self.address {
             NbdAddress::Tcp { host, port } => {
                 if host.contains(':') {
-                    write!(f, "nbd://[{host}]")?;
+                    write!(f, "nbd{s}://[{host}]")?;
                 } else {
-                    write!(f, "nbd://{host}")?;
+                    write!(f, "nbd{s}://{host}")?;
                 }
                 if *port != DEFAULT_PORT {
                     write!(f, ":{port}")?;
                 }
                 f.write_str("/")?;
-                percent_encode(&self.export, f)
+                percent_encode(&self.export, f)?;
             }
             NbdAddress::Unix { socket } => {
-                f.write_str("nbd+unix:///")?;
+                write!(f, "nbd{s}+unix:///")?;
                 percent_encode(&self.export, f)?;
                 f.write_str("?socket=")?;
-                percent_encode(&socket.to_string_lossy(), f)
+                percent_encode(&socket.to_string_lossy(), f)?;
+                separator = '&';
             }
         }
+        if let Some(tls) = &self.tls {
+            let mut param = |f: &mut fmt::Formatter<'_>, name: &str| {
+                let written = write!(f, "{separator}{name}=");
+                separator = '&';
+                written
+            };
+            if let Some(dir) = &tls.certificates_dir {
+                param(f, "tls-certificates")?;
+                percent_encode(&dir.to_string_lossy(), f)?;
+            }
+            if let Some(name) = &tls.hostname {
+                param(f, "tls-hostname")?;
+                percent_encode(name, f)?;
+            }
+            if !tls.verify_peer {
+                param(f, "tls-verify-peer")?;
+                f.write_str("false")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -284,7 +397,8 @@ mod tests {
                     host: "127.0.0.1".into(),
                     port: DEFAULT_PORT
                 },
-                export: "swap".into()
+                export: "swap".into(),
+                tls: None,
             }
         );
         let u = parse("nbd://storage.example:10900/vol%20a");
@@ -328,6 +442,11 @@ mod tests {
             "nbd://h:99/a%20b",
             "nbd://[::1]/x",
             "nbd+unix:///disk?socket=/run/nbd.sock",
+            "nbds://h/x",
+            "nbds://h:99/x?tls-certificates=/etc/pki/a%20b&tls-hostname=store.example",
+            "nbds://[::1]/x?tls-verify-peer=false",
+            "nbds+unix:///x?socket=/s&tls-hostname=localhost",
+            "nbds+unix:///x?socket=/s&tls-certificates=/c&tls-verify-peer=false",
         ] {
             assert_eq!(parse(s).to_string(), s);
             assert_eq!(parse(&parse(s).to_string()), parse(s));
@@ -353,7 +472,12 @@ mod tests {
             ("nbd://a%20b/x", "bad host"),
             ("nbd://h/x?socket=/s", "belongs to nbd+unix"),
             ("nbd://h/x?foo=1", "unknown query parameter"),
-            ("nbds://h/x", "TLS"),
+            ("nbd://h/x?tls-certificates=/c", "nbds://"),
+            ("nbd+unix:///x?socket=/s&tls-hostname=h", "nbds://"),
+            ("nbds://h/x?tls-psk-file=/k", "pre-shared key"),
+            ("nbds://h/x?tls-verify-peer=maybe", "true or false"),
+            ("nbds+unix:///x?socket=/s", "tls-hostname=NAME"),
+            ("nbds:///x", "needs a host"),
             ("nbd+vsock:///x", "unknown scheme"),
             ("nbd://h/%zz", "percent escape"),
             ("nbd://u@h/x", "user names"),
@@ -365,6 +489,39 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn only_plain_tcp_beyond_loopback_is_in_the_clear_over_a_network() {
+        for (uri, clear) in [
+            ("nbd://10.0.0.2/x", true),
+            ("nbd://storage.example/x", true),
+            ("nbd://[2001:db8::1]/x", true),
+            ("nbd://127.0.0.1/x", false),
+            ("nbd://127.1.2.3/x", false),
+            ("nbd://[::1]/x", false),
+            ("nbd://localhost/x", false),
+            ("nbd+unix:///x?socket=/s", false),
+            ("nbds://10.0.0.2/x", false),
+        ] {
+            assert_eq!(parse(uri).in_the_clear_over_a_network(), clear, "{uri}");
+        }
+    }
+
+    #[test]
+    fn tls_settings() {
+        let u = parse("nbds://10.0.0.2:10900/swap?tls-certificates=/etc/pki/nbd");
+        assert_eq!(
+            u.tls,
+            Some(NbdTls {
+                certificates_dir: Some("/etc/pki/nbd".into()),
+                hostname: None,
+                verify_peer: true,
+            })
+        );
+        assert_eq!(parse("nbd://h/x").tls, None);
+        let u = parse("nbds+unix:///x?socket=/s&tls-verify-peer=false");
+        assert!(!u.tls.expect("TLS").verify_peer);
     }
 
     #[test]

@@ -32,6 +32,9 @@
 //!   retried (default 30 s) before the VM ends with the error. The URI
 //!   cannot contain a comma unescaped (write `%2C`). Nothing is locked:
 //!   keeping other clients off the export is the server's business.
+//!   `nbds://` and `nbds+unix://` are the same over TLS (`NBD_OPT_STARTTLS`;
+//!   the query's `tls-certificates=DIR`, `tls-hostname=NAME`, see
+//!   [`blockio::nbd::NbdTls`]).
 //! - `mem:lz4[,size=SIZE]`, `mem:zstd[,size=SIZE]`: compressed memory. SIZE
 //!   is the budget of compressed bytes; without it, only the slot count
 //!   (guest RAM / unit) limits the store.
@@ -73,7 +76,7 @@ use blockio::nbd::{NbdOptions, NbdUri, NbdUriError, DEFAULT_RECONNECT_TIMEOUT};
 use blockio::{BlockFile, BlockOptions};
 use std::time::Duration;
 
-const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve][,keep], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS], nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
+const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve][,keep], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS], nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS], and over TLS nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR][&tls-hostname=NAME][,...] or nbds+unix:///EXPORT?socket=PATH&tls-hostname=NAME[&tls-certificates=DIR][,...] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
 
 /// A parsed `--swap-store` value; see the module docs for the forms.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -717,6 +720,8 @@ mod tests {
             "nbd://storage:10900/vol,size=8G,timeout=120",
             "nbd+unix:///swap?socket=/run/nbd.sock,timeout=5",
             "nbd://h/a%2Cb",
+            "nbds://h/x?tls-certificates=/etc/pki/nbd,timeout=5",
+            "nbds+unix:///x?socket=/s&tls-hostname=localhost",
             "faulty:transient-eio-every=3,inner=nbd://h/x,size=1G",
         ] {
             let spec = parse(text);
@@ -740,7 +745,7 @@ mod tests {
                 "nbd://h/x,overwrite",
                 "the options are size=SIZE and timeout=SECONDS",
             ),
-            ("nbds://h/x", "TLS"),
+            ("nbds://h/x?tls-psk-file=/k", "pre-shared key"),
         ] {
             let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
             assert!(err.contains(why), "{bad}: {err}");
