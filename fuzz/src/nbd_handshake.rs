@@ -3,7 +3,8 @@
 //! greeting to its replies to `NBD_OPT_GO`. Whatever the server says, the
 //! client returns an export it can use or a message, within a bounded
 //! read (no reply longer than 1 MiB, at most 16 of them), and never
-//! panics.
+//! panics. The same bytes are also played to an `nbds` client up to its
+//! TLS handshake (the greeting, then the reply to `NBD_OPT_STARTTLS`).
 
 /// The export the client asks for.
 const EXPORT: &str = "swap";
@@ -24,6 +25,9 @@ pub fn run(data: &[u8]) {
             );
         }
         Err(message) => assert!(!message.is_empty(), "an empty message"),
+    }
+    if let Err(message) = blockio::nbd::start_tls_replayed(data) {
+        assert!(!message.is_empty(), "an empty message");
     }
 }
 
@@ -72,6 +76,13 @@ pub fn option_reply(reply: u32, payload: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// A reply of type `reply` to option `option`.
+    fn reply_to(option: u32, reply: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = option_reply(reply, payload);
+        out[8..12].copy_from_slice(&option.to_be_bytes());
+        out
+    }
+
     #[test]
     fn a_well_behaved_server_is_accepted_and_hostile_ones_get_a_message() {
         let good = server_bytes(64 << 20, Some([512, 4096, 1 << 25]), &[]);
@@ -90,6 +101,27 @@ mod tests {
         let err = blockio::nbd::negotiate_replayed(&server_bytes(1 << 20, None, &flood), EXPORT)
             .unwrap_err();
         assert!(err.contains("more than 16 replies"), "{err}");
+        // An nbds client: the acknowledgement of NBD_OPT_STARTTLS is what
+        // starts TLS; a refusal or another option's reply is an error
+        // that says what to do, and nothing goes on in the clear.
+        let greeting = &good[..18];
+        let mut ack = greeting.to_vec();
+        ack.extend(reply_to(5, 1, &[]));
+        assert_eq!(blockio::nbd::start_tls_replayed(&ack), Ok(()));
+        let mut refused = greeting.to_vec();
+        refused.extend(reply_to(5, (1 << 31) | 2, b"no TLS here"));
+        let err = blockio::nbd::start_tls_replayed(&refused).unwrap_err();
+        assert!(
+            err.contains("does not offer TLS") && err.contains("no TLS here"),
+            "{err}"
+        );
+        let mut wrong = greeting.to_vec();
+        wrong.extend(reply_to(7, 1, &[]));
+        assert!(blockio::nbd::start_tls_replayed(&wrong).is_err());
+        for len in 0..ack.len() {
+            run(&ack[..len]);
+            assert!(blockio::nbd::start_tls_replayed(&ack[..len]).is_err());
+        }
         // A truncated conversation at every length.
         for len in 0..good.len() {
             run(&good[..len]);

@@ -383,22 +383,6 @@ fn read_u64(s: &mut impl Read) -> io::Result<u64> {
 /// would see.
 #[doc(hidden)]
 pub fn negotiate_replayed(server_bytes: &[u8], export: &str) -> Result<ExportInfo, String> {
-    struct Replayed<'a> {
-        from_server: &'a [u8],
-    }
-    impl Read for Replayed<'_> {
-        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            self.from_server.read(buf)
-        }
-    }
-    impl Write for Replayed<'_> {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
     negotiate(
         &mut Replayed {
             from_server: server_bytes,
@@ -406,6 +390,39 @@ pub fn negotiate_replayed(server_bytes: &[u8], export: &str) -> Result<ExportInf
         export,
     )
     .map_err(|e| e.message)
+}
+
+/// The same for an `nbds` client up to the TLS handshake: the greeting,
+/// then the reply to `NBD_OPT_STARTTLS` (the TLS that follows is
+/// rustls's, fuzzed by its own project).
+#[doc(hidden)]
+pub fn start_tls_replayed(server_bytes: &[u8]) -> Result<(), String> {
+    let mut s = Replayed {
+        from_server: server_bytes,
+    };
+    greet(&mut s)
+        .and_then(|()| start_tls(&mut s))
+        .map_err(|e| e.message)
+}
+
+/// A server's bytes played back, the client's discarded.
+struct Replayed<'a> {
+    from_server: &'a [u8],
+}
+
+impl Read for Replayed<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.from_server.read(buf)
+    }
+}
+
+impl Write for Replayed<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The fixed-newstyle negotiation up to transmission, without TLS.

@@ -28,9 +28,9 @@ pub(crate) mod tls;
 mod uri;
 
 pub use conn::{clients_reconnecting, set_reader_thread_setup, NbdClient};
-#[doc(hidden)]
-pub use handshake::negotiate_replayed;
 pub use handshake::ExportInfo;
+#[doc(hidden)]
+pub use handshake::{negotiate_replayed, start_tls_replayed};
 pub use uri::{
     NbdAddress, NbdTls, NbdUri, NbdUriError, DEFAULT_PORT, NBD_URI_FORMS, SYSTEM_CA_FILE,
 };
