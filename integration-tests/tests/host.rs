@@ -74,11 +74,7 @@ fn host_divides_its_budget_and_gives_an_ended_vm_s_memory_back() {
         ],
         Duration::from_secs(600),
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
-            .unwrap_or_else(|e| panic!("the report ({e}): {}", run.stderr));
-    let _ = std::fs::remove_file(&report_path);
-    run.expect_status(0);
+    let report = take_report(&report_path, &run);
     let names: Vec<String> = report["vms"]
         .as_array()
         .unwrap()
@@ -436,11 +432,7 @@ fn with_balloons_a_vm_is_asked_for_what_its_ram_has_above_its_limit() {
         ],
         Duration::from_secs(600),
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap_or_default())
-            .unwrap_or_else(|e| panic!("the report ({e}): {}", run.stderr));
-    let _ = std::fs::remove_file(&report_path);
-    run.expect_status(0);
+    let report = take_report(&report_path, &run);
     let out = std::fs::read_to_string(report["vms"][0]["stdout"].as_str().unwrap()).unwrap();
     let line = out
         .lines()
@@ -460,4 +452,16 @@ fn with_balloons_a_vm_is_asked_for_what_its_ram_has_above_its_limit() {
         "{line}"
     );
     assert!(field("dropped_chunks=") > 0, "{line}");
+}
+
+/// The supervisor's `--report` (removed once read), after checking that
+/// the run ended well; a missing or broken report fails with the run's
+/// stderr.
+fn take_report(report_path: &std::path::Path, run: &Run) -> serde_json::Value {
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report_path).unwrap_or_default())
+            .unwrap_or_else(|e| panic!("the report ({e}): {}", run.stderr));
+    let _ = std::fs::remove_file(report_path);
+    run.expect_status(0);
+    report
 }

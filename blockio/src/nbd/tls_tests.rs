@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::tests::round_trip_from_threads;
 use super::*;
 use crate::test_support::{test_dir, NbdServer, TlsCertificates};
 use crate::tests::{pattern, UNIT};
-use crate::{AlignedBuf, BlockOp};
+use crate::AlignedBuf;
 
 fn open_uri(uri: &str, reconnect_timeout: Duration) -> Result<BlockFile, BlockIoError> {
     let uri: NbdUri = uri.parse().expect("the server's URI parses");
@@ -24,58 +25,6 @@ fn open_uri(uri: &str, reconnect_timeout: Duration) -> Result<BlockFile, BlockIo
 fn open(server: &NbdServer) -> BlockFile {
     open_uri(server.uri(), DEFAULT_RECONNECT_TIMEOUT)
         .unwrap_or_else(|e| panic!("open {}: {e}", server.uri()))
-}
-
-/// Many 2 MiB writes and reads in flight from several threads at once, a
-/// request larger than one seal piece, and small ones: what a swap store
-/// sends, all through one TLS session shared by the writers and the reader.
-fn round_trip_from_threads(f: &Arc<BlockFile>, threads: u64, count: usize) {
-    let workers: Vec<_> = (0..threads)
-        .map(|t| {
-            let f = Arc::clone(f);
-            std::thread::spawn(move || {
-                let base = t * (count as u64) * UNIT as u64;
-                let bufs: Vec<AlignedBuf> = (0..count)
-                    .map(|i| pattern(t * 1000 + i as u64, UNIT))
-                    .collect();
-                let mut ops: Vec<BlockOp> = bufs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| BlockOp::Write {
-                        offset: base + (i * UNIT) as u64,
-                        buf: b,
-                    })
-                    .collect();
-                for r in f.submit(&mut ops) {
-                    r.expect("write");
-                }
-                let mut back: Vec<AlignedBuf> =
-                    (0..count).map(|_| AlignedBuf::new(UNIT, 1)).collect();
-                let mut ops: Vec<BlockOp> = back
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(i, b)| BlockOp::Read {
-                        offset: base + (i * UNIT) as u64,
-                        buf: b,
-                    })
-                    .collect();
-                for r in f.submit(&mut ops) {
-                    r.expect("read");
-                }
-                for (i, b) in back.iter().enumerate() {
-                    assert!(b[..] == bufs[i][..], "thread {t} request {i}");
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().unwrap();
-    }
-    let small = pattern(77, 4096);
-    f.write_at(4096, &small).unwrap();
-    let mut back = AlignedBuf::new(4096, 1);
-    f.read_at(4096, &mut back).unwrap();
-    assert!(back[..] == small[..]);
 }
 
 #[test]
