@@ -54,6 +54,14 @@ pub enum Misbehaviour {
         /// Replies per connection, the torn one included.
         every: u64,
     },
+    /// Answers each connection's `every`-th request under a cookie it
+    /// never sent (the data carried out, the connection left open): a
+    /// server that mixes up its replies. The client must take no such
+    /// reply for any of its requests.
+    WrongCookie {
+        /// Replies per connection, the wrong one included.
+        every: u64,
+    },
     /// Takes each connection through the handshake, reads the first
     /// request and closes without carrying it out: a server that is back
     /// to the network but never serves.
@@ -361,6 +369,15 @@ fn serve(shared: &Shared, mut s: UnixStream) -> io::Result<()> {
             }
         }
         drop(data);
+        replies += 1;
+        let cookie = match shared.misbehaviour {
+            Misbehaviour::WrongCookie { every } if replies % every == 0 => {
+                shared.misbehaved.fetch_add(1, Ordering::Relaxed);
+                // High bits the client's counter never reaches.
+                cookie ^ 0x5a5a_0000_0000_0000
+            }
+            _ => cookie,
+        };
         let mut reply = Vec::with_capacity(16 + read_data.len());
         reply.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
         reply.extend_from_slice(&errno.to_be_bytes());
@@ -368,7 +385,6 @@ fn serve(shared: &Shared, mut s: UnixStream) -> io::Result<()> {
         if errno == 0 {
             reply.extend_from_slice(&read_data);
         }
-        replies += 1;
         let (cut, close) = match shared.misbehaviour {
             Misbehaviour::CloseAfterReply { every } if replies % every == 0 => (reply.len(), true),
             Misbehaviour::CloseMidReply { every } if replies % every == 0 => {

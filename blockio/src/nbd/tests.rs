@@ -537,6 +537,18 @@ fn a_server_closing_mid_reply_gets_the_request_again() {
     assert!(f.nbd().unwrap().reconnects() >= 20);
 }
 
+/// A server that answers a request under a cookie the client never sent
+/// (its data after it): the client takes that for a broken connection,
+/// not for an answer to anything, reconnects and sends again; every word
+/// reads back as written.
+#[test]
+fn a_reply_under_a_wrong_cookie_breaks_the_connection_and_nothing_is_taken_from_it() {
+    let server = FakeNbdServer::start(16 << 20, Misbehaviour::WrongCookie { every: 7 });
+    let f = round_trip_through(&server);
+    assert!(server.misbehaved() >= 10, "{}", server.misbehaved());
+    assert!(f.nbd().unwrap().reconnects() >= 10);
+}
+
 /// The fake server itself, well-behaved: what the tests above rely on.
 #[test]
 fn the_fake_server_serves_when_it_behaves() {
