@@ -6,18 +6,13 @@
 //! `hugevmm` beside the test's `hugevmm-bench` (`cargo build -p vmm`, or
 //! a binary named in HUGEVMM_BIN).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use test_resources::{skip, skip_without_kvm, Resource};
 
-const TEST: &str = "fault_4k_tiny_rows_are_present_and_positive";
+mod common;
 
-fn hugevmm() -> PathBuf {
-    if let Some(p) = std::env::var_os("HUGEVMM_BIN") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_BIN_EXE_hugevmm-bench")).with_file_name("hugevmm")
-}
+const TEST: &str = "fault_4k_tiny_rows_are_present_and_positive";
 
 /// Rows whose median must be positive: the guest-observed cost, the
 /// engine's service and the rest for each VM variant, the bare round
@@ -68,15 +63,9 @@ fn fault_4k_tiny_rows_are_present_and_positive() {
         skip(TEST, Resource::Kvm, "no /dev/userfaultfd");
         return;
     }
-    let bin = hugevmm();
-    if !bin.is_file() {
-        skip(
-            TEST,
-            Resource::Kvm,
-            format!("{} does not exist: cargo build -p vmm", bin.display()),
-        );
+    let Some(bin) = common::hugevmm_or_skip(TEST) else {
         return;
-    }
+    };
     let out = std::env::temp_dir().join(format!("hugevmm-bench-f4k-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let child = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))

@@ -6,71 +6,37 @@
 //! release `hugevmm` beside the test's `hugevmm-bench` (`cargo build
 //! --release -p vmm`; a debug binary works too, named in HUGEVMM_BIN).
 
-use std::path::PathBuf;
-use std::process::Command;
-use test_resources::{skip, skip_without_kvm, Resource};
+mod common;
+
+use test_resources::skip_without_kvm;
 
 const TEST: &str = "self_sizing_tiny_rows_records_plots_and_render";
-
-fn hugevmm() -> PathBuf {
-    if let Some(p) = std::env::var_os("HUGEVMM_BIN") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_BIN_EXE_hugevmm-bench")).with_file_name("hugevmm")
-}
 
 #[test]
 fn self_sizing_tiny_rows_records_plots_and_render() {
     if skip_without_kvm(TEST) {
         return;
     }
-    let bin = hugevmm();
-    if !bin.is_file() {
-        skip(
-            TEST,
-            Resource::Kvm,
-            format!(
-                "{} does not exist: cargo build --release -p vmm",
-                bin.display()
-            ),
-        );
+    let Some(bin) = common::hugevmm_or_skip(TEST) else {
         return;
-    }
-    let out = std::env::temp_dir().join(format!("hugevmm-bench-sizing-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let result = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))
-        .args(["self-sizing", "--quick", "--out"])
-        .arg(&out)
-        .args(["--store-dir", "/var/tmp"])
-        .env("HUGEVMM_BIN", &bin)
-        .env("HUGEVMM_BENCH_SELF_SIZING_PLAN", "tiny")
-        .output()
-        .expect("run hugevmm-bench");
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(
-        result.status.success(),
-        "self-sizing failed: {}\n{stderr}\n{stdout}",
-        result.status
+    };
+    let common::TinyRun { stdout, json, out } = common::run_tiny(
+        "self-sizing",
+        "HUGEVMM_BENCH_SELF_SIZING_PLAN",
+        &bin,
+        "sizing",
     );
-    assert!(!stderr.contains("SKIP"), "the suite skipped:\n{stderr}");
-    for row in [
-        "none",
-        "fixed-24M",
-        "fixed-48M",
-        "auto",
-        "1      big",
-        "1      small",
-    ] {
-        assert!(
-            stdout.lines().any(|l| l.starts_with(row)),
-            "no `{row}` row:\n{stdout}"
-        );
-    }
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("results.json")).expect("results.json"),
-    )
-    .expect("results.json parses");
+    common::assert_rows(
+        &stdout,
+        &[
+            "none",
+            "fixed-24M",
+            "fixed-48M",
+            "auto",
+            "1      big",
+            "1      small",
+        ],
+    );
     let runs = json["self_sizing"]["runs"]
         .as_array()
         .expect("self_sizing.runs");

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use test_resources::{skip, skip_without_kvm, Resource};
 
+mod common;
+
 const TEST: &str = "workloads_tiny_rows_and_cleanup";
 
 /// Every cgroup directory of the suite under the memory controller.
@@ -82,13 +84,6 @@ fn missing() -> Option<String> {
     None
 }
 
-fn hugevmm() -> PathBuf {
-    if let Some(p) = std::env::var_os("HUGEVMM_BIN") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(env!("CARGO_BIN_EXE_hugevmm-bench")).with_file_name("hugevmm")
-}
-
 #[test]
 fn workloads_tiny_rows_and_cleanup() {
     if skip_without_kvm(TEST) {
@@ -98,56 +93,25 @@ fn workloads_tiny_rows_and_cleanup() {
         skip(TEST, Resource::MemcgSwap, why);
         return;
     }
-    let bin = hugevmm();
-    if !bin.is_file() {
-        skip(
-            TEST,
-            Resource::Kvm,
-            format!(
-                "{} does not exist: cargo build --release -p vmm",
-                bin.display()
-            ),
-        );
+    let Some(bin) = common::hugevmm_or_skip(TEST) else {
         return;
-    }
+    };
     let swaps_before = swapon_show();
     let cgroups_before = suite_cgroups();
     let files_before = swap_files_in_store();
-    let out = std::env::temp_dir().join(format!("hugevmm-bench-kswap-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let result = Command::new(env!("CARGO_BIN_EXE_hugevmm-bench"))
-        .args(["workloads", "--quick", "--out"])
-        .arg(&out)
-        .args(["--store-dir", "/var/tmp"])
-        .env("HUGEVMM_BIN", &bin)
-        .env("HUGEVMM_BENCH_WORKLOADS_PLAN", "tiny")
-        .output()
-        .expect("run hugevmm-bench");
-    let stdout = String::from_utf8_lossy(&result.stdout);
-    let stderr = String::from_utf8_lossy(&result.stderr);
-    assert!(
-        result.status.success(),
-        "workloads failed: {}\n{stderr}\n{stdout}",
-        result.status
+    let common::TinyRun { stdout, json, out } =
+        common::run_tiny("workloads", "HUGEVMM_BENCH_WORKLOADS_PLAN", &bin, "kswap");
+    common::assert_rows(
+        &stdout,
+        &[
+            "hugevmm auto",
+            "hugevmm 2m",
+            "hugevmm 4k",
+            "kernel, thp",
+            "kernel, 4k",
+            "seqwrite (tiny)",
+        ],
     );
-    assert!(!stderr.contains("SKIP"), "the suite skipped:\n{stderr}");
-    for variant in [
-        "hugevmm auto",
-        "hugevmm 2m",
-        "hugevmm 4k",
-        "kernel, thp",
-        "kernel, 4k",
-        "seqwrite (tiny)",
-    ] {
-        assert!(
-            stdout.lines().any(|l| l.starts_with(variant)),
-            "no `{variant}` row:\n{stdout}"
-        );
-    }
-    let json: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(out.join("results.json")).expect("results.json"),
-    )
-    .expect("results.json parses");
     let runs = json["workloads"]["workloads"][0]["runs"]
         .as_array()
         .expect("workloads.workloads[0].runs");
