@@ -471,30 +471,9 @@ fn greet(s: &mut (impl Read + Write)) -> Result<(), AttemptError> {
 fn start_tls(s: &mut (impl Read + Write)) -> Result<(), AttemptError> {
     let io = |what: &'static str| move |e: io::Error| AttemptError::io(what, e);
     send_option(s, OPT_STARTTLS, &[]).map_err(io("sending NBD_OPT_STARTTLS"))?;
-    let magic = read_u64(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
-    if magic != OPT_REPLY_MAGIC {
-        return Err(AttemptError::protocol(format!(
-            "bad option reply magic {magic:#x}"
-        )));
-    }
-    let option = read_u32(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
-    let reply = read_u32(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
-    let len = read_u32(s).map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
-    if option != OPT_STARTTLS {
-        return Err(AttemptError::protocol(format!(
-            "reply to option {option} while waiting for NBD_OPT_STARTTLS"
-        )));
-    }
-    if len > 1 << 20 {
-        return Err(AttemptError::protocol(format!(
-            "option reply of {len} bytes is implausibly long"
-        )));
-    }
-    let mut payload = vec![0; len as usize];
-    s.read_exact(&mut payload)
-        .map_err(io("reading the NBD_OPT_STARTTLS reply"))?;
+    let (reply, payload) = read_option_reply(s, OPT_STARTTLS, "NBD_OPT_STARTTLS")?;
     match reply {
-        REP_ACK if len == 0 => Ok(()),
+        REP_ACK if payload.is_empty() => Ok(()),
         r if r & REP_FLAG_ERROR != 0 => {
             let text = String::from_utf8_lossy(&payload);
             let _ = send_option(s, OPT_ABORT, &[]);
@@ -532,28 +511,7 @@ fn go(s: &mut (impl Read + Write), export: &str) -> Result<ExportInfo, AttemptEr
                 "the server sent more than {MAX_OPTION_REPLIES} replies to NBD_OPT_GO without acknowledging it"
             )));
         }
-        let magic = read_u64(s).map_err(io("reading the NBD_OPT_GO reply"))?;
-        if magic != OPT_REPLY_MAGIC {
-            return Err(AttemptError::protocol(format!(
-                "bad option reply magic {magic:#x}"
-            )));
-        }
-        let option = read_u32(s).map_err(io("reading the NBD_OPT_GO reply"))?;
-        let reply = read_u32(s).map_err(io("reading the NBD_OPT_GO reply"))?;
-        let len = read_u32(s).map_err(io("reading the NBD_OPT_GO reply"))?;
-        if len > 1 << 20 {
-            return Err(AttemptError::protocol(format!(
-                "option reply of {len} bytes is implausibly long"
-            )));
-        }
-        let mut payload = vec![0; len as usize];
-        s.read_exact(&mut payload)
-            .map_err(io("reading the NBD_OPT_GO reply"))?;
-        if option != OPT_GO {
-            return Err(AttemptError::protocol(format!(
-                "reply to option {option} while waiting for NBD_OPT_GO"
-            )));
-        }
+        let (reply, payload) = read_option_reply(s, OPT_GO, "NBD_OPT_GO")?;
         match reply {
             REP_ACK => break,
             REP_INFO if payload.len() >= 2 => {
@@ -614,6 +572,38 @@ fn go(s: &mut (impl Read + Write), export: &str) -> Result<ExportInfo, AttemptEr
         preferred_block_bytes: preferred.max(min),
         max_block_bytes: max,
     })
+}
+
+/// One reply to `option` (named `name` in messages): its type and its
+/// payload, at most 1 MiB. A reply to another option is refused.
+fn read_option_reply(
+    s: &mut impl Read,
+    option: u32,
+    name: &str,
+) -> Result<(u32, Vec<u8>), AttemptError> {
+    let io = |e: io::Error| AttemptError::io(&format!("reading the {name} reply"), e);
+    let magic = read_u64(s).map_err(io)?;
+    if magic != OPT_REPLY_MAGIC {
+        return Err(AttemptError::protocol(format!(
+            "bad option reply magic {magic:#x}"
+        )));
+    }
+    let replied_to = read_u32(s).map_err(io)?;
+    let reply = read_u32(s).map_err(io)?;
+    let len = read_u32(s).map_err(io)?;
+    if len > 1 << 20 {
+        return Err(AttemptError::protocol(format!(
+            "option reply of {len} bytes is implausibly long"
+        )));
+    }
+    let mut payload = vec![0; len as usize];
+    s.read_exact(&mut payload).map_err(io)?;
+    if replied_to != option {
+        return Err(AttemptError::protocol(format!(
+            "reply to option {replied_to} while waiting for {name}"
+        )));
+    }
+    Ok((reply, payload))
 }
 
 fn send_option(s: &mut impl Write, option: u32, data: &[u8]) -> io::Result<()> {
