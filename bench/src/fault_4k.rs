@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use swap::store::{Codec, FileStore, MemStore, SlotId, Store, WriteRequest};
-use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd, UffdEvent};
+use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd, UffdEvent, Userfaults};
 
 use super::hist::{median, sample_quantile, Hist};
 use super::host_pageout::SwapFile;

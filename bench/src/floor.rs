@@ -22,7 +22,7 @@ use guestmem::host::AnonMapping;
 use serde_json::{json, Value};
 use std::time::Instant;
 use swap::store::{Codec, FileStore, MemStore, SharedStore, SlotId, Store, WriteRequest};
-use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd};
+use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd, Userfaults};
 
 use super::hist::{median, sample_summary_json};
 use super::limits::seqwrite_chunk;

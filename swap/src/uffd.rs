@@ -602,201 +602,6 @@ impl Uffd {
             .map_err(|source| ioctl_err("UFFDIO_UNREGISTER", range_text(start, len), 0, source))
     }
 
-    /// Wakes threads waiting on faults in a range.
-    pub fn wake(&self, start: Hva, len: u64) -> Result<(), UffdError> {
-        let start = start.raw();
-        let range = UffdioRange { start, len };
-        // SAFETY: valid fd; `range` is read by the kernel only.
-        let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(self, nr::uffdio_wake(), &range) };
-        os_err(ret).map_err(|source| ioctl_err("UFFDIO_WAKE", range_text(start, len), 0, source))
-    }
-
-    /// Copies `len` bytes from `src` (any readable memory of this process)
-    /// into the missing pages at `dst`. On failure the error reports the
-    /// bytes already copied.
-    pub fn copy(
-        &self,
-        dst: Hva,
-        src: Hva,
-        len: u64,
-        options: CopyOptions,
-    ) -> Result<(), UffdError> {
-        let dst = dst.raw();
-        let src = src.raw();
-        let mut mode = 0;
-        if options.write_protect {
-            mode |= COPY_MODE_WP;
-        }
-        if options.dont_wake {
-            mode |= COPY_MODE_DONTWAKE;
-        }
-        let mut arg = UffdioCopy {
-            dst,
-            src,
-            len,
-            mode,
-            copy: 0,
-        };
-        // SAFETY: valid fd; `arg` is a live `struct uffdio_copy`. The kernel
-        // reads `src` with copy_from_user (faults there are errors, not UB)
-        // and only fills empty pages at `dst`.
-        let ret =
-            unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(self, nr::uffdio_copy(), &mut arg) };
-        os_err(ret).map_err(|source| {
-            ioctl_err(
-                "UFFDIO_COPY",
-                format!("dst={dst:#x} src={src:#x} len={len:#x}"),
-                arg.copy.max(0) as u64,
-                source,
-            )
-        })
-    }
-
-    /// Maps the zero page over the missing pages of a range.
-    pub fn zeropage(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError> {
-        let start = start.raw();
-        let mode = if dont_wake { ZEROPAGE_MODE_DONTWAKE } else { 0 };
-        let mut arg = UffdioZeropage {
-            range: UffdioRange { start, len },
-            mode,
-            zeropage: 0,
-        };
-        // SAFETY: valid fd; `arg` is a live `struct uffdio_zeropage`.
-        let ret = unsafe {
-            vmm_sys_util::ioctl::ioctl_with_mut_ref(self, nr::uffdio_zeropage(), &mut arg)
-        };
-        os_err(ret).map_err(|source| {
-            ioctl_err(
-                "UFFDIO_ZEROPAGE",
-                range_text(start, len),
-                arg.zeropage.max(0) as u64,
-                source,
-            )
-        })
-    }
-
-    /// Moves the pages of `[src, src+len)` to the empty `[dst, dst+len)`
-    /// without copying (a 2 MiB aligned THP moves as one PMD). `dst` must be
-    /// registered with this userfaultfd. On failure the error reports the
-    /// bytes already moved.
-    ///
-    /// # Safety
-    ///
-    /// The pages leave `src` (it reads as missing after) and appear at
-    /// `dst`: the caller must own both ranges and hold no Rust reference
-    /// into either across the call (the memory is reached through raw
-    /// pointers only), and must be the owner of the units they hold in the
-    /// engine's state table, so that no other thread expects them in place.
-    pub unsafe fn move_pages(
-        &self,
-        dst: Hva,
-        src: Hva,
-        len: u64,
-        options: MoveOptions,
-    ) -> Result<(), UffdError> {
-        let dst = dst.raw();
-        let src = src.raw();
-        let mut mode = 0;
-        if options.allow_src_holes {
-            mode |= MOVE_MODE_ALLOW_SRC_HOLES;
-        }
-        if options.dont_wake {
-            mode |= MOVE_MODE_DONTWAKE;
-        }
-        let mut arg = UffdioMove {
-            dst,
-            src,
-            len,
-            mode,
-            moved: 0,
-        };
-        // SAFETY: valid fd; `arg` is a live `struct uffdio_move`. The kernel
-        // checks both ranges belong to this process's anonymous mappings;
-        // the caller holds no Rust references into either range across the
-        // call (this function's contract).
-        let ret =
-            unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(self, nr::uffdio_move(), &mut arg) };
-        os_err(ret).map_err(|source| {
-            ioctl_err(
-                "UFFDIO_MOVE",
-                format!("dst={dst:#x} src={src:#x} len={len:#x}"),
-                arg.moved.max(0) as u64,
-                source,
-            )
-        })
-    }
-
-    /// [`Uffd::move_pages`] of a whole range: continues after partial
-    /// progress and `EAGAIN` (the kernel's word for "the mappings changed
-    /// under me, try again"); any other error is returned with the bytes
-    /// moved so far, counted from `dst`.
-    ///
-    /// # Safety
-    ///
-    /// As for [`Uffd::move_pages`].
-    pub unsafe fn move_all(
-        &self,
-        dst: Hva,
-        src: Hva,
-        len: u64,
-        options: MoveOptions,
-    ) -> Result<(), UffdError> {
-        whole_range(len, |done| {
-            // SAFETY: the caller's contract covers the whole range, so
-            // every part of it.
-            unsafe {
-                self.move_pages(
-                    dst.offset_by(done),
-                    src.offset_by(done),
-                    len - done,
-                    options,
-                )
-            }
-        })
-    }
-
-    /// [`Uffd::copy`] of a whole range, continuing as [`Uffd::move_all`]
-    /// does.
-    pub fn copy_all(
-        &self,
-        dst: Hva,
-        src: Hva,
-        len: u64,
-        options: CopyOptions,
-    ) -> Result<(), UffdError> {
-        whole_range(len, |done| {
-            self.copy(
-                dst.offset_by(done),
-                src.offset_by(done),
-                len - done,
-                options,
-            )
-        })
-    }
-
-    /// Write-protects a range (needs WP registration). Never wakes.
-    pub fn write_protect(&self, start: Hva, len: u64) -> Result<(), UffdError> {
-        let start = start.raw();
-        self.writeprotect_ioctl(
-            start,
-            len,
-            WRITEPROTECT_MODE_WP,
-            "UFFDIO_WRITEPROTECT(protect)",
-        )
-    }
-
-    /// Removes write protection from a range and, unless `dont_wake`, wakes
-    /// the threads blocked on write-protect faults there.
-    pub fn write_unprotect(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError> {
-        let start = start.raw();
-        let mode = if dont_wake {
-            WRITEPROTECT_MODE_DONTWAKE
-        } else {
-            0
-        };
-        self.writeprotect_ioctl(start, len, mode, "UFFDIO_WRITEPROTECT(unprotect)")
-    }
-
     fn writeprotect_ioctl(
         &self,
         start: u64,
@@ -888,6 +693,222 @@ impl Uffd {
         let count = ret as usize / MSG_BYTES;
         out.extend(raw[..count].iter().map(UffdEvent::parse));
         Ok(count)
+    }
+}
+
+/// What the engine asks of the kernel to resolve faults and move memory in
+/// registered ranges: the userfaultfd's range ioctls. [`Uffd`] is the
+/// kernel's; the model checker (`engine::model`, `--features
+/// model-check`) puts a model of the same calls behind it, so the
+/// engine's own fault, eviction and discard steps run against both.
+pub trait Userfaults: Send + Sync {
+    /// Wakes threads waiting on faults in a range.
+    fn wake(&self, start: Hva, len: u64) -> Result<(), UffdError>;
+
+    /// Copies `len` bytes from `src` (any readable memory of this process)
+    /// into the missing pages at `dst`. On failure the error reports the
+    /// bytes already copied.
+    fn copy(&self, dst: Hva, src: Hva, len: u64, options: CopyOptions) -> Result<(), UffdError>;
+
+    /// Maps the zero page over the missing pages of a range.
+    fn zeropage(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError>;
+
+    /// Moves the pages of `[src, src+len)` to the empty `[dst, dst+len)`
+    /// without copying (a 2 MiB aligned THP moves as one PMD). `dst` must be
+    /// registered with this userfaultfd. On failure the error reports the
+    /// bytes already moved.
+    ///
+    /// # Safety
+    ///
+    /// The pages leave `src` (it reads as missing after) and appear at
+    /// `dst`: the caller must own both ranges and hold no Rust reference
+    /// into either across the call (the memory is reached through raw
+    /// pointers only), and must be the owner of the units they hold in the
+    /// engine's state table, so that no other thread expects them in place.
+    unsafe fn move_pages(
+        &self,
+        dst: Hva,
+        src: Hva,
+        len: u64,
+        options: MoveOptions,
+    ) -> Result<(), UffdError>;
+
+    /// [`Userfaults::move_pages`] of a whole range: continues after partial
+    /// progress and `EAGAIN` (the kernel's word for "the mappings changed
+    /// under me, try again"); any other error is returned with the bytes
+    /// moved so far, counted from `dst`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Userfaults::move_pages`].
+    unsafe fn move_all(
+        &self,
+        dst: Hva,
+        src: Hva,
+        len: u64,
+        options: MoveOptions,
+    ) -> Result<(), UffdError> {
+        whole_range(len, |done| {
+            // SAFETY: the caller's contract covers the whole range, so
+            // every part of it.
+            unsafe {
+                self.move_pages(
+                    dst.offset_by(done),
+                    src.offset_by(done),
+                    len - done,
+                    options,
+                )
+            }
+        })
+    }
+
+    /// [`Userfaults::copy`] of a whole range, continuing as [`Userfaults::move_all`]
+    /// does.
+    fn copy_all(
+        &self,
+        dst: Hva,
+        src: Hva,
+        len: u64,
+        options: CopyOptions,
+    ) -> Result<(), UffdError> {
+        whole_range(len, |done| {
+            self.copy(
+                dst.offset_by(done),
+                src.offset_by(done),
+                len - done,
+                options,
+            )
+        })
+    }
+
+    /// Write-protects a range (needs WP registration). Never wakes.
+    fn write_protect(&self, start: Hva, len: u64) -> Result<(), UffdError>;
+
+    /// Removes write protection from a range and, unless `dont_wake`, wakes
+    /// the threads blocked on write-protect faults there.
+    fn write_unprotect(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError>;
+}
+
+impl Userfaults for Uffd {
+    fn wake(&self, start: Hva, len: u64) -> Result<(), UffdError> {
+        let start = start.raw();
+        let range = UffdioRange { start, len };
+        // SAFETY: valid fd; `range` is read by the kernel only.
+        let ret = unsafe { vmm_sys_util::ioctl::ioctl_with_ref(self, nr::uffdio_wake(), &range) };
+        os_err(ret).map_err(|source| ioctl_err("UFFDIO_WAKE", range_text(start, len), 0, source))
+    }
+
+    fn copy(&self, dst: Hva, src: Hva, len: u64, options: CopyOptions) -> Result<(), UffdError> {
+        let dst = dst.raw();
+        let src = src.raw();
+        let mut mode = 0;
+        if options.write_protect {
+            mode |= COPY_MODE_WP;
+        }
+        if options.dont_wake {
+            mode |= COPY_MODE_DONTWAKE;
+        }
+        let mut arg = UffdioCopy {
+            dst,
+            src,
+            len,
+            mode,
+            copy: 0,
+        };
+        // SAFETY: valid fd; `arg` is a live `struct uffdio_copy`. The kernel
+        // reads `src` with copy_from_user (faults there are errors, not UB)
+        // and only fills empty pages at `dst`.
+        let ret =
+            unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(self, nr::uffdio_copy(), &mut arg) };
+        os_err(ret).map_err(|source| {
+            ioctl_err(
+                "UFFDIO_COPY",
+                format!("dst={dst:#x} src={src:#x} len={len:#x}"),
+                arg.copy.max(0) as u64,
+                source,
+            )
+        })
+    }
+
+    fn zeropage(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+        let start = start.raw();
+        let mode = if dont_wake { ZEROPAGE_MODE_DONTWAKE } else { 0 };
+        let mut arg = UffdioZeropage {
+            range: UffdioRange { start, len },
+            mode,
+            zeropage: 0,
+        };
+        // SAFETY: valid fd; `arg` is a live `struct uffdio_zeropage`.
+        let ret = unsafe {
+            vmm_sys_util::ioctl::ioctl_with_mut_ref(self, nr::uffdio_zeropage(), &mut arg)
+        };
+        os_err(ret).map_err(|source| {
+            ioctl_err(
+                "UFFDIO_ZEROPAGE",
+                range_text(start, len),
+                arg.zeropage.max(0) as u64,
+                source,
+            )
+        })
+    }
+
+    unsafe fn move_pages(
+        &self,
+        dst: Hva,
+        src: Hva,
+        len: u64,
+        options: MoveOptions,
+    ) -> Result<(), UffdError> {
+        let dst = dst.raw();
+        let src = src.raw();
+        let mut mode = 0;
+        if options.allow_src_holes {
+            mode |= MOVE_MODE_ALLOW_SRC_HOLES;
+        }
+        if options.dont_wake {
+            mode |= MOVE_MODE_DONTWAKE;
+        }
+        let mut arg = UffdioMove {
+            dst,
+            src,
+            len,
+            mode,
+            moved: 0,
+        };
+        // SAFETY: valid fd; `arg` is a live `struct uffdio_move`. The kernel
+        // checks both ranges belong to this process's anonymous mappings;
+        // the caller holds no Rust references into either range across the
+        // call (this function's contract).
+        let ret =
+            unsafe { vmm_sys_util::ioctl::ioctl_with_mut_ref(self, nr::uffdio_move(), &mut arg) };
+        os_err(ret).map_err(|source| {
+            ioctl_err(
+                "UFFDIO_MOVE",
+                format!("dst={dst:#x} src={src:#x} len={len:#x}"),
+                arg.moved.max(0) as u64,
+                source,
+            )
+        })
+    }
+
+    fn write_protect(&self, start: Hva, len: u64) -> Result<(), UffdError> {
+        let start = start.raw();
+        self.writeprotect_ioctl(
+            start,
+            len,
+            WRITEPROTECT_MODE_WP,
+            "UFFDIO_WRITEPROTECT(protect)",
+        )
+    }
+
+    fn write_unprotect(&self, start: Hva, len: u64, dont_wake: bool) -> Result<(), UffdError> {
+        let start = start.raw();
+        let mode = if dont_wake {
+            WRITEPROTECT_MODE_DONTWAKE
+        } else {
+            0
+        };
+        self.writeprotect_ioctl(start, len, mode, "UFFDIO_WRITEPROTECT(unprotect)")
     }
 }
 

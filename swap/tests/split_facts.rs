@@ -8,7 +8,7 @@
 use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES, PAGE_BYTES};
-use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd};
+use swap::uffd::{mode, CopyOptions, MoveOptions, Uffd, Userfaults};
 
 const MB2: u64 = HUGE_PAGE_BYTES;
 

@@ -7,7 +7,9 @@ use common::smaps::huge_and_rss_bytes;
 use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, HUGE_PAGE_BYTES, PAGE_BYTES};
-use swap::uffd::{feature, ioctl_bit, mode, CopyOptions, FaultKind, MoveOptions, Uffd, UffdEvent};
+use swap::uffd::{
+    feature, ioctl_bit, mode, CopyOptions, FaultKind, MoveOptions, Uffd, UffdEvent, Userfaults,
+};
 
 const MB2: u64 = HUGE_PAGE_BYTES;
 

@@ -72,5 +72,6 @@ pub use pages::{
     IllegalPageTransition, PageRef, PageState, PageTable, PageTag, PageTransition, PAGES_PER_CHUNK,
 };
 pub use state::{Tag, UnitState};
+pub(crate) use sync::poll_pause;
 pub use table::{ChunkTable, Restored, Settled, TagCounts, UnitRef};
 pub use transition::{IllegalTransition, Transition};

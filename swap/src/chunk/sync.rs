@@ -14,3 +14,19 @@ pub(super) use std::sync::{Condvar, Mutex};
 pub(super) use shuttle::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 #[cfg(feature = "model-check")]
 pub(super) use shuttle::sync::{Condvar, Mutex};
+
+/// Pauses a thread that polls the table for another thread's progress
+/// where the state has no wait of its own (`Staged` until its write ends):
+/// a sleep of `pause`, or under the model checker a yield to shuttle's
+/// scheduler, since a sleep would hold the one thread shuttle runs and let
+/// no other make the progress polled for.
+#[cfg(not(feature = "model-check"))]
+pub(crate) fn poll_pause(pause: std::time::Duration) {
+    std::thread::sleep(pause);
+}
+
+/// See the std version above.
+#[cfg(feature = "model-check")]
+pub(crate) fn poll_pause(_pause: std::time::Duration) {
+    shuttle::thread::yield_now();
+}

@@ -115,7 +115,7 @@ impl Discarder {
                 // Owned by an evictor's write batch until the write completes.
                 Tag::Staged => {
                     report.waits_staged += 1;
-                    std::thread::sleep(Duration::from_millis(1));
+                    crate::chunk::poll_pause(Duration::from_millis(1));
                 }
                 Tag::Stored => {
                     if s.table.discard_stored(unit.into(), state).is_ok() {

@@ -37,7 +37,6 @@ use guestmem::addr::Hva;
 /// Serves guest faults.
 pub(crate) struct FaultService {
     pub geo: Arc<Geometry>,
-    pub uffd: Arc<Uffd>,
     pub table: Arc<ChunkTable>,
     pub restorer: Arc<Restorer>,
     /// Where chunks split.
@@ -87,12 +86,13 @@ impl Served {
 }
 
 impl FaultService {
-    /// Body of a fault-service thread.
-    pub(crate) fn run(&self) {
+    /// Body of a fault-service thread: reads `uffd`'s messages until the
+    /// engine stops.
+    pub(crate) fn run(&self, uffd: &Uffd) {
         let s = self;
         let mut events = Vec::with_capacity(8);
         while !s.life.stopping() {
-            match s.uffd.poll_readable(100) {
+            match uffd.poll_readable(100) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {
@@ -104,7 +104,7 @@ impl FaultService {
                 }
             }
             events.clear();
-            if let Err(e) = s.uffd.read_events(&mut events, 8) {
+            if let Err(e) = uffd.read_events(&mut events, 8) {
                 s.life.fatal(&SwapError::uffd(
                     "reading fault messages (the fault service stopped)",
                     e,
@@ -163,6 +163,18 @@ impl FaultService {
                 }
             }
         }
+    }
+
+    /// Resolves one fault as a fault-service thread does, without its
+    /// clocks: the model checker's guest threads fault through this.
+    #[cfg(feature = "model-check")]
+    pub(crate) fn serve(
+        &self,
+        address: u64,
+        kind: FaultKind,
+        write: bool,
+    ) -> Result<Outcome, SwapError> {
+        self.handle(address, kind, write, &mut Served::default())
     }
 
     /// What the policy makes of a chunk faulting back in `state` (stored or

@@ -29,14 +29,16 @@ use super::recycle::{RestoreBuffer, RestoreBuffers};
 use super::stats::{bump, Counters, FaultSource};
 use crate::chunk::PageRef;
 use crate::index::{ParkingSlot, UnitIndex};
-use crate::uffd::{CopyOptions, MoveOptions, Uffd, UffdError};
+use crate::uffd::{CopyOptions, MoveOptions, UffdError, Userfaults};
 use guestmem::addr::Hva;
 use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PAGE_BYTES};
 
 /// Installs units into guest RAM.
 pub(crate) struct Installer {
-    pub uffd: Arc<Uffd>,
+    /// The kernel's userfaultfd (the model checker's model of it under
+    /// `--features model-check`).
+    pub uffd: Arc<dyn Userfaults>,
     pub geo: Arc<Geometry>,
     pub mode: InstallMode,
     pub buffers: Arc<RestoreBuffers>,

@@ -45,6 +45,8 @@ mod lifecycle;
 pub mod limit;
 pub(crate) mod log_budget;
 mod mem_limit;
+#[cfg(feature = "model-check")]
+pub mod model;
 mod outcome;
 pub mod parking;
 pub mod policy;
@@ -111,7 +113,10 @@ use working_set::WorkingSet;
 /// Dropping it shuts it down.
 pub struct SwapEngine {
     geo: Arc<Geometry>,
-    uffd: Arc<Uffd>,
+    /// The kernel's userfaultfd the fault threads read, once registered
+    /// (`None` in the model checker, which runs the engine on a model of
+    /// it and starts no threads).
+    uffd: Option<Arc<Uffd>>,
     /// Whether the parking area is registered with the userfaultfd (to
     /// unregister it at shutdown).
     parking_registered: bool,
@@ -165,14 +170,81 @@ impl SwapEngine {
         let units = start::check_region(&region, &store, config.unit)?;
         let (uffd, features) = start::open_userfaultfd(mode, config.track_clean)?;
         let guest = start::register_guest(&uffd, &region, mode, features.wp_registered)?;
-        let staging = start::staging_area(&uffd, mode, &config)?;
-        let table = Arc::new(start::unit_table(
-            units,
-            &config,
-            mode,
-            features.track_clean,
-        ));
-        let splits = start::chunks_split(mode, &store, &config)?;
+        let staging = start::staging_area(mode, &config)?;
+        if staging.parking_registered {
+            start::register_parking(&uffd, &staging.parking)?;
+        }
+        let uffd = Arc::new(uffd);
+        let kernel = start::KernelParts {
+            userfaults: uffd.clone(),
+            guest,
+            track_clean: features.track_clean,
+            pagemap: start::pagemap_scanner(mode),
+        };
+        let pool_mode = staging.pool_mode;
+        let (mut engine, faults, prefetcher) = SwapEngine::assemble(
+            region, store, &config, on_fatal, mode, units, staging, kernel,
+        )?;
+        engine.uffd = Some(uffd);
+        engine.start_threads(&config, pool_mode, faults, prefetcher.clone())?;
+        let s = &engine;
+        let unit_bytes = s.geo.unit_bytes;
+        log::info!(
+            "swap store: {}, {} slots of {} ({})",
+            s.store.describe(),
+            s.store.capacity_slots(),
+            guestmem::format_size(unit_bytes),
+            guestmem::format_size(s.store.capacity_slots() * unit_bytes)
+        );
+        log::info!(
+            "swap engine: started over {} of guest RAM ({}), unit {}{}, limit {}, {} fault thread(s){}",
+            guestmem::format_size(s.geo.region.len_bytes),
+            match mode {
+                InstallMode::Thp => "THP",
+                InstallMode::Hugetlb { .. } => "hugetlb",
+                InstallMode::Small => "4 KiB pages",
+            },
+            config.unit,
+            if s.splitter.is_some() { " (chunks may split)" } else { "" },
+            config
+                .mem_limit_bytes
+                .map_or_else(|| "none".to_string(), guestmem::format_size),
+            config.fault_threads.max(1),
+            if prefetcher.is_some() { ", sequential prefetch" } else { "" }
+        );
+        if let Some(ws) = &config.working_set {
+            log::info!(
+                "swap engine: working-set sampling, {} unit(s) per second, window {:?}",
+                ws.units_per_second,
+                ws.window
+            );
+        }
+        Ok(engine)
+    }
+
+    /// Builds the engine's components over guest RAM that `kernel` serves
+    /// (registered with the kernel's userfaultfd, or the model checker's
+    /// model of it), without starting a thread. Returns the engine, the
+    /// fault service its fault threads run and the prefetcher, if any.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn assemble(
+        region: ManagedRegion,
+        store: SharedStore,
+        config: &EngineConfig,
+        on_fatal: FatalHandler,
+        mode: InstallMode,
+        units: usize,
+        staging: start::StagingArea,
+        kernel: start::KernelParts,
+    ) -> Result<(SwapEngine, Arc<FaultService>, Option<Arc<Prefetcher>>), SwapError> {
+        let start::KernelParts {
+            userfaults,
+            guest,
+            track_clean,
+            pagemap,
+        } = kernel;
+        let table = Arc::new(start::unit_table(units, config, mode, track_clean));
+        let splits = start::chunks_split(mode, &store, config)?;
         let unit_bytes = config.unit.bytes();
         let fault_threads = config.fault_threads.max(1);
         let auto = config.unit == SwapUnit::Auto && splits;
@@ -182,7 +254,6 @@ impl SwapEngine {
             unit_bytes,
             units,
         });
-        let uffd = Arc::new(uffd);
         let life = Arc::new(Lifecycle::new(on_fatal));
         let counters = Arc::new(Counters::default());
         let hooks: Arc<dyn EngineHooks> = match config.force_split_every {
@@ -201,7 +272,7 @@ impl SwapEngine {
             unit_bytes / PAGE_BYTES,
         ));
         let parking = Arc::new(staging.parking);
-        let pagemap = start::pagemap_scanner(mode).map(Arc::new);
+        let pagemap = pagemap.map(Arc::new);
         let buffers = Arc::new(RestoreBuffers::new(RestoreBuffersParts {
             pool: staging.buffers,
             parking: parking.clone(),
@@ -214,7 +285,7 @@ impl SwapEngine {
             fault_threads,
         }));
         let installer = Arc::new(Installer {
-            uffd: uffd.clone(),
+            uffd: userfaults.clone(),
             geo: geo.clone(),
             mode,
             buffers: buffers.clone(),
@@ -226,7 +297,7 @@ impl SwapEngine {
         let page_table: Option<Arc<PageTable>> = table.page_table();
         let evictor = Arc::new(EvictService {
             geo: geo.clone(),
-            uffd: uffd.clone(),
+            uffd: userfaults,
             mode,
             table: table.clone(),
             pages: page_table.clone(),
@@ -248,7 +319,7 @@ impl SwapEngine {
             buffers: buffers.clone(),
             counters: counters.clone(),
             life: life.clone(),
-            track_clean: features.track_clean,
+            track_clean,
         });
         let split_pages = page_table.filter(|_| splits);
         let splitter = split_pages.clone().map(|pages| {
@@ -309,7 +380,6 @@ impl SwapEngine {
         let stall = Arc::new(StallClock::new(config.vcpus));
         let faults = Arc::new(FaultService {
             geo: geo.clone(),
-            uffd: uffd.clone(),
             table: table.clone(),
             restorer,
             splitter: splitter.clone(),
@@ -333,9 +403,9 @@ impl SwapEngine {
             life: life.clone(),
             collapser: collapser.clone(),
         };
-        let mut engine = SwapEngine {
+        let engine = SwapEngine {
             geo,
-            uffd,
+            uffd: None,
             parking_registered: staging.parking_registered,
             life,
             table,
@@ -352,39 +422,7 @@ impl SwapEngine {
             working_set,
             threads: Vec::new(),
         };
-        engine.start_threads(&config, staging.pool_mode, faults, prefetcher)?;
-        let s = &engine;
-        log::info!(
-            "swap store: {}, {} slots of {} ({})",
-            s.store.describe(),
-            s.store.capacity_slots(),
-            guestmem::format_size(unit_bytes),
-            guestmem::format_size(s.store.capacity_slots() * unit_bytes)
-        );
-        log::info!(
-            "swap engine: started over {} of guest RAM ({}), unit {}{}, limit {}, {} fault thread(s){}",
-            guestmem::format_size(s.geo.region.len_bytes),
-            match mode {
-                InstallMode::Thp => "THP",
-                InstallMode::Hugetlb { .. } => "hugetlb",
-                InstallMode::Small => "4 KiB pages",
-            },
-            config.unit,
-            if splits { " (chunks may split)" } else { "" },
-            config
-                .mem_limit_bytes
-                .map_or_else(|| "none".to_string(), guestmem::format_size),
-            fault_threads,
-            if config.prefetch && auto { ", sequential prefetch" } else { "" }
-        );
-        if let Some(ws) = &config.working_set {
-            log::info!(
-                "swap engine: working-set sampling, {} unit(s) per second, window {:?}",
-                ws.units_per_second,
-                ws.window
-            );
-        }
-        Ok(engine)
+        Ok((engine, faults, prefetcher))
     }
 
     /// The fault-service threads, the prefetch thread, the background
@@ -396,14 +434,18 @@ impl SwapEngine {
         faults: Arc<FaultService>,
         prefetcher: Option<Arc<Prefetcher>>,
     ) -> Result<(), SwapError> {
+        let Some(uffd) = self.uffd.clone() else {
+            unreachable!("threads start only on a registered userfaultfd");
+        };
         for i in 0..config.fault_threads.max(1) {
             let faults = faults.clone();
+            let uffd = uffd.clone();
             let nice = config.fault_thread_nice;
             let setup = config.thread_setup.clone();
             self.spawn(format!("swap-fault-{i}"), move || {
                 set_thread_nice(nice);
                 ThreadSetup::run(&setup, EngineThread::FaultService);
-                faults.run()
+                faults.run(&uffd)
             })?;
         }
         if let Some(prefetcher) = prefetcher {
@@ -680,11 +722,12 @@ impl SwapEngine {
             let _ = handle.join();
         }
         let s = &*self;
-        let _ = s
-            .uffd
-            .unregister(s.geo.guest.addr(RegionOffset::ZERO), s.geo.guest.len());
+        let Some(uffd) = &s.uffd else {
+            return;
+        };
+        let _ = uffd.unregister(s.geo.guest.addr(RegionOffset::ZERO), s.geo.guest.len());
         if s.parking_registered {
-            let _ = s.uffd.unregister(
+            let _ = uffd.unregister(
                 s.parking.raw().addr(RegionOffset::ZERO),
                 s.parking.raw().len(),
             );

@@ -98,6 +98,12 @@ impl Parking {
         free.pop()
     }
 
+    /// Slots taken and not released yet.
+    pub fn taken_slots(&self) -> usize {
+        let free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.is_free.len() - free.stack.len()
+    }
+
     /// Empties a slot's pages and makes it available again.
     ///
     /// # Panics

@@ -11,9 +11,10 @@ use super::parking::Parking;
 use crate::chunk::ChunkTable;
 use crate::index::UnitIndex;
 use crate::store::SharedStore;
-use crate::uffd::{feature, mode, Uffd};
+use crate::uffd::{feature, mode, Uffd, Userfaults};
 use guestmem::addr::RegionOffset;
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
+use std::sync::Arc;
 
 /// How guest RAM of `kind` is swapped in `unit`s.
 pub(super) fn backing_for(kind: MemoryKind, unit: SwapUnit) -> Result<InstallMode, SwapError> {
@@ -146,10 +147,9 @@ pub(super) struct StagingArea {
     pub pool_mode: PoolMode,
 }
 
-/// Maps (and, except for hugetlb, registers) the parking area and the
-/// restore buffers.
+/// Maps the parking area and the restore buffers (the parking area is
+/// registered by [`register_parking`] where `parking_registered`).
 pub(super) fn staging_area(
-    uffd: &Uffd,
     backing: InstallMode,
     config: &EngineConfig,
 ) -> Result<StagingArea, SwapError> {
@@ -168,20 +168,9 @@ pub(super) fn staging_area(
         unit_bytes,
     )
     .map_err(|e| SwapError::os("mapping the parking area", e))?;
+    // Units move in and out of it with UFFDIO_MOVE, whose destination
+    // must be registered; hugetlb units are copied instead.
     let parking_registered = !matches!(backing, InstallMode::Hugetlb { .. });
-    if parking_registered {
-        // SAFETY: the parking area is the engine's own mapping, reached
-        // through raw addresses only; its holes are filled before any
-        // thread reads them (see `parking`).
-        unsafe {
-            uffd.register(
-                parking.raw().addr(RegionOffset::ZERO),
-                parking.raw().len(),
-                mode::MISSING,
-            )
-        }
-        .map_err(|e| SwapError::uffd("registering the parking area", e))?;
-    }
     let pool_mode = if backing == InstallMode::Thp {
         PoolMode::Thp
     } else {
@@ -201,6 +190,36 @@ pub(super) fn staging_area(
         buffers,
         pool_mode,
     })
+}
+
+/// Registers the parking area with `uffd` (MISSING mode).
+pub(super) fn register_parking(uffd: &Uffd, parking: &Parking) -> Result<(), SwapError> {
+    // SAFETY: the parking area is the engine's own mapping, reached
+    // through raw addresses only; its holes are filled before any
+    // thread reads them (see `parking`).
+    unsafe {
+        uffd.register(
+            parking.raw().addr(RegionOffset::ZERO),
+            parking.raw().len(),
+            mode::MISSING,
+        )
+    }
+    .map_err(|e| SwapError::uffd("registering the parking area", e))?;
+    Ok(())
+}
+
+/// What the engine's components get from the kernel side: the calls that
+/// move memory in registered ranges, guest RAM, and what the kernel
+/// offers for it.
+pub(super) struct KernelParts {
+    /// The userfaultfd's range calls (the kernel's, or the model's).
+    pub userfaults: Arc<dyn Userfaults>,
+    /// Guest RAM, registered with `userfaults`.
+    pub guest: RawRange,
+    /// Clean units are tracked ([`WpFeatures::track_clean`]).
+    pub track_clean: bool,
+    /// Tells huge restore buffers from split ones ([`pagemap_scanner`]).
+    pub pagemap: Option<PagemapScanner>,
 }
 
 /// The scanner that tells huge restore buffers from split ones (THP only;

@@ -58,7 +58,7 @@ use super::stats::{bump, Counters};
 use crate::chunk::{ChunkTable, PageRef, PageTable, Tag};
 use crate::index::{PageIndex, ParkingSlot, UnitIndex, UnitRange};
 use crate::store::{SharedStore, SlotId};
-use crate::uffd::Uffd;
+use crate::uffd::Userfaults;
 
 /// What an eviction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,7 +95,7 @@ impl EvictReport {
 /// eviction (background, for a claim, for a range) goes through.
 pub(crate) struct EvictService {
     pub geo: Arc<Geometry>,
-    pub uffd: Arc<Uffd>,
+    pub uffd: Arc<dyn Userfaults>,
     pub mode: InstallMode,
     pub table: Arc<ChunkTable>,
     /// The pages of split chunks (2 MiB units only).
@@ -248,7 +248,7 @@ impl EvictService {
                 && !s.life.stopping()
                 && !s.life.failed()
             {
-                std::thread::sleep(Duration::from_micros(200));
+                crate::chunk::poll_pause(Duration::from_micros(200));
             }
             if let (Tag::Split, Some(pages)) = (s.table.load(unit).tag(), s.pages.as_deref()) {
                 for at in unit.pages() {

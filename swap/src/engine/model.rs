@@ -1,0 +1,370 @@
+//! The engine on a model of the kernel, for the model checker
+//! (`--features model-check`; `tests/model.rs`).
+//!
+//! The model checker runs the engine's own steps (the fault service's
+//! `handle`, the evictor, the discarder) on shuttle threads, with the unit
+//! table's atomics and locks replaced by shuttle's, so that shuttle's
+//! schedulers choose the interleavings. What the kernel does around them
+//! is [`ModelKernel`], behind the same [`Userfaults`] trait the engine's
+//! components hold the real userfaultfd by.
+//!
+//! The model keeps guest RAM, the parking area and the restore buffers in
+//! real anonymous memory that is not registered with any userfaultfd, and
+//! takes the kernel's own page table as the truth of what is mapped:
+//! a page is present when `mincore` says so. A move copies the bytes and
+//! discards the source pages (`MADV_DONTNEED`), so the source reads as
+//! missing after, as it does after `UFFDIO_MOVE`; a copy or a zero page
+//! onto a present page fails with `EEXIST`, as the kernel's do. The
+//! engine's own `madvise` calls (a discard, a released parking slot) then
+//! act on the same truth without going through the model.
+//!
+//! Shuttle runs its threads one at a time and switches only at its own
+//! operations, so each model call, and each guest access, is one atomic
+//! step; the model's lock gives shuttle a scheduling point at each.
+//!
+//! What it does not model: write protection (the model runs without clean
+//! tracking, and panics if asked to protect), hugetlb, and the fault
+//! threads' message loop (a guest thread that finds its page missing
+//! resolves the fault itself through the fault service, as the woken
+//! vCPU would find it resolved).
+
+use std::sync::Arc;
+
+use super::config::{EngineConfig, InstallMode, ManagedRegion, MemoryKind, SwapUnit};
+use super::fault::FaultService;
+use super::outcome::Outcome;
+use super::{start, SwapEngine};
+use crate::chunk::{Tag, UnitState};
+use crate::index::{UnitIndex, UnitRange};
+use crate::store::mem::MemStore;
+use crate::store::{Codec, SharedStore};
+use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, Userfaults};
+use guestmem::addr::{Hva, RegionOffset};
+use guestmem::host::{AnonMapping, RawRange, PAGE_BYTES};
+
+/// The kernel's side of the userfaultfd calls, on unregistered memory.
+pub struct ModelKernel {
+    /// Held across each call and each guest access: one shuttle step each.
+    lock: shuttle::sync::Mutex<()>,
+}
+
+/// The one page at `address`.
+fn page_at(address: u64) -> RawRange {
+    // SAFETY: the model is called only on the engine's own mappings (guest
+    // RAM, the parking area, restore buffers), which outlive every call;
+    // the range is used for mincore and madvise only, never referenced.
+    unsafe { RawRange::new(address & !(PAGE_BYTES - 1), PAGE_BYTES) }
+}
+
+fn present(address: u64) -> bool {
+    let mut residency = Vec::with_capacity(1);
+    page_at(address)
+        .residency(RegionOffset::ZERO, PAGE_BYTES, &mut residency)
+        .expect("mincore on the model's own memory");
+    residency[0] & 1 != 0
+}
+
+fn failed(op: &'static str, address: u64, done_bytes: u64, errno: i32) -> UffdError {
+    UffdError::Ioctl {
+        op,
+        range: format!("{address:#x} (the model kernel)"),
+        done_bytes,
+        source: std::io::Error::from_raw_os_error(errno),
+    }
+}
+
+impl ModelKernel {
+    fn new() -> ModelKernel {
+        ModelKernel {
+            lock: shuttle::sync::Mutex::new(()),
+        }
+    }
+
+    /// Runs `access` on the word at `address` if its page is mapped, as a
+    /// guest access that does not fault; `None` when it would fault.
+    fn access<T>(&self, address: u64, access: impl FnOnce(*mut u64) -> T) -> Option<T> {
+        let _step = self.lock.lock().unwrap();
+        present(address).then(|| access(address as *mut u64))
+    }
+
+    /// Fills the missing pages of `[dst, dst+len)` from `fill`, one page at
+    /// a time; `EEXIST` at the first present one, with the bytes done.
+    fn fill_missing(
+        &self,
+        op: &'static str,
+        dst: Hva,
+        len: u64,
+        mut fill: impl FnMut(u64, *mut u8),
+    ) -> Result<(), UffdError> {
+        let _step = self.lock.lock().unwrap();
+        for done in (0..len).step_by(PAGE_BYTES as usize) {
+            let page = dst.raw() + done;
+            if present(page) {
+                return Err(failed(op, page, done, libc::EEXIST));
+            }
+            fill(done, page as *mut u8);
+        }
+        Ok(())
+    }
+}
+
+impl Userfaults for ModelKernel {
+    fn wake(&self, _start: Hva, _len: u64) -> Result<(), UffdError> {
+        // No thread sleeps in the model: a guest thread resolves its own
+        // fault and retries its access.
+        Ok(())
+    }
+
+    fn copy(&self, dst: Hva, src: Hva, len: u64, options: CopyOptions) -> Result<(), UffdError> {
+        assert!(
+            !options.write_protect,
+            "the model kernel has no write protection (run it without clean tracking)"
+        );
+        self.fill_missing("UFFDIO_COPY", dst, len, |done, to| {
+            // SAFETY: `src` is readable memory the caller owns for the
+            // call, and `to` a missing page of the model's memory, which no
+            // one references; one page each, not overlapping.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (src.raw() + done) as *const u8,
+                    to,
+                    PAGE_BYTES as usize,
+                )
+            }
+        })
+    }
+
+    fn zeropage(&self, start: Hva, len: u64, _dont_wake: bool) -> Result<(), UffdError> {
+        self.fill_missing("UFFDIO_ZEROPAGE", start, len, |_, to| {
+            // SAFETY: `to` is a missing page of the model's memory, which no
+            // one references.
+            unsafe { std::ptr::write_bytes(to, 0, PAGE_BYTES as usize) }
+        })
+    }
+
+    unsafe fn move_pages(
+        &self,
+        dst: Hva,
+        src: Hva,
+        len: u64,
+        options: MoveOptions,
+    ) -> Result<(), UffdError> {
+        let _step = self.lock.lock().unwrap();
+        for done in (0..len).step_by(PAGE_BYTES as usize) {
+            let (from, to) = (src.raw() + done, dst.raw() + done);
+            if !present(from) {
+                if options.allow_src_holes {
+                    continue;
+                }
+                return Err(failed("UFFDIO_MOVE", from, done, libc::ENOENT));
+            }
+            if present(to) {
+                return Err(failed("UFFDIO_MOVE", to, done, libc::EEXIST));
+            }
+            // SAFETY: the caller owns both ranges and holds no reference
+            // into them (this call's contract); one page each, in two
+            // different pages.
+            unsafe {
+                std::ptr::copy_nonoverlapping(from as *const u8, to as *mut u8, PAGE_BYTES as usize)
+            };
+            page_at(from)
+                .discard(RegionOffset::ZERO, PAGE_BYTES)
+                .expect("madvise on the model's own memory");
+        }
+        Ok(())
+    }
+
+    fn write_protect(&self, _start: Hva, _len: u64) -> Result<(), UffdError> {
+        panic!("the model kernel has no write protection (run it without clean tracking)")
+    }
+
+    fn write_unprotect(&self, _start: Hva, _len: u64, _dont_wake: bool) -> Result<(), UffdError> {
+        panic!("the model kernel has no write protection (run it without clean tracking)")
+    }
+}
+
+/// The engine's components over model guest RAM of 2 MiB units (THP
+/// backing, a memory store that keeps pages, so chunks can split), with no
+/// thread of its own: the model's threads drive it.
+pub struct ModelEngine {
+    kernel: Arc<ModelKernel>,
+    engine: SwapEngine,
+    faults: Arc<FaultService>,
+    /// Guest RAM (unregistered; see the module text). Dropped last.
+    guest: AnonMapping,
+}
+
+impl ModelEngine {
+    /// An engine over `units` 2 MiB units, all absent, under `config`
+    /// (its unit is set to 2 MiB; clean tracking and prefetch are off).
+    /// Every fatal error panics, which fails the schedule.
+    pub fn new(units: usize, config: EngineConfig) -> ModelEngine {
+        let config = EngineConfig {
+            unit: SwapUnit::Huge2M,
+            track_clean: false,
+            prefetch: false,
+            // One unit is restored by one thread at a time, with one
+            // buffer; populating fewer makes each schedule cheaper. (An
+            // empty pool would block a thread outside shuttle's control.)
+            buffer_count: config.buffer_count.or(Some(2)),
+            ..config
+        };
+        let unit_bytes = config.unit.bytes();
+        let guest = AnonMapping::new(units as u64 * unit_bytes).expect("mapping model guest RAM");
+        // Khugepaged may fill the holes of a partly populated huge range
+        // (max_ptes_none): that would map pages nobody installed.
+        guest
+            .range()
+            .advise_nohugepage(RegionOffset::ZERO, guest.range().len())
+            .expect("madvise on model guest RAM");
+        let region = ManagedRegion {
+            host_base: guest.range().addr(RegionOffset::ZERO),
+            len_bytes: units as u64 * unit_bytes,
+            kind: MemoryKind::Anonymous,
+            gpa_ranges: Vec::new(),
+        };
+        let store: SharedStore = Arc::new(
+            MemStore::new(Codec::Lz4, unit_bytes as usize, 4 * units as u64, None)
+                .expect("a memory store"),
+        );
+        let staging = start::staging_area(InstallMode::Thp, &config).expect("the staging area");
+        let kernel = Arc::new(ModelKernel::new());
+        let parts = start::KernelParts {
+            userfaults: kernel.clone(),
+            // SAFETY: `guest` is mapped for as long as the engine, which is
+            // dropped before it (field order), and is reached only through
+            // raw addresses.
+            guest: unsafe { RawRange::new(guest.range().base(), guest.range().len()) },
+            track_clean: false,
+            // Without it no evicted page is kept as a restore buffer, so
+            // every parking slot in use holds a unit.
+            pagemap: None,
+        };
+        let on_fatal = Box::new(|e: &super::SwapError| panic!("the engine failed: {e}"));
+        let (engine, faults, _no_prefetcher) = SwapEngine::assemble(
+            region,
+            store,
+            &config,
+            on_fatal,
+            InstallMode::Thp,
+            units,
+            staging,
+            parts,
+        )
+        .expect("assembling the engine on the model kernel");
+        ModelEngine {
+            kernel,
+            engine,
+            faults,
+            guest,
+        }
+    }
+
+    fn word_addr(&self, unit: usize) -> u64 {
+        self.engine.geo.unit_addr(UnitIndex::new(unit)).raw()
+    }
+
+    /// A guest access to unit `unit`'s first word: done if the page is
+    /// mapped, else the fault is served by the fault service and the
+    /// access retried, as a vCPU's would be.
+    fn guest_access<T>(
+        &self,
+        unit: usize,
+        write: bool,
+        mut access: impl FnMut(*mut u64) -> T,
+    ) -> T {
+        let address = self.word_addr(unit);
+        loop {
+            if let Some(result) = self.kernel.access(address, &mut access) {
+                return result;
+            }
+            match self.faults.serve(address, FaultKind::Missing, write) {
+                Ok(Outcome::Woken(_) | Outcome::Blocked) => {}
+                Err(e) => panic!("a guest fault failed: {e}"),
+            }
+        }
+    }
+
+    /// The guest reads unit `unit`'s first word.
+    pub fn read(&self, unit: usize) -> u64 {
+        // SAFETY: the word is in a mapped page (checked in the same step)
+        // of model guest RAM, aligned, and nothing holds a reference to it.
+        self.guest_access(unit, false, |word| unsafe { word.read() })
+    }
+
+    /// The guest adds one to unit `unit`'s first word.
+    pub fn write(&self, unit: usize) {
+        // SAFETY: as for `read`.
+        self.guest_access(unit, true, |word| unsafe { *word += 1 })
+    }
+
+    /// The guest writes the first word of page `page` of unit `unit`.
+    pub fn write_page(&self, unit: usize, page: u64, value: u64) {
+        let address = self.word_addr(unit) + page * PAGE_BYTES;
+        loop {
+            // SAFETY: as for `read`.
+            let done = self
+                .kernel
+                .access(address, |word| unsafe { word.write(value) });
+            if done.is_some() {
+                return;
+            }
+            if let Err(e) = self.faults.serve(address, FaultKind::Missing, true) {
+                panic!("a guest fault failed: {e}");
+            }
+        }
+    }
+
+    /// Evicts unit `unit` as the background evictor would pick it, and
+    /// writes it back.
+    pub fn evict(&self, unit: usize) {
+        let units = UnitRange::new(UnitIndex::new(unit), UnitIndex::new(unit + 1));
+        if let Err(e) = self.engine.evictor.evict_range(units) {
+            panic!("an eviction failed: {e}");
+        }
+    }
+
+    /// The guest gives unit `unit` back (a balloon inflation).
+    pub fn discard(&self, unit: usize) {
+        let units = UnitRange::new(UnitIndex::new(unit), UnitIndex::new(unit + 1));
+        if let Err(e) = self.engine.discarder.discard_units(units) {
+            panic!("a discard failed: {e}");
+        }
+    }
+
+    /// Unit `unit`'s state word.
+    pub fn state(&self, unit: usize) -> UnitState {
+        self.engine.table.load(UnitIndex::new(unit))
+    }
+
+    /// After the threads: nothing in flight, and no store or parking slot
+    /// held by nobody.
+    pub fn check_quiescent(&self) {
+        let units = self.engine.table.units();
+        let (mut staged, mut stored) = (0, 0);
+        for unit in 0..units {
+            let state = self.state(unit);
+            assert!(
+                !state.tag().in_flight(),
+                "unit {unit} left in flight: {state:?}"
+            );
+            match state.tag() {
+                Tag::Staged => staged += 1,
+                Tag::Stored => stored += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(
+            self.engine.store.used_slots(),
+            stored,
+            "store slots in use against stored units"
+        );
+        assert_eq!(
+            self.engine.parking.taken_slots() as u64,
+            staged,
+            "parking slots taken against staged units"
+        );
+        // Guest RAM is the model's; keep it alive to here.
+        let _ = &self.guest;
+    }
+}
