@@ -48,7 +48,7 @@ fn spawn(model: &Arc<ModelEngine>, steps: fn(&ModelEngine)) -> thread::JoinHandl
 }
 
 fn write(model: &ModelEngine) {
-    model.write(0);
+    model.write(0, 0);
 }
 
 fn evict(model: &ModelEngine) {
@@ -68,7 +68,7 @@ fn two_faults_on_one_unit_restore_it_once_and_keep_both_writes() {
         a.join().unwrap();
         b.join().unwrap();
         model.check_quiescent();
-        assert_eq!(model.read(0), 2);
+        assert_eq!(model.read(0, 0), 2);
     });
 }
 
@@ -76,10 +76,10 @@ fn two_faults_on_one_unit_restore_it_once_and_keep_both_writes() {
 fn faults_racing_evictions_at_every_step_lose_no_write() {
     check(|| {
         let model = one_unit();
-        model.write(0);
+        model.write(0, 0);
         let writer = spawn(&model, |m| {
-            m.write(0);
-            m.write(0);
+            m.write(0, 0);
+            m.write(0, 0);
         });
         let evictor = spawn(&model, |m| {
             m.evict(0);
@@ -88,7 +88,7 @@ fn faults_racing_evictions_at_every_step_lose_no_write() {
         writer.join().unwrap();
         evictor.join().unwrap();
         model.check_quiescent();
-        assert_eq!(model.read(0), 3);
+        assert_eq!(model.read(0, 0), 3);
     });
 }
 
@@ -96,20 +96,20 @@ fn faults_racing_evictions_at_every_step_lose_no_write() {
 fn a_write_back_completing_while_the_unit_is_handed_back_loses_nothing() {
     check(|| {
         let model = one_unit();
-        model.write(0);
+        model.write(0, 0);
         // Two evictors, so one writes back while the unit is handed back
         // and evicted again by the other.
         let evictors = [spawn(&model, evict), spawn(&model, evict)];
         let reader = spawn(&model, |m| {
-            assert_eq!(m.read(0), 1);
-            m.write(0);
+            assert_eq!(m.read(0, 0), 1);
+            m.write(0, 0);
         });
         for e in evictors {
             e.join().unwrap();
         }
         reader.join().unwrap();
         model.check_quiescent();
-        assert_eq!(model.read(0), 2);
+        assert_eq!(model.read(0, 0), 2);
     });
 }
 
@@ -118,10 +118,10 @@ fn a_discard_racing_faults_and_evictions_leaves_zero_and_no_slot() {
     check(|| {
         let model = one_unit();
         for _ in 0..5 {
-            model.write(0);
+            model.write(0, 0);
         }
         let reader = spawn(&model, |m| {
-            let seen = m.read(0);
+            let seen = m.read(0, 0);
             assert!(seen == 5 || seen == 0, "read {seen}");
         });
         let evictor = spawn(&model, evict);
@@ -133,6 +133,6 @@ fn a_discard_racing_faults_and_evictions_leaves_zero_and_no_slot() {
         // a parked nor a stored copy left behind — unless the evictor took
         // it after the discard, which finds it zero and keeps nothing.
         model.check_quiescent();
-        assert_eq!(model.read(0), 0);
+        assert_eq!(model.read(0, 0), 0);
     });
 }

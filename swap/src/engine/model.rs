@@ -30,12 +30,16 @@
 
 use std::sync::Arc;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::config::{EngineConfig, InstallMode, ManagedRegion, MemoryKind, SwapUnit};
 use super::fault::FaultService;
+use super::granularity::{CollapseReason, SplitReason};
+use super::hooks::EngineHooks;
 use super::outcome::Outcome;
 use super::{start, SwapEngine};
-use crate::chunk::{Tag, UnitState};
-use crate::index::{UnitIndex, UnitRange};
+use crate::chunk::{PageTag, Tag, UnitState};
+use crate::index::{PageIndex, UnitIndex, UnitRange};
 use crate::store::mem::MemStore;
 use crate::store::{Codec, SharedStore};
 use crate::uffd::{CopyOptions, FaultKind, MoveOptions, UffdError, Userfaults};
@@ -183,11 +187,24 @@ impl Userfaults for ModelKernel {
     }
 }
 
+/// The model's switch for splitting chunks on their restore (the
+/// production hooks otherwise): while on, every restore of a whole chunk
+/// splits it, as `--force-split-every 1` would.
+#[derive(Debug, Default)]
+struct SplitRestores(AtomicBool);
+
+impl EngineHooks for SplitRestores {
+    fn split_this_restore(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// The engine's components over model guest RAM of 2 MiB units (THP
 /// backing, a memory store that keeps pages, so chunks can split), with no
 /// thread of its own: the model's threads drive it.
 pub struct ModelEngine {
     kernel: Arc<ModelKernel>,
+    split_restores: Arc<SplitRestores>,
     engine: SwapEngine,
     faults: Arc<FaultService>,
     /// Guest RAM (unregistered; see the module text). Dropped last.
@@ -196,10 +213,13 @@ pub struct ModelEngine {
 
 impl ModelEngine {
     /// An engine over `units` 2 MiB units, all absent, under `config`
-    /// (its unit is set to 2 MiB; clean tracking and prefetch are off).
+    /// (its unit is set to 2 MiB, clean tracking and prefetch are off, and
+    /// its hooks are the model's, see [`ModelEngine::split_restores`]).
     /// Every fatal error panics, which fails the schedule.
     pub fn new(units: usize, config: EngineConfig) -> ModelEngine {
+        let split_restores = Arc::new(SplitRestores::default());
         let config = EngineConfig {
+            hooks: split_restores.clone(),
             unit: SwapUnit::Huge2M,
             track_clean: false,
             prefetch: false,
@@ -254,26 +274,29 @@ impl ModelEngine {
         .expect("assembling the engine on the model kernel");
         ModelEngine {
             kernel,
+            split_restores,
             engine,
             faults,
             guest,
         }
     }
 
-    fn word_addr(&self, unit: usize) -> u64 {
-        self.engine.geo.unit_addr(UnitIndex::new(unit)).raw()
+    /// The address of page `page` of unit `unit` (its first word).
+    fn page_addr(&self, unit: usize, page: usize) -> u64 {
+        self.engine.geo.unit_addr(UnitIndex::new(unit)).raw() + page as u64 * PAGE_BYTES
     }
 
-    /// A guest access to unit `unit`'s first word: done if the page is
-    /// mapped, else the fault is served by the fault service and the
-    /// access retried, as a vCPU's would be.
+    /// A guest access to the first word of page `page` of unit `unit`:
+    /// done if the page is mapped, else the fault is served by the fault
+    /// service and the access retried, as a vCPU's would be.
     fn guest_access<T>(
         &self,
         unit: usize,
+        page: usize,
         write: bool,
         mut access: impl FnMut(*mut u64) -> T,
     ) -> T {
-        let address = self.word_addr(unit);
+        let address = self.page_addr(unit, page);
         loop {
             if let Some(result) = self.kernel.access(address, &mut access) {
                 return result;
@@ -285,34 +308,63 @@ impl ModelEngine {
         }
     }
 
-    /// The guest reads unit `unit`'s first word.
-    pub fn read(&self, unit: usize) -> u64 {
+    /// The guest reads the first word of page `page` of unit `unit`.
+    pub fn read(&self, unit: usize, page: usize) -> u64 {
         // SAFETY: the word is in a mapped page (checked in the same step)
         // of model guest RAM, aligned, and nothing holds a reference to it.
-        self.guest_access(unit, false, |word| unsafe { word.read() })
+        self.guest_access(unit, page, false, |word| unsafe { word.read() })
     }
 
-    /// The guest adds one to unit `unit`'s first word.
-    pub fn write(&self, unit: usize) {
+    /// The guest adds one to the first word of page `page` of unit `unit`.
+    pub fn write(&self, unit: usize, page: usize) {
         // SAFETY: as for `read`.
-        self.guest_access(unit, true, |word| unsafe { *word += 1 })
+        self.guest_access(unit, page, true, |word| unsafe { *word += 1 })
     }
 
-    /// The guest writes the first word of page `page` of unit `unit`.
-    pub fn write_page(&self, unit: usize, page: u64, value: u64) {
-        let address = self.word_addr(unit) + page * PAGE_BYTES;
-        loop {
-            // SAFETY: as for `read`.
-            let done = self
-                .kernel
-                .access(address, |word| unsafe { word.write(value) });
-            if done.is_some() {
-                return;
-            }
-            if let Err(e) = self.faults.serve(address, FaultKind::Missing, true) {
-                panic!("a guest fault failed: {e}");
-            }
+    /// The guest sets the first word of page `page` of unit `unit`.
+    pub fn write_value(&self, unit: usize, page: usize, value: u64) {
+        // SAFETY: as for `read`.
+        self.guest_access(unit, page, true, |word| unsafe { word.write(value) })
+    }
+
+    /// While `on`, every restore of a whole chunk splits it.
+    pub fn split_restores(&self, on: bool) {
+        self.split_restores.0.store(on, Ordering::Relaxed);
+    }
+
+    /// Splits unit `unit` if it is resident (metadata only: its pages stay
+    /// mapped), as the granularity policy would.
+    pub fn split(&self, unit: usize) {
+        let splitter = self.faults.splitter.as_ref().expect("chunks split here");
+        let chunk = UnitIndex::new(unit);
+        if let Err(e) = splitter.split_resident(chunk, Tag::Resident, SplitReason::Forced) {
+            panic!("a split failed: {e}");
         }
+    }
+
+    /// Tries to merge the split chunk `unit` back into one huge mapping.
+    pub fn collapse(&self, unit: usize) {
+        let collapser = self.faults.collapser.as_ref().expect("chunks split here");
+        if let Err(e) = collapser.try_collapse(UnitIndex::new(unit), CollapseReason::Forced) {
+            panic!("a collapse failed: {e}");
+        }
+    }
+
+    /// Evicts page `page` of the split chunk `unit` if it is resident, and
+    /// writes it back.
+    pub fn evict_page(&self, unit: usize, page: usize) {
+        let at = UnitIndex::new(unit).page(PageIndex::new(page));
+        if let Err(e) = self.engine.evictor.evict_pages(&[at]) {
+            panic!("a page eviction failed: {e}");
+        }
+    }
+
+    /// The tag of page `page` of unit `unit` in the page table.
+    pub fn page_tag(&self, unit: usize, page: usize) -> PageTag {
+        let pages = self.engine.table.pages().expect("chunks split here");
+        pages
+            .load(UnitIndex::new(unit).page(PageIndex::new(page)))
+            .tag()
     }
 
     /// Evicts unit `unit` as the background evictor would pick it, and
@@ -351,6 +403,17 @@ impl ModelEngine {
             match state.tag() {
                 Tag::Staged => staged += 1,
                 Tag::Stored => stored += 1,
+                Tag::Split => {
+                    // A split chunk's pages live in its own slot, if any.
+                    stored += u64::from(state.split_slot().is_some());
+                    for page in 0..crate::chunk::PAGES_PER_CHUNK {
+                        let tag = self.page_tag(unit, page);
+                        assert!(
+                            !matches!(tag, PageTag::Loading | PageTag::Evicting),
+                            "page {page} of unit {unit} left in flight: {tag:?}"
+                        );
+                    }
+                }
                 _ => {}
             }
         }

@@ -259,6 +259,18 @@ impl EvictService {
         Ok(std::mem::take(&mut evictor.report))
     }
 
+    /// Evicts the pages `pages` of split chunks, each if it is resident,
+    /// and writes them back: the model checker's page evictions.
+    #[cfg(feature = "model-check")]
+    pub(crate) fn evict_pages(&self, pages: &[PageRef]) -> Result<EvictReport, SwapError> {
+        let mut evictor = Evictor::new(self);
+        for &at in pages {
+            evictor.evict_page(at)?;
+        }
+        evictor.flush()?;
+        Ok(std::mem::take(&mut evictor.report))
+    }
+
     /// Evicts victims chosen by the policy until about `want_pages` pages
     /// left memory; returns how many pages did. Errors were already reported
     /// to the VMM.
