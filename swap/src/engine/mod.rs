@@ -53,6 +53,7 @@ pub mod policy;
 mod prefetch;
 mod recycle;
 mod restore;
+mod sampler;
 pub mod sizing;
 mod split;
 mod stall;
@@ -468,7 +469,7 @@ impl SwapEngine {
                 .filter(|&u| self.table.load(u).pinned())
                 .count() as u64;
             ws.set_pinned_bytes(pinned_units * self.geo.unit_bytes);
-            let sampler = working_set::Sampler {
+            let sampler = sampler::Sampler {
                 working_set: ws,
                 evictor: self.evictor.clone(),
                 table: self.table.clone(),

@@ -42,14 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::error::SwapError;
-use super::evict::EvictService;
-use super::lifecycle::Lifecycle;
-use super::limit::Limiter;
-use crate::chunk::{ChunkTable, Tag};
-use crate::index::{UnitIndex, UnitRange};
-use guestmem::host::PAGE_BYTES;
-use std::sync::Arc;
+use crate::index::UnitIndex;
 
 /// Idle ages of the cold-memory figures.
 pub const COLD_AGES: [Duration; 3] = [
@@ -333,66 +326,6 @@ impl WorkingSet {
             returned: self.returned.load(Ordering::Relaxed),
             sample_wait_us: self.wait_us.load(Ordering::Relaxed),
         }
-    }
-}
-
-/// Draws per sample before the sampler gives up until its next turn: with
-/// less than about 1/32 of the units resident, there is little to sample.
-const DRAWS_PER_SAMPLE: usize = 32;
-
-/// The sampler thread's work: one unit taken out per interval.
-pub(crate) struct Sampler {
-    pub working_set: Arc<WorkingSet>,
-    pub evictor: Arc<EvictService>,
-    pub table: Arc<ChunkTable>,
-    pub limiter: Arc<Limiter>,
-    pub life: Arc<Lifecycle>,
-}
-
-impl Sampler {
-    /// Body of the sampler thread. A store error ends it (the evictor has
-    /// reported it as fatal); so does shutting down.
-    pub fn run(&self) {
-        let interval = self.working_set.config().interval();
-        let mut next = Instant::now() + interval;
-        while !self.life.stopping() && !self.life.failed() {
-            let now = Instant::now();
-            if now < next {
-                // Short naps, so that shutting down is not held up.
-                std::thread::sleep((next - now).min(Duration::from_millis(50)));
-                continue;
-            }
-            // After a long eviction the samples are not caught up: the rate
-            // is an upper bound.
-            next = (next + interval).max(now);
-            if self.sample_one().is_err() {
-                return;
-            }
-        }
-    }
-
-    /// Takes one resident unit out, if a draw finds one.
-    fn sample_one(&self) -> Result<(), SwapError> {
-        let ws = &self.working_set;
-        for _ in 0..DRAWS_PER_SAMPLE {
-            let unit = ws.draw_unit();
-            let state = self.table.load(unit);
-            if state.tag() != Tag::Resident || state.pinned() {
-                continue;
-            }
-            let population_bytes =
-                (self.limiter.held_pages() * PAGE_BYTES).saturating_sub(ws.pinned_bytes());
-            let mark = ws.mark(unit);
-            let report = self
-                .evictor
-                .evict_range(UnitRange::new(unit, unit.next()))?;
-            // Out, or touched while being taken out (`WorkingSet::unmark`).
-            if report.released_units() == 1 || !ws.unmark(unit, mark) {
-                ws.record(unit, mark, population_bytes);
-            }
-            return Ok(());
-        }
-        Ok(())
     }
 }
 
