@@ -19,9 +19,8 @@
 //! ill-timed preemptions with a known probability).
 #![cfg(feature = "model-check")]
 
-use shuttle::thread;
 use std::sync::Arc;
-use swap::engine::model::ModelEngine;
+use swap::engine::model::{self, spawn, ModelEngine};
 use swap::engine::EngineConfig;
 
 /// An engine of one 2 MiB unit, all absent.
@@ -29,22 +28,9 @@ fn one_unit() -> Arc<ModelEngine> {
     Arc::new(ModelEngine::new(1, EngineConfig::default()))
 }
 
-fn iterations() -> usize {
-    std::env::var("MODEL_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2000)
-}
-
-/// Runs `scenario` under the random and the PCT scheduler.
+/// Each scenario under both schedulers, 2000 schedules each by default.
 fn check(scenario: fn()) {
-    shuttle::check_random(scenario, iterations());
-    shuttle::check_pct(scenario, iterations(), 3);
-}
-
-fn spawn(model: &Arc<ModelEngine>, steps: fn(&ModelEngine)) -> thread::JoinHandle<()> {
-    let model = model.clone();
-    thread::spawn(move || steps(&model))
+    model::check(scenario, 2000);
 }
 
 fn write(model: &ModelEngine) {

@@ -17,11 +17,10 @@
 //! scheduling point).
 #![cfg(feature = "model-check")]
 
-use shuttle::thread;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use swap::chunk::{PageTag, Tag, PAGES_PER_CHUNK};
-use swap::engine::model::ModelEngine;
+use swap::engine::model::{self, spawn, ModelEngine};
 use swap::engine::EngineConfig;
 
 const A: usize = 0;
@@ -71,35 +70,9 @@ fn stored(a: u64, b: u64) -> Arc<ModelEngine> {
     model
 }
 
-fn iterations() -> usize {
-    std::env::var("MODEL_ITERATIONS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300)
-}
-
+/// Each scenario under both schedulers, 300 schedules each by default.
 fn check(scenario: fn()) {
-    let mut config = shuttle::Config::new();
-    // A page group's 512 state words are shuttle's atomics in this build,
-    // tens of bytes each, and the thread that first touches the group
-    // builds them on its stack: more than shuttle's default 32 KiB
-    // (a SIGSEGV, not a failure, once the access tables grew the group).
-    config.stack_size = 1 << 20;
-    shuttle::Runner::new(
-        shuttle::scheduler::RandomScheduler::new(iterations()),
-        config.clone(),
-    )
-    .run(scenario);
-    shuttle::Runner::new(
-        shuttle::scheduler::PctScheduler::new(3, iterations()),
-        config,
-    )
-    .run(scenario);
-}
-
-fn spawn(model: &Arc<ModelEngine>, steps: fn(&ModelEngine)) -> thread::JoinHandle<()> {
-    let model = model.clone();
-    thread::spawn(move || steps(&model))
+    model::check(scenario, 300);
 }
 
 #[test]

@@ -22,15 +22,24 @@
 //! operations, so each model call, and each guest access, is one atomic
 //! step; the model's lock gives shuttle a scheduling point at each.
 //!
-//! What it does not model: write protection (the model runs without clean
-//! tracking, and panics if asked to protect), hugetlb, and the fault
-//! threads' message loop (a guest thread that finds its page missing
-//! resolves the fault itself through the fault service, as the woken
-//! vCPU would find it resolved).
+//! Write protection is modelled as anonymous memory has it: a
+//! protection bit on a present page, set by `UFFDIO_WRITEPROTECT` and by
+//! a write-protected `UFFDIO_COPY`, cleared by an unprotect, and not
+//! carried by `UFFDIO_MOVE` (which clears uffd-wp) nor by a page that
+//! goes away. A guest write to a protected page faults (`WriteProtect`)
+//! and is served by the fault service like a missing page; a read does
+//! not. So an engine built with [`ModelEngine::tracking_clean`] checks
+//! clean tracking: a clean unit dropped without a write must not have
+//! been written since its store copy.
+//!
+//! What it does not model: hugetlb, and the fault threads' message loop (a
+//! guest thread that finds its page missing or protected resolves the
+//! fault itself through the fault service, as the woken vCPU would find it
+//! resolved).
 
-use std::sync::Arc;
-
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use super::config::{EngineConfig, InstallMode, ManagedRegion, MemoryKind, SwapUnit};
 use super::fault::FaultService;
@@ -48,8 +57,13 @@ use guestmem::host::{AnonMapping, RawRange, PAGE_BYTES};
 
 /// The kernel's side of the userfaultfd calls, on unregistered memory.
 pub struct ModelKernel {
+    /// The write-protected pages (their first byte's address). Only a
+    /// present page's entry counts: every call that maps a page sets or
+    /// clears its entry, so an entry left by a page the engine discarded
+    /// with `madvise` is overwritten before the page is seen again.
+    ///
     /// Held across each call and each guest access: one shuttle step each.
-    lock: shuttle::sync::Mutex<()>,
+    protected: shuttle::sync::Mutex<HashSet<u64>>,
 }
 
 /// The one page at `address`.
@@ -57,7 +71,12 @@ fn page_at(address: u64) -> RawRange {
     // SAFETY: the model is called only on the engine's own mappings (guest
     // RAM, the parking area, restore buffers), which outlive every call;
     // the range is used for mincore and madvise only, never referenced.
-    unsafe { RawRange::new(address & !(PAGE_BYTES - 1), PAGE_BYTES) }
+    unsafe { RawRange::new(page_base(address), PAGE_BYTES) }
+}
+
+/// The first byte of the page holding `address`.
+fn page_base(address: u64) -> u64 {
+    address & !(PAGE_BYTES - 1)
 }
 
 fn present(address: u64) -> bool {
@@ -80,35 +99,70 @@ fn failed(op: &'static str, address: u64, done_bytes: u64, errno: i32) -> UffdEr
 impl ModelKernel {
     fn new() -> ModelKernel {
         ModelKernel {
-            lock: shuttle::sync::Mutex::new(()),
+            protected: shuttle::sync::Mutex::new(HashSet::new()),
         }
     }
 
-    /// Runs `access` on the word at `address` if its page is mapped, as a
-    /// guest access that does not fault; `None` when it would fault.
-    fn access<T>(&self, address: u64, access: impl FnOnce(*mut u64) -> T) -> Option<T> {
-        let _step = self.lock.lock().unwrap();
-        present(address).then(|| access(address as *mut u64))
+    /// Runs `access` on the word at `address` as a guest access (a write
+    /// when `write`) that does not fault; the fault it takes instead when
+    /// its page is missing, or protected against a write.
+    fn access<T>(
+        &self,
+        address: u64,
+        write: bool,
+        access: impl FnOnce(*mut u64) -> T,
+    ) -> Result<T, FaultKind> {
+        let protected = self.protected.lock().unwrap();
+        if !present(address) {
+            return Err(FaultKind::Missing);
+        }
+        if write && protected.contains(&page_base(address)) {
+            return Err(FaultKind::WriteProtect);
+        }
+        Ok(access(address as *mut u64))
     }
 
     /// Fills the missing pages of `[dst, dst+len)` from `fill`, one page at
-    /// a time; `EEXIST` at the first present one, with the bytes done.
+    /// a time, write-protected when `protect`; `EEXIST` at the first
+    /// present one, with the bytes done.
     fn fill_missing(
         &self,
         op: &'static str,
         dst: Hva,
         len: u64,
+        protect: bool,
         mut fill: impl FnMut(u64, *mut u8),
     ) -> Result<(), UffdError> {
-        let _step = self.lock.lock().unwrap();
+        let mut protected = self.protected.lock().unwrap();
         for done in (0..len).step_by(PAGE_BYTES as usize) {
             let page = dst.raw() + done;
             if present(page) {
                 return Err(failed(op, page, done, libc::EEXIST));
             }
             fill(done, page as *mut u8);
+            set_protected(&mut protected, page, protect);
         }
         Ok(())
+    }
+
+    /// Sets or clears the protection of the present pages of
+    /// `[start, start+len)`: an absent anonymous page has no bit to set
+    /// (without `UFFD_FEATURE_WP_UNPOPULATED`, which the engine does not
+    /// ask for).
+    fn protect_present(&self, start: Hva, len: u64, protect: bool) {
+        let mut protected = self.protected.lock().unwrap();
+        for done in (0..len).step_by(PAGE_BYTES as usize) {
+            let page = start.raw() + done;
+            set_protected(&mut protected, page, protect && present(page));
+        }
+    }
+}
+
+fn set_protected(protected: &mut HashSet<u64>, page: u64, protect: bool) {
+    if protect {
+        protected.insert(page);
+    } else {
+        protected.remove(&page);
     }
 }
 
@@ -120,11 +174,8 @@ impl Userfaults for ModelKernel {
     }
 
     fn copy(&self, dst: Hva, src: Hva, len: u64, options: CopyOptions) -> Result<(), UffdError> {
-        assert!(
-            !options.write_protect,
-            "the model kernel has no write protection (run it without clean tracking)"
-        );
-        self.fill_missing("UFFDIO_COPY", dst, len, |done, to| {
+        let protect = options.write_protect;
+        self.fill_missing("UFFDIO_COPY", dst, len, protect, |done, to| {
             // SAFETY: `src` is readable memory the caller owns for the
             // call, and `to` a missing page of the model's memory, which no
             // one references; one page each, not overlapping.
@@ -139,7 +190,7 @@ impl Userfaults for ModelKernel {
     }
 
     fn zeropage(&self, start: Hva, len: u64, _dont_wake: bool) -> Result<(), UffdError> {
-        self.fill_missing("UFFDIO_ZEROPAGE", start, len, |_, to| {
+        self.fill_missing("UFFDIO_ZEROPAGE", start, len, false, |_, to| {
             // SAFETY: `to` is a missing page of the model's memory, which no
             // one references.
             unsafe { std::ptr::write_bytes(to, 0, PAGE_BYTES as usize) }
@@ -153,7 +204,7 @@ impl Userfaults for ModelKernel {
         len: u64,
         options: MoveOptions,
     ) -> Result<(), UffdError> {
-        let _step = self.lock.lock().unwrap();
+        let mut protected = self.protected.lock().unwrap();
         for done in (0..len).step_by(PAGE_BYTES as usize) {
             let (from, to) = (src.raw() + done, dst.raw() + done);
             if !present(from) {
@@ -174,17 +225,53 @@ impl Userfaults for ModelKernel {
             page_at(from)
                 .discard(RegionOffset::ZERO, PAGE_BYTES)
                 .expect("madvise on the model's own memory");
+            // The moved page arrives unprotected (MOVE clears uffd-wp),
+            // and the source's bit went with its page.
+            set_protected(&mut protected, to, false);
+            set_protected(&mut protected, from, false);
         }
         Ok(())
     }
 
-    fn write_protect(&self, _start: Hva, _len: u64) -> Result<(), UffdError> {
-        panic!("the model kernel has no write protection (run it without clean tracking)")
+    fn write_protect(&self, start: Hva, len: u64) -> Result<(), UffdError> {
+        self.protect_present(start, len, true);
+        Ok(())
     }
 
-    fn write_unprotect(&self, _start: Hva, _len: u64, _dont_wake: bool) -> Result<(), UffdError> {
-        panic!("the model kernel has no write protection (run it without clean tracking)")
+    fn write_unprotect(&self, start: Hva, len: u64, _dont_wake: bool) -> Result<(), UffdError> {
+        self.protect_present(start, len, false);
+        Ok(())
     }
+}
+
+/// Runs `scenario` under shuttle's random scheduler and its PCT scheduler
+/// (priority-based, depth 3: finds bugs that need up to three ill-timed
+/// preemptions with a known probability), `MODEL_ITERATIONS` schedules
+/// each, `default_iterations` when that is unset.
+pub fn check(scenario: fn(), default_iterations: usize) {
+    let iterations = std::env::var("MODEL_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default_iterations);
+    let mut config = shuttle::Config::new();
+    // A page group's 512 state words are shuttle's atomics in this build,
+    // tens of bytes each, and the thread that first touches the group
+    // builds them on its stack: more than shuttle's default 32 KiB (a
+    // SIGSEGV, not a failure).
+    config.stack_size = 1 << 20;
+    shuttle::Runner::new(
+        shuttle::scheduler::RandomScheduler::new(iterations),
+        config.clone(),
+    )
+    .run(scenario);
+    shuttle::Runner::new(shuttle::scheduler::PctScheduler::new(3, iterations), config)
+        .run(scenario);
+}
+
+/// A model thread running `steps` on `model`.
+pub fn spawn(model: &Arc<ModelEngine>, steps: fn(&ModelEngine)) -> shuttle::thread::JoinHandle<()> {
+    let model = model.clone();
+    shuttle::thread::spawn(move || steps(&model))
 }
 
 /// The model's switch for splitting chunks on their restore (the
@@ -217,11 +304,34 @@ impl ModelEngine {
     /// its hooks are the model's, see [`ModelEngine::split_restores`]).
     /// Every fatal error panics, which fails the schedule.
     pub fn new(units: usize, config: EngineConfig) -> ModelEngine {
+        ModelEngine::build(units, config, SwapUnit::Huge2M, false)
+    }
+
+    /// As [`ModelEngine::new`], with clean tracking on and units of
+    /// `unit` (2 MiB, or 4 KiB pages): a unit restored from the store for
+    /// a read is write-protected and keeps its store copy, and is dropped
+    /// without a write when evicted still clean. A 2 MiB unit is moved in
+    /// and protected after, with a content hash to catch a write between
+    /// the two; a 4 KiB unit is copied in protected and has no hash, so the
+    /// protection alone must catch its first write.
+    pub fn tracking_clean(units: usize, config: EngineConfig, unit: SwapUnit) -> ModelEngine {
+        assert!(
+            unit != SwapUnit::Auto,
+            "the model runs fixed units; split 2 MiB chunks with ModelEngine::split"
+        );
+        ModelEngine::build(units, config, unit, true)
+    }
+
+    fn build(units: usize, config: EngineConfig, unit: SwapUnit, track_clean: bool) -> ModelEngine {
         let split_restores = Arc::new(SplitRestores::default());
+        let mode = match unit {
+            SwapUnit::Small4K => InstallMode::Small,
+            _ => InstallMode::Thp,
+        };
         let config = EngineConfig {
             hooks: split_restores.clone(),
-            unit: SwapUnit::Huge2M,
-            track_clean: false,
+            unit,
+            track_clean,
             prefetch: false,
             // One unit is restored by one thread at a time, with one
             // buffer; populating fewer makes each schedule cheaper. (An
@@ -247,7 +357,7 @@ impl ModelEngine {
             MemStore::new(Codec::Lz4, unit_bytes as usize, 4 * units as u64, None)
                 .expect("a memory store"),
         );
-        let staging = start::staging_area(InstallMode::Thp, &config).expect("the staging area");
+        let staging = start::staging_area(mode, &config).expect("the staging area");
         let kernel = Arc::new(ModelKernel::new());
         let parts = start::KernelParts {
             userfaults: kernel.clone(),
@@ -255,21 +365,14 @@ impl ModelEngine {
             // dropped before it (field order), and is reached only through
             // raw addresses.
             guest: unsafe { RawRange::new(guest.range().base(), guest.range().len()) },
-            track_clean: false,
+            track_clean,
             // Without it no evicted page is kept as a restore buffer, so
             // every parking slot in use holds a unit.
             pagemap: None,
         };
         let on_fatal = Box::new(|e: &super::SwapError| panic!("the engine failed: {e}"));
         let (engine, faults, _no_prefetcher) = SwapEngine::assemble(
-            region,
-            store,
-            &config,
-            on_fatal,
-            InstallMode::Thp,
-            units,
-            staging,
-            parts,
+            region, store, &config, on_fatal, mode, units, staging, parts,
         )
         .expect("assembling the engine on the model kernel");
         ModelEngine {
@@ -283,12 +386,18 @@ impl ModelEngine {
 
     /// The address of page `page` of unit `unit` (its first word).
     fn page_addr(&self, unit: usize, page: usize) -> u64 {
+        assert!(
+            (page as u64) < self.engine.geo.unit_bytes / PAGE_BYTES,
+            "page {page} is not in a unit of {} bytes",
+            self.engine.geo.unit_bytes
+        );
         self.engine.geo.unit_addr(UnitIndex::new(unit)).raw() + page as u64 * PAGE_BYTES
     }
 
     /// A guest access to the first word of page `page` of unit `unit`:
-    /// done if the page is mapped, else the fault is served by the fault
-    /// service and the access retried, as a vCPU's would be.
+    /// done if the page is mapped (and, for a write, not protected), else
+    /// the fault is served by the fault service and the access retried, as
+    /// a vCPU's would be.
     fn guest_access<T>(
         &self,
         unit: usize,
@@ -298,10 +407,11 @@ impl ModelEngine {
     ) -> T {
         let address = self.page_addr(unit, page);
         loop {
-            if let Some(result) = self.kernel.access(address, &mut access) {
-                return result;
-            }
-            match self.faults.serve(address, FaultKind::Missing, write) {
+            let kind = match self.kernel.access(address, write, &mut access) {
+                Ok(result) => return result,
+                Err(kind) => kind,
+            };
+            match self.faults.serve(address, kind, write) {
                 Ok(Outcome::Woken(_) | Outcome::Blocked) => {}
                 Err(e) => panic!("a guest fault failed: {e}"),
             }
@@ -403,6 +513,8 @@ impl ModelEngine {
             match state.tag() {
                 Tag::Staged => staged += 1,
                 Tag::Stored => stored += 1,
+                // A clean chunk's store copy is still its content.
+                Tag::Resident if state.clean() => stored += 1,
                 Tag::Split => {
                     // A split chunk's pages live in its own slot, if any.
                     stored += u64::from(state.split_slot().is_some());

@@ -184,6 +184,7 @@ impl<'a> Evictor<'a> {
         }
     }
 
+    /// A parking slot; flushes this evictor's batch when none is free, so
     /// evictors holding slots always make progress.
     fn parking_slot(&mut self) -> Result<ParkingSlot, SwapError> {
         loop {

@@ -26,6 +26,7 @@ impl Evictor<'_> {
         Ok(())
     }
 
+    /// A page of this evictor's parking slot for one evicted page; flushes
     /// the page batch when the slot is full.
     pub(super) fn page_parking(&mut self) -> Result<(ParkingSlot, PageIndex), SwapError> {
         if let Some((p, next)) = self.pages.slot {
@@ -126,7 +127,7 @@ impl Evictor<'_> {
         let slot = match self.split_slot(at.chunk) {
             Ok(Some(slot)) => slot,
             Ok(None) => {
-                // Being merged back and no slot yet: put the page back.
+                // Being merged back or split: put the page back.
                 self.put_page_back(at, parked)?;
                 let _ = s.parking.raw().discard(offset, PAGE_BYTES);
                 pages.settle(at, evicting, PageTransition::AbortEvict);
@@ -144,6 +145,7 @@ impl Evictor<'_> {
         Ok(())
     }
 
+    /// Moves an evicted page back from its parking page `parked` into the
     /// guest (the eviction is given up).
     pub(super) fn put_page_back(&self, at: PageRef, parked: Hva) -> Result<(), SwapError> {
         let s = self.s;
@@ -170,6 +172,7 @@ impl Evictor<'_> {
         })
     }
 
+    /// Maps the zero page over a parking page the move left empty (the
     /// guest page was a hole).
     pub(super) fn fill_page_hole(&mut self, offset: RegionOffset) -> Result<(), SwapError> {
         let s = self.s;
@@ -190,16 +193,26 @@ impl Evictor<'_> {
         Ok(())
     }
 
+    /// The store slot of split chunk `chunk`, allocating one on its first
+    /// page write; `None` unless the chunk's word says `Split`. Called
     /// while this evictor holds one of the chunk's pages `Evicting`.
+    ///
+    /// A `Loading` word is never trusted for a slot. It is either a merge,
+    /// which waits for this page (the page goes back instead), or a
+    /// resident chunk being split: its pages are unlocked before its word
+    /// says `Split`, and until then the word still names the whole chunk's
+    /// clean store copy, which the splitter has freed. Writing a page there
+    /// wrote into a slot that another chunk could be given
+    /// (`tests/model_clean.rs` found it).
     pub(super) fn split_slot(&self, chunk: UnitIndex) -> Result<Option<SlotId>, SwapError> {
         let s = self.s;
         loop {
             let word = s.table.load(chunk);
-            if let Some(slot) = word.split_slot() {
-                return Ok(Some(slot));
-            }
             if word.tag() != Tag::Split {
                 return Ok(None);
+            }
+            if let Some(slot) = word.split_slot() {
+                return Ok(Some(slot));
             }
             let slot = s
                 .store

@@ -65,6 +65,7 @@ impl Evictor<'_> {
         self.classify(unit, evicting, p)
     }
 
+    /// Moves or copies the unit into parking slot `p`. `Ok(false)`: the
     /// kernel refused (pinned pages); nothing was taken.
     pub(super) fn take_away(
         &mut self,
@@ -158,6 +159,7 @@ impl Evictor<'_> {
         Ok(true)
     }
 
+    /// Maps the zero page over every page of parking slot `p` that the
     /// move left empty (the unit had holes).
     pub(super) fn fill_holes(&mut self, p: ParkingSlot) -> Result<(), SwapError> {
         let s = self.s;
@@ -294,6 +296,7 @@ impl Evictor<'_> {
         }
     }
 
+    /// Settles a written unit (`slot`), or keeps it staged after a failed
     /// write (`None`).
     pub(super) fn complete(&mut self, unit: UnitIndex, p: ParkingSlot, slot: Option<SlotId>) {
         let s = self.s;
