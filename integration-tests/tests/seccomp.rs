@@ -148,29 +148,12 @@ fn a_forbidden_call_ends_the_run_naming_the_call_and_the_thread_kind() {
         "control",
         "teardown",
     ] {
-        let socket = temp_path("probe.sock");
-        let mut cmd = Command::new(hugevmm_bin());
-        cmd.args([
-            "run",
-            "--payload",
-            "hello",
-            "--vcpus",
-            "2",
-            "--mem",
-            "64M",
-            "--mem-limit",
-            "32M",
-        ])
-        .arg("--api-socket")
-        .arg(&socket)
-        .env("HUGEVMM_SECCOMP_PROBE", kind);
-        let out = run_with_limit(cmd, LIMIT);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (status, stderr) = probe_run(kind, &[]);
         let want = format!(
             "hugevmm: seccomp: forbidden system call execve (59) on a thread of kind {kind}; ending the VM"
         );
         assert!(stderr.contains(&want), "{kind}: {stderr}");
-        assert_eq!(out.status.code(), Some(159), "{kind}: {stderr}");
+        assert_eq!(status, Some(159), "{kind}: {stderr}");
         // Without the filters the same probe is let through, and says so.
         let mut cmd = Command::new(hugevmm_bin());
         cmd.args(["run", "--payload", "hello", "--mem", "64M", "--no-seccomp"])
@@ -178,6 +161,24 @@ fn a_forbidden_call_ends_the_run_naming_the_call_and_the_thread_kind() {
         let out = run_with_limit(cmd, LIMIT);
         assert_eq!(out.status.code(), Some(0), "{kind} --no-seccomp");
     }
+}
+
+/// A device thread (the signal forwarder, the trap watcher) that gets to
+/// its call only 2 s after its filter, as on a loaded host, still ends the
+/// run with the trap. (A `hello` run ends before it, with status 0 and no
+/// message: the failure CI saw once, which `probe_run` avoids by keeping
+/// the guest running for this kind.)
+#[test]
+fn a_device_thread_s_late_call_still_ends_the_run() {
+    if skip_without_kvm("a_device_thread_s_late_call_still_ends_the_run") {
+        return;
+    }
+    let (status, stderr) = probe_run("device", &[("HUGEVMM_SECCOMP_PROBE_DELAY_MS", "2000")]);
+    assert!(
+        stderr.contains("forbidden system call execve (59) on a thread of kind device"),
+        "{stderr}"
+    );
+    assert_eq!(status, Some(159), "{stderr}");
 }
 
 /// A run whose filter stopped a call still ends the way a failed run does:
@@ -304,25 +305,32 @@ fn check_trapped_run(kind: &str, env: &[(&str, &str)]) {
     assert!(!socket.exists(), "{kind}: the API socket is left");
 }
 
-/// Runs the `hello` payload (2 vCPUs, the swap engine, an API socket) with
-/// `HUGEVMM_SECCOMP_PROBE=probe`; its status and stderr.
-fn probe_run(probe: &str) -> (Option<i32>, String) {
+/// Runs a VM (2 vCPUs, the swap engine, an API socket) with
+/// `HUGEVMM_SECCOMP_PROBE=probe` (`KIND[:CALL]`) and the test aids of
+/// `env`; its status and stderr.
+///
+/// The payload is `hello`, which ends at once, except for the `device`
+/// kind: its threads (the signal forwarder, the trap watcher) are never
+/// joined, so a run that ends before one of them is first scheduled ends
+/// without its call (seen once in CI on a loaded host, status 0 and no
+/// message). For that kind the guest runs until the trap ends it. Every
+/// other kind is made before the guest ends or joined at the end.
+fn probe_run(probe: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
     let socket = temp_path("probe-args.sock");
+    let kind = probe.split_once(':').map_or(probe, |(kind, _)| kind);
+    let payload: &[&str] = if kind == "device" {
+        &["--payload", "verify", "--payload-args", "passes=1000000"]
+    } else {
+        &["--payload", "hello"]
+    };
     let mut cmd = Command::new(hugevmm_bin());
-    cmd.args([
-        "run",
-        "--payload",
-        "hello",
-        "--vcpus",
-        "2",
-        "--mem",
-        "64M",
-        "--mem-limit",
-        "32M",
-    ])
-    .arg("--api-socket")
-    .arg(&socket)
-    .env("HUGEVMM_SECCOMP_PROBE", probe);
+    cmd.arg("run")
+        .args(payload)
+        .args(["--vcpus", "2", "--mem", "64M", "--mem-limit", "32M"])
+        .arg("--api-socket")
+        .arg(&socket)
+        .env("HUGEVMM_SECCOMP_PROBE", probe)
+        .envs(env.iter().copied());
     let out = run_with_limit(cmd, LIMIT);
     (
         out.status.code(),
@@ -380,7 +388,7 @@ fn calls_checked_by_argument_end_the_run_naming_the_argument() {
         ));
     }
     for (probe, said) in cases {
-        let (status, stderr) = probe_run(&probe);
+        let (status, stderr) = probe_run(&probe, &[]);
         let want = format!("hugevmm: seccomp: forbidden system call {said}; ending the VM");
         assert!(
             stderr.contains(&want),
