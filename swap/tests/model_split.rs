@@ -212,3 +212,26 @@ fn the_first_page_write_gives_the_chunk_its_slot_even_racing_a_collapse() {
         assert_eq!(model.read(0, B), 9);
     });
 }
+
+/// A fault on a split chunk's stored page whose thread read the chunk
+/// word as `Split` before another thread collapsed the chunk, evicted it
+/// whole and split it again on its restore: the page it then takes may be
+/// one the new split unlocked before publishing its word.
+#[test]
+fn a_fault_racing_a_collapse_an_eviction_and_a_split_on_restore_reads_its_page() {
+    check(|| {
+        let model = split(Some((false, 1)), Some((true, 2)));
+        let reader = spawn(&model, |m| assert_eq!(m.read(0, A), 1));
+        let churner = spawn(&model, |m| {
+            m.collapse(0);
+            m.evict(0);
+            m.split_restores(true);
+            assert_eq!(m.read(0, B), 2);
+        });
+        reader.join().unwrap();
+        churner.join().unwrap();
+        model.check_quiescent();
+        assert_eq!(model.read(0, A), 1);
+        assert_eq!(model.read(0, B), 2);
+    });
+}

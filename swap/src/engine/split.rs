@@ -39,7 +39,7 @@ use super::recycle::RestoreBuffers;
 use super::stats::{add, bump, Counters, FaultSource};
 use crate::chunk::{ChunkTable, PageRef, PageState, PageTable, PageTag, Tag, UnitState};
 use crate::index::{PageIndex, UnitIndex};
-use crate::store::SharedStore;
+use crate::store::{SharedStore, SlotId};
 use crate::uffd::FaultKind;
 use blockio::AlignedBuf;
 use guestmem::addr::Hva;
@@ -208,6 +208,37 @@ impl Splitter {
         }
     }
 
+    /// The slot holding the stored pages of `chunk`, one of which this
+    /// thread holds `Loading`; `None` only when the engine stops meanwhile.
+    ///
+    /// A chunk split on its restore has its pages unlocked before its word
+    /// says `Split` (`finish_split`), so a fault that read the word as
+    /// `Split` before the chunk was collapsed, evicted and split again can
+    /// take one of those pages while the word is still the restore's
+    /// `Loading`, which names no split slot yet; the splitter publishes
+    /// without waiting for pages, so this waits for its word
+    /// (`model_split.rs` found the race: a panic here). A merge's `Loading`
+    /// word keeps the chunk's slot, and a merge waits for this page, so it
+    /// is never waited for.
+    fn split_slot_of(&self, chunk: UnitIndex) -> Option<SlotId> {
+        let s = self;
+        loop {
+            let word = s.table.load(chunk);
+            if let Some(slot) = word.split_slot() {
+                return Some(slot);
+            }
+            assert_eq!(
+                word.tag(),
+                Tag::Loading,
+                "a stored page lives in its chunk's slot: {word:?}"
+            );
+            let settled = s.table.wait_settled(chunk, &|| s.life.giving_up());
+            if settled.tag().in_flight() {
+                return None;
+            }
+        }
+    }
+
     /// Installs one page (zero or read from the chunk's slot), then wakes the
     /// threads faulting on it.
     fn restore_page(
@@ -227,11 +258,10 @@ impl Splitter {
         };
         let mut read_buf = None;
         let (src, source) = if from == PageTag::Stored {
-            let slot = s
-                .table
-                .load(at.chunk)
-                .split_slot()
-                .expect("a stored page lives in its chunk's slot");
+            let Some(slot) = s.split_slot_of(at.chunk) else {
+                // The engine stops: the page stays Loading, its faults blocked.
+                return Ok(Outcome::Blocked);
+            };
             let mut buf = AlignedBuf::new(PAGE_BYTES as usize, PAGE_BYTES as usize);
             if let Err(e) = s
                 .store
