@@ -69,6 +69,17 @@ fn settle_and_check(model: &ModelEngine, want: &[(usize, u64)]) {
     model.check_quiescent();
 }
 
+/// Runs `writes` on one thread against two evictors of unit 0, and waits
+/// for all three.
+fn race_two_evictions(model: &Arc<ModelEngine>, writes: fn(&ModelEngine)) {
+    let writer = spawn(model, writes);
+    let evictors = [spawn(model, |m| m.evict(0)), spawn(model, |m| m.evict(0))];
+    writer.join().unwrap();
+    for e in evictors {
+        e.join().unwrap();
+    }
+}
+
 #[test]
 fn a_write_inside_a_restore_s_protection_window_is_written_back() {
     check(|| {
@@ -89,15 +100,10 @@ fn a_write_inside_a_restore_s_protection_window_is_written_back() {
 fn a_first_write_racing_the_eviction_of_a_clean_chunk_is_not_lost() {
     check(|| {
         let model = resident_clean(SwapUnit::Huge2M, &[(0, 1)]);
-        let writer = spawn(&model, |m| {
+        race_two_evictions(&model, |m| {
             m.write_value(0, 0, 2);
             m.write_value(0, 9, 3);
         });
-        let evictors = [spawn(&model, |m| m.evict(0)), spawn(&model, |m| m.evict(0))];
-        writer.join().unwrap();
-        for e in evictors {
-            e.join().unwrap();
-        }
         settle_and_check(&model, &[(0, 2), (9, 3)]);
     });
 }
@@ -129,15 +135,10 @@ fn a_first_write_to_a_clean_4k_unit_racing_its_eviction_is_not_lost() {
         // No content hash here: only the write-protect fault marks the
         // unit dirty.
         let model = resident_clean(SwapUnit::Small4K, &[(0, 1)]);
-        let writer = spawn(&model, |m| {
+        race_two_evictions(&model, |m| {
             m.write_value(0, 0, 2);
             m.write_value(0, 0, 3);
         });
-        let evictors = [spawn(&model, |m| m.evict(0)), spawn(&model, |m| m.evict(0))];
-        writer.join().unwrap();
-        for e in evictors {
-            e.join().unwrap();
-        }
         settle_and_check(&model, &[(0, 3)]);
     });
 }
