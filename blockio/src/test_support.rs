@@ -157,6 +157,14 @@ impl TlsCertificates {
     }
 }
 
+impl Drop for TlsCertificates {
+    /// Removes the directory: the keys are throwaway, and a test binary
+    /// run often would otherwise leave one folder per test in `$TMPDIR`.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Default for TlsCertificates {
     fn default() -> Self {
         Self::new()

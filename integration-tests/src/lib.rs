@@ -103,10 +103,55 @@ impl Run {
     }
 }
 
+/// This process's folder of temporary files, `$TMPDIR/hugevmm-test-PID`.
+///
+/// A test harness has no hook that runs once its tests are done, and a test
+/// that fails, or a VM that a seccomp trap ends, leaves its files behind.
+/// So instead of each test cleaning up after itself, the first call in a
+/// process removes the folders (and the single files of the older layout,
+/// `hugevmm-test-PID-N-TAG`) of test processes that are no longer alive.
+/// Leftovers are then bounded by the test processes running now.
+fn process_temp_dir() -> &'static Path {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let temp = std::env::temp_dir();
+        remove_leftovers_of_ended_tests(&temp);
+        let dir = temp.join(format!("hugevmm-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        dir
+    })
+}
+
+/// Removes `hugevmm-test-PID…` entries in `temp` whose process has ended.
+/// A PID that was reused keeps its entry until the new process ends too.
+fn remove_leftovers_of_ended_tests(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("hugevmm-test-")) else {
+            continue;
+        };
+        let Ok(pid) = rest.split('-').next().unwrap_or("").parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let _ = match entry.file_type() {
+            Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+    }
+}
+
 fn unique_path(tag: &str) -> PathBuf {
     static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::env::temp_dir().join(format!("hugevmm-test-{}-{n}-{tag}", std::process::id()))
+    process_temp_dir().join(format!("{n}-{tag}"))
 }
 
 /// Runs `hugevmm` with `args`, collecting stats, killing it after `limit`.
@@ -312,8 +357,9 @@ impl Background {
     }
 }
 
-/// A fresh path in the temporary directory (nothing is created there), e.g.
-/// for a control socket.
+/// A fresh path in this test process's temporary folder (nothing is created
+/// there), e.g. for a control socket. The folder is removed by a later test
+/// process once this one has ended.
 pub fn temp_path(name: &str) -> PathBuf {
     unique_path(name)
 }
@@ -615,4 +661,37 @@ pub fn verify_small_overcommitted(spec: &str, extra: &[&str]) -> Run {
     ];
     args.extend_from_slice(extra);
     hugevmm(&args, Duration::from_secs(600))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entries of an ended process go, in both layouts; this process's own
+    /// and other names stay.
+    #[test]
+    fn leftovers_of_ended_test_processes_are_removed() {
+        let temp = process_temp_dir().join("sweep");
+        std::fs::create_dir_all(&temp).unwrap();
+        // No process has the PID pid_max: PIDs are below it.
+        let ended: u32 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let own = std::process::id();
+        let ended_dir = temp.join(format!("hugevmm-test-{ended}"));
+        std::fs::create_dir_all(ended_dir.join("inner")).unwrap();
+        let ended_file = temp.join(format!("hugevmm-test-{ended}-3-api.sock"));
+        let own_dir = temp.join(format!("hugevmm-test-{own}"));
+        let other = temp.join("hugevmm-testing-notes");
+        for file in [&ended_file, &other] {
+            std::fs::write(file, "x").unwrap();
+        }
+        std::fs::create_dir_all(&own_dir).unwrap();
+        remove_leftovers_of_ended_tests(&temp);
+        assert!(!ended_dir.exists() && !ended_file.exists());
+        assert!(own_dir.exists() && other.exists());
+        std::fs::remove_dir_all(&temp).unwrap();
+    }
 }

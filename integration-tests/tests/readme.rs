@@ -251,12 +251,16 @@ fn scratch_dir() -> PathBuf {
 }
 
 /// `bash -euo pipefail -c SCRIPT` in `dir`, in a process group of its own
-/// so that whatever it starts is ended with it.
-fn spawn_script(script: &str, dir: &Path, path_var: &str) -> Child {
+/// so that whatever it starts is ended with it. `TMPDIR` is `temp`, a
+/// folder of the test's own: what the commands leave there by design
+/// (`hugevmm host`'s default state folder) goes with the test's files.
+fn spawn_script(script: &str, dir: &Path, temp: &Path, path_var: &str) -> Child {
+    std::fs::create_dir_all(temp).expect("a TMPDIR for the README's commands");
     Command::new("bash")
         .args(["-euo", "pipefail", "-c", script])
         .current_dir(dir)
         .env("PATH", path_var)
+        .env("TMPDIR", temp)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -395,7 +399,12 @@ fn the_readme_s_shell_blocks_run_as_written() {
                     let ready = dir.join(ready);
                     // A socket left by a VM that was killed would look ready.
                     let _ = std::fs::remove_file(&ready);
-                    let child = spawn_script(&format!("exec {command}"), &dir, &path_var);
+                    let child = spawn_script(
+                        &format!("exec {command}"),
+                        &dir,
+                        &dir.join("tmp"),
+                        &path_var,
+                    );
                     let start = Instant::now();
                     while !ready.exists() && start.elapsed() < Duration::from_secs(120) {
                         std::thread::sleep(Duration::from_millis(50));
@@ -403,7 +412,7 @@ fn the_readme_s_shell_blocks_run_as_written() {
                     (child, ready)
                 });
                 let started = Instant::now();
-                let child = spawn_script(&block.body, &cwd, &path_var);
+                let child = spawn_script(&block.body, &cwd, &dir.join("tmp"), &path_var);
                 let (status, text) = wait_output(child, Duration::from_secs(spec.timeout_s));
                 eprintln!(
                     "README.md:{}: status {status:?} after {:.1} s",
