@@ -85,6 +85,14 @@ pub enum BlockIoError {
         /// What went wrong.
         reason: String,
     },
+    /// A vhost-user-blk backend could not be reached or set up.
+    #[error("cannot use the vhost-user-blk backend at {}: {reason}", path.display())]
+    VhostUser {
+        /// The backend's socket.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
     /// A flush, discard or size query failed.
     #[error("{what} on {} failed: {source}", path.display())]
     Control {
@@ -108,7 +116,9 @@ impl From<BlockIoError> for io::Error {
             | BlockIoError::Io { source, .. }
             | BlockIoError::Control { source, .. } => source,
             BlockIoError::ShortRead { .. } => io::Error::new(io::ErrorKind::UnexpectedEof, err),
-            BlockIoError::Nbd { .. } => io::Error::new(io::ErrorKind::NotConnected, err),
+            BlockIoError::Nbd { .. } | BlockIoError::VhostUser { .. } => {
+                io::Error::new(io::ErrorKind::NotConnected, err)
+            }
             BlockIoError::Misaligned { .. } | BlockIoError::DirectIoUnsupported { .. } => {
                 io::Error::new(io::ErrorKind::InvalidInput, err)
             }

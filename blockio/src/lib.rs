@@ -16,7 +16,10 @@
 //!
 //! A [`BlockFile`] can also be an export of a Network Block Device server
 //! ([`BlockFile::open_nbd`], module [`nbd`]): the same batches then travel
-//! as NBD requests, pipelined on one connection.
+//! as NBD requests, pipelined on one connection. Or a vhost-user-blk
+//! backend ([`BlockFile::open_vhost_user_blk`], module
+//! [`vhost_user_blk`]): virtio-blk requests on rings in memory shared with
+//! it.
 #![deny(missing_docs)]
 
 mod batch;
@@ -30,6 +33,7 @@ mod pread;
 #[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 mod uring;
+pub mod vhost_user_blk;
 
 pub use buffer::AlignedBuf;
 pub use error::BlockIoError;
@@ -189,6 +193,8 @@ enum Backend {
     Sync,
     /// An NBD export (`nbd/`).
     Nbd(nbd::NbdClient),
+    /// A vhost-user-blk backend (`vhost_user_blk/`).
+    VhostUserBlk(vhost_user_blk::Client),
 }
 
 impl Backend {
@@ -209,6 +215,10 @@ impl Backend {
             // SAFETY: as above; the client does not return before every
             // request has its reply (or has been given up on).
             Backend::Nbd(client) => unsafe { client.run_batch(tracker, pending) },
+            // SAFETY: as above; the client does not return before every
+            // request has completed (or has been given up on), and a read's
+            // data is copied into its buffer before that.
+            Backend::VhostUserBlk(client) => unsafe { client.run_batch(tracker, pending) },
         }
     }
 }
@@ -229,17 +239,19 @@ impl BlockFile {
         &self.path
     }
 
-    /// `"io_uring"`, `"pread/pwrite"` or `"nbd"`.
+    /// `"io_uring"`, `"pread/pwrite"`, `"nbd"` or `"vhost-user-blk"`.
     pub fn engine_name(&self) -> &'static str {
         match self.backend {
             Backend::Uring(_) => "io_uring",
             Backend::Sync => "pread/pwrite",
             Backend::Nbd(_) => "nbd",
+            Backend::VhostUserBlk(_) => "vhost-user-blk",
         }
     }
 
     /// Whether the file is a block device (fixed size; no holes to punch
-    /// but discard still works). An NBD export counts as one.
+    /// but discard still works). An NBD export or a vhost-user-blk device
+    /// counts as one.
     pub fn is_block_device(&self) -> bool {
         self.is_block_device
     }
@@ -260,7 +272,7 @@ impl BlockFile {
     }
 
     /// The file descriptor, e.g. for `fallocate` by the caller; -1 for an
-    /// NBD export, which has no local file.
+    /// NBD export or a vhost-user-blk device, which have no local file.
     pub fn as_raw_fd(&self) -> RawFd {
         self.file.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
@@ -270,7 +282,10 @@ impl BlockFile {
         self.file.as_ref().ok_or_else(|| BlockIoError::Control {
             what,
             path: self.path.clone(),
-            source: io::Error::new(io::ErrorKind::Unsupported, "not possible on an NBD export"),
+            source: io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("not possible on a {} device", self.engine_name()),
+            ),
         })
     }
 
@@ -336,10 +351,13 @@ impl BlockFile {
         self.submit(&mut ops).pop().expect("one result per request")
     }
 
-    /// Makes completed writes durable (`fdatasync`, or `NBD_CMD_FLUSH`).
+    /// Makes completed writes durable (`fdatasync`, `NBD_CMD_FLUSH` or
+    /// `VIRTIO_BLK_T_FLUSH`).
     pub fn flush(&self) -> Result<(), BlockIoError> {
-        if let Backend::Nbd(client) = &self.backend {
-            return client.flush();
+        match &self.backend {
+            Backend::Nbd(client) => return client.flush(),
+            Backend::VhostUserBlk(client) => return client.flush(),
+            _ => {}
         }
         self.local_file("fdatasync")?
             .sync_data()
@@ -352,10 +370,13 @@ impl BlockFile {
 
     /// Gives `len_bytes` from `offset` back to the storage (punches a hole in
     /// a file, discards on a device; `NBD_CMD_WRITE_ZEROES`, which may
-    /// punch, on an NBD export); the range then reads as zeros.
+    /// punch, on an NBD export; `VIRTIO_BLK_T_WRITE_ZEROES` on a
+    /// vhost-user-blk device); the range then reads as zeros.
     pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), BlockIoError> {
-        if let Backend::Nbd(client) = &self.backend {
-            return client.write_zeroes(offset, len_bytes);
+        match &self.backend {
+            Backend::Nbd(client) => return client.write_zeroes(offset, len_bytes),
+            Backend::VhostUserBlk(client) => return client.write_zeroes(offset, len_bytes),
+            _ => {}
         }
         let control_err = |source| BlockIoError::Control {
             what: "fallocate(PUNCH_HOLE)",
@@ -386,11 +407,13 @@ impl BlockFile {
     }
 
     /// Tells the storage that `len_bytes` from `offset` are no longer
-    /// needed: `NBD_CMD_TRIM` on an NBD export (what the range reads as
-    /// afterwards is the server's choice), [`Self::discard`] on a local file.
+    /// needed: `NBD_CMD_TRIM` on an NBD export, `VIRTIO_BLK_T_DISCARD` on a
+    /// vhost-user-blk device (what the range reads as afterwards is the
+    /// server's choice), [`Self::discard`] on a local file.
     pub fn trim(&self, offset: u64, len_bytes: u64) -> Result<(), BlockIoError> {
         match &self.backend {
             Backend::Nbd(client) => client.trim(offset, len_bytes),
+            Backend::VhostUserBlk(client) => client.discard(offset, len_bytes),
             _ => self.discard(offset, len_bytes),
         }
     }

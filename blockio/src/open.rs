@@ -176,6 +176,9 @@ impl BlockFile {
         if let Some(client) = self.nbd() {
             return Ok(client.export().size_bytes);
         }
+        if let Some(client) = self.vhost_user_blk() {
+            return Ok(client.capacity_bytes());
+        }
         // lseek(SEEK_END) is what gives a block device's size; metadata says 0.
         // SAFETY: lseek on an fd we own; it does not touch memory.
         let end = unsafe { libc::lseek(self.as_raw_fd(), 0, libc::SEEK_END) };

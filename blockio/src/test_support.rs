@@ -171,13 +171,16 @@ impl Default for TlsCertificates {
     }
 }
 
-/// An NBD server a test started (nbdkit or qemu-nbd) on a Unix socket of
-/// its own, killed when dropped. Tests use Unix sockets so that parallel
+/// A storage server a test started on a Unix socket of its own, killed
+/// when dropped: an NBD server (nbdkit or qemu-nbd) or a vhost-user-blk
+/// backend (qemu-storage-daemon, [`StorageServer::qemu_storage_daemon`]). Tests use Unix sockets so that parallel
 /// tests never compete for TCP ports; [`NbdServer::nbdkit_tcp`] is for the
 /// one that checks TCP.
 #[derive(Debug)]
-pub struct NbdServer {
+pub struct StorageServer {
     child: Option<std::process::Child>,
+    /// A vhost-user-blk backend rather than an NBD server.
+    vhost_user: bool,
     program: &'static str,
     args: Vec<String>,
     socket: PathBuf,
@@ -185,7 +188,10 @@ pub struct NbdServer {
     dir: PathBuf,
 }
 
-impl NbdServer {
+/// The name most tests know the servers by.
+pub type NbdServer = StorageServer;
+
+impl StorageServer {
     /// Whether nbdkit is installed; reports the skip of `test` when not.
     fn have_nbdkit(test: &str) -> bool {
         let here = test_resources::have_program("nbdkit");
@@ -338,6 +344,75 @@ impl NbdServer {
         Some(Self::start("qemu-nbd", all, socket, dir, &uri))
     }
 
+    /// `qemu-storage-daemon` exporting `file` (raw) as a writable
+    /// vhost-user-blk device on a fresh Unix socket, `export_options`
+    /// appended to its `--export` (e.g. `num-queues=2`); `None` (after a
+    /// visible skip of `test`) when it is not installed. Discards punch
+    /// holes (`discard=unmap`). [`Self::uri`] is the socket's path.
+    pub fn qemu_storage_daemon(
+        test: &str,
+        file: &Path,
+        export_options: &[&str],
+    ) -> Option<StorageServer> {
+        if !test_resources::have_program("qemu-storage-daemon") {
+            test_resources::skip(
+                test,
+                test_resources::Resource::QemuStorageDaemon,
+                "qemu-storage-daemon is not installed (Debian: apt-get install qemu-system-common)",
+            );
+            return None;
+        }
+        let dir = Self::fresh_dir();
+        let socket = dir.join("sock");
+        let mut export = format!(
+            "type=vhost-user-blk,id=export0,node-name=file0,addr.type=unix,addr.path={},writable=on",
+            socket.display()
+        );
+        for option in export_options {
+            export.push(',');
+            export.push_str(option);
+        }
+        let args = vec![
+            "--blockdev".to_string(),
+            format!(
+                "driver=file,node-name=file0,filename={},discard=unmap",
+                file.display()
+            ),
+            "--export".to_string(),
+            export,
+        ];
+        let uri = socket.to_str().expect("UTF-8 temp dir").to_string();
+        let mut server = StorageServer {
+            child: None,
+            vhost_user: true,
+            program: "qemu-storage-daemon",
+            args,
+            socket,
+            uri,
+            dir,
+        };
+        server.restart();
+        Some(server)
+    }
+
+    /// A whole handshake, not just a connect: a server that accepts
+    /// before it can serve (qemu-nbd resets such early connections) is not
+    /// ready yet.
+    fn nbd_handshake_works(&self) -> bool {
+        let uri: crate::nbd::NbdUri = self.uri.parse().expect("our own URI parses");
+        let tls = crate::nbd::tls::TlsSetup::load(&uri)
+            .unwrap_or_else(|e| panic!("the test's TLS settings: {e}"));
+        uri.resolve().ok().is_some_and(|addrs| {
+            crate::nbd::handshake::connect(
+                &uri,
+                &addrs,
+                tls.as_ref(),
+                crate::nbd::DEFAULT_RECONNECT_TIMEOUT,
+            )
+            .is_ok()
+        })
+    }
+
     fn fresh_dir() -> PathBuf {
         use std::sync::atomic::{AtomicUsize, Ordering};
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -358,14 +433,15 @@ impl NbdServer {
         socket: PathBuf,
         dir: PathBuf,
         uri: &str,
-    ) -> NbdServer {
+    ) -> StorageServer {
         let uri = if uri.is_empty() {
             format!("nbd+unix:///?socket={}", socket.display())
         } else {
             uri.to_string()
         };
-        let mut server = NbdServer {
+        let mut server = StorageServer {
             child: None,
+            vhost_user: false,
             program,
             args,
             socket,
@@ -376,7 +452,8 @@ impl NbdServer {
         server
     }
 
-    /// The URI to connect to (export name empty).
+    /// The URI to connect to (export name empty); a vhost-user-blk
+    /// backend's socket path.
     pub fn uri(&self) -> &str {
         &self.uri
     }
@@ -449,21 +526,14 @@ impl NbdServer {
         // fails the test with its own messages after a generous wait.
         let started = std::time::Instant::now();
         loop {
-            // A whole handshake, not just a connect: a server that accepts
-            // before it can serve (qemu-nbd resets such early connections)
-            // is not ready yet.
-            let uri: crate::nbd::NbdUri = self.uri.parse().expect("our own URI parses");
-            let tls = crate::nbd::tls::TlsSetup::load(&uri)
-                .unwrap_or_else(|e| panic!("the test's TLS settings: {e}"));
-            let ready = uri.resolve().ok().is_some_and(|addrs| {
-                crate::nbd::handshake::connect(
-                    &uri,
-                    &addrs,
-                    tls.as_ref(),
-                    crate::nbd::DEFAULT_RECONNECT_TIMEOUT,
-                )
-                .is_ok()
-            });
+            // qemu-storage-daemon binds and listens as it sets its export
+            // up; a connection before it serves waits in the backlog. A
+            // probe connection is not made: it serves one at a time.
+            let ready = if self.vhost_user {
+                self.socket.exists()
+            } else {
+                self.nbd_handshake_works()
+            };
             if ready {
                 return;
             }
@@ -486,7 +556,7 @@ impl NbdServer {
     }
 }
 
-impl Drop for NbdServer {
+impl Drop for StorageServer {
     fn drop(&mut self) {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);

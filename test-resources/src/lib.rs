@@ -60,6 +60,9 @@ pub enum Resource {
     Nbdkit,
     /// `qemu-nbd` (Debian: qemu-utils).
     QemuNbd,
+    /// `qemu-storage-daemon`, a vhost-user-blk backend (Debian:
+    /// qemu-system-common).
+    QemuStorageDaemon,
     /// `curl` (Debian: curl).
     Curl,
     /// Python's `prometheus_client` with its OpenMetrics parser (Debian:
@@ -81,7 +84,7 @@ pub enum Resource {
 
 impl Resource {
     /// Every resource, for `all` and for checking names.
-    pub const ALL: [Resource; 21] = [
+    pub const ALL: [Resource; 22] = [
         Resource::Kvm,
         Resource::Hugetlb,
         Resource::Kernel,
@@ -97,6 +100,7 @@ impl Resource {
         Resource::Fio,
         Resource::Nbdkit,
         Resource::QemuNbd,
+        Resource::QemuStorageDaemon,
         Resource::Curl,
         Resource::PrometheusParser,
         Resource::IoUring,
@@ -123,6 +127,7 @@ impl Resource {
             Resource::Fio => "fio",
             Resource::Nbdkit => "nbdkit",
             Resource::QemuNbd => "qemu-nbd",
+            Resource::QemuStorageDaemon => "qemu-storage-daemon",
             Resource::Curl => "curl",
             Resource::PrometheusParser => "python3-prometheus-client",
             Resource::IoUring => "io-uring",
