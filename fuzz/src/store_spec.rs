@@ -47,6 +47,7 @@ fn opens_no_file(spec: &StoreSpec) -> bool {
         StoreSpec::Default
         | StoreSpec::DefaultReserved
         | StoreSpec::File { .. }
-        | StoreSpec::Nbd { .. } => false,
+        | StoreSpec::Nbd { .. }
+        | StoreSpec::VhostUserBlk { .. } => false,
     }
 }

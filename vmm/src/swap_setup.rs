@@ -144,6 +144,11 @@ pub fn start(
                 need.bytes(),
                 need.bytes()
             ),
+            StoreSpec::VhostUserBlk { .. } => format!(
+                "cannot use --swap-store {}: the backend's device is too small for this run; give its export a file of at least {} bytes or raise --mem-limit",
+                options.store,
+                need.bytes()
+            ),
             _ => format!("cannot use --swap-store {}", options.store),
         })?;
     }

@@ -144,6 +144,9 @@ pub fn run(mut config: RunConfig, console: ConsoleSink) -> Result<RunOutcome> {
         blockio::nbd::set_reader_thread_setup(|| {
             crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::Nbd)
         });
+        blockio::vhost_user_blk::set_worker_thread_setup(|| {
+            crate::seccomp::install_or_exit(crate::seccomp::ThreadKind::VhostUser)
+        });
     }
 
     if let Some(swap) = &config.swap {
@@ -786,10 +789,12 @@ impl Vm {
         // A fault thread may be blocked on an NBD server that is down (its
         // client retries for the store's timeout=, possibly long): shutting
         // the engine down would join it, so a SIGTERM could not end the VM.
-        let store_unreachable = blockio::nbd::clients_reconnecting() > 0;
+        let store_unreachable = blockio::nbd::clients_reconnecting()
+            + blockio::vhost_user_blk::clients_reconnecting()
+            > 0;
         if store_unreachable && self.engine.is_some() {
             eprintln!(
-                "hugevmm: an NBD server is unreachable: not waiting for the requests to it (the process exit ends them)"
+                "hugevmm: a storage server (NBD or vhost-user-blk) is unreachable: not waiting for the requests to it (the process exit ends them)"
             );
         }
         match self.engine.take().map(Arc::try_unwrap) {

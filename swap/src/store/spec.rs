@@ -35,6 +35,15 @@
 //!   `nbds://` and `nbds+unix://` are the same over TLS (`NBD_OPT_STARTTLS`;
 //!   the query's `tls-certificates=DIR`, `tls-hostname=NAME`, see
 //!   [`blockio::nbd::NbdTls`]).
+//! - `vhost-user-blk:PATH[,queues=N][,size=SIZE][,timeout=SECONDS]`: the
+//!   slots in the block device a vhost-user-blk backend (qemu-storage-daemon,
+//!   SPDK) serves on the Unix socket PATH ([`blockio::vhost_user_blk`]),
+//!   as the file store keeps them. `queues=` request queues (default 1;
+//!   the backend must have as many). The capacity is the device's, or
+//!   SIZE if smaller, checked as for NBD. `timeout=` bounds how long a
+//!   request may go unanswered and how long a lost backend is retried
+//!   (default 30 s each) before the VM ends with the error. PATH cannot
+//!   contain a comma.
 //! - `mem:lz4[,size=SIZE]`, `mem:zstd[,size=SIZE]`: compressed memory. SIZE
 //!   is the budget of compressed bytes; without it, only the slot count
 //!   (guest RAM / unit) limits the store.
@@ -73,10 +82,11 @@ use super::retry::{RetryPolicy, RetryingStore};
 use super::seal::Integrity;
 use super::{CapacityNeed, SharedStore, StoreOpenError};
 use blockio::nbd::{NbdOptions, NbdUri, NbdUriError, DEFAULT_RECONNECT_TIMEOUT};
+use blockio::vhost_user_blk::VhostUserBlkOptions;
 use blockio::{BlockFile, BlockOptions};
 use std::time::Duration;
 
-const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve][,keep], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS], nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS], and over TLS nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR][&tls-hostname=NAME][,...] or nbds+unix:///EXPORT?socket=PATH&tls-hostname=NAME[&tls-certificates=DIR][,...] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
+const VALID_FORMS: &str = "default[,reserve], file:PATH[,size=SIZE][,overwrite][,reserve][,keep], mem:lz4[,size=SIZE], mem:zstd[,size=SIZE], vhost-user-blk:PATH[,queues=N][,size=SIZE][,timeout=SECONDS], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS], nbd+unix:///EXPORT?socket=PATH[,size=SIZE][,timeout=SECONDS], and over TLS nbds://HOST[:PORT]/EXPORT[?tls-certificates=DIR][&tls-hostname=NAME][,...] or nbds+unix:///EXPORT?socket=PATH&tls-hostname=NAME[&tls-certificates=DIR][,...] (SIZE in bytes with an optional K, M, G or T suffix, e.g. 8G)";
 
 /// A parsed `--swap-store` value; see the module docs for the forms.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -119,6 +129,20 @@ pub enum StoreSpec {
         size_bytes: Option<u64>,
         /// `timeout=`: seconds a dropped connection is retried; `None`:
         /// [`blockio::nbd::DEFAULT_RECONNECT_TIMEOUT`].
+        timeout_secs: Option<u64>,
+    },
+    /// A vhost-user-blk backend's device.
+    VhostUserBlk {
+        /// The backend's Unix socket.
+        path: PathBuf,
+        /// Request queues; `None`: 1.
+        queues: Option<u16>,
+        /// Cap on the store's size; `None`: the guest RAM size (and never
+        /// more than the device).
+        size_bytes: Option<u64>,
+        /// `timeout=`: seconds a request may go unanswered, and a lost
+        /// backend is retried; `None`:
+        /// [`blockio::vhost_user_blk::DEFAULT_TIMEOUT`].
         timeout_secs: Option<u64>,
     },
     /// A test aid: `inner` with failures injected.
@@ -290,6 +314,37 @@ impl StoreSpec {
                 store.set_integrity(integrity.clone());
                 Arc::new(store)
             }
+            StoreSpec::VhostUserBlk {
+                path,
+                queues,
+                size_bytes,
+                timeout_secs,
+            } => {
+                let defaults = VhostUserBlkOptions::default();
+                let opts = VhostUserBlkOptions {
+                    queues: queues.unwrap_or(defaults.queues),
+                    timeout: timeout_secs.map_or(defaults.timeout, Duration::from_secs),
+                    ..defaults
+                };
+                let block = BlockFile::open_vhost_user_blk(path, &opts)?;
+                let client = block.vhost_user_blk().expect("a vhost-user-blk block file");
+                let description = format!(
+                    "vhost-user-blk:{} ({} bytes in blocks of {}, {} queue{})",
+                    path.display(),
+                    client.capacity_bytes(),
+                    block.offset_align_bytes(),
+                    opts.queues,
+                    if opts.queues == 1 { "" } else { "s" }
+                );
+                let mut store = FileStore::from_block(
+                    block,
+                    unit_bytes,
+                    size_bytes.unwrap_or(default_capacity_bytes),
+                    description,
+                )?;
+                store.set_integrity(integrity.clone());
+                Arc::new(store)
+            }
             StoreSpec::Faulty { faults, inner } => {
                 let (store, old) =
                     inner.open_bare(unit_bytes, default_capacity_bytes, integrity)?;
@@ -345,6 +400,10 @@ impl StoreSpec {
             | StoreSpec::Nbd {
                 size_bytes: Some(size_bytes),
                 ..
+            }
+            | StoreSpec::VhostUserBlk {
+                size_bytes: Some(size_bytes),
+                ..
             } => need.check(&format!("size={size_bytes}"), *size_bytes),
             StoreSpec::Faulty { inner, .. } => inner.check_size(need),
             _ => Ok(()),
@@ -396,6 +455,7 @@ impl FromStr for StoreSpec {
                 let (size_bytes, _) = parse_options(parts, &[]).map_err(fail)?;
                 Ok(StoreSpec::Mem { codec, size_bytes })
             }
+            "vhost-user-blk" => parse_vhost_user_blk(rest).map_err(fail),
             _ if NbdUri::looks_like(s) => parse_nbd(s),
             "faulty" => parse_faulty(rest).map_err(|reason| {
                 fail(format!(
@@ -453,14 +513,7 @@ fn parse_nbd(text: &str) -> Result<StoreSpec, StoreSpecError> {
     for part in parts {
         match part.split_once('=') {
             Some(("size", value)) => size_bytes = Some(parse_size(value).map_err(fail)?),
-            Some(("timeout", value)) => {
-                let secs = value.parse::<u64>().ok().filter(|&s| s > 0 && s <= 86_400);
-                timeout_secs = Some(secs.ok_or_else(|| {
-                    fail(format!(
-                        "timeout= takes whole seconds from 1 to 86400, got {value:?}"
-                    ))
-                })?);
-            }
+            Some(("timeout", value)) => timeout_secs = Some(parse_timeout(value).map_err(fail)?),
             _ => {
                 return Err(fail(format!(
                     "unknown option {part:?} of an NBD store, the options are size=SIZE and timeout=SECONDS (a comma inside the URI is written %2C)"
@@ -470,6 +523,50 @@ fn parse_nbd(text: &str) -> Result<StoreSpec, StoreSpecError> {
     }
     Ok(StoreSpec::Nbd {
         uri,
+        size_bytes,
+        timeout_secs,
+    })
+}
+
+/// `timeout=SECONDS`: whole seconds from 1 to a day.
+fn parse_timeout(value: &str) -> Result<u64, String> {
+    value
+        .parse::<u64>()
+        .ok()
+        .filter(|&s| s > 0 && s <= 86_400)
+        .ok_or_else(|| format!("timeout= takes whole seconds from 1 to 86400, got {value:?}"))
+}
+
+/// `PATH[,queues=N][,size=SIZE][,timeout=SECONDS]` after `vhost-user-blk:`.
+fn parse_vhost_user_blk(rest: &str) -> Result<StoreSpec, String> {
+    let mut parts = rest.split(',');
+    let path = parts.next().unwrap_or("");
+    if path.is_empty() {
+        return Err("vhost-user-blk: needs the backend's socket path".into());
+    }
+    let mut spec_queues = None;
+    let mut size_bytes = None;
+    let mut timeout_secs = None;
+    for part in parts {
+        match part.split_once('=') {
+            Some(("queues", value)) => {
+                let n = value.parse::<u16>().ok().filter(|&n| (1..=64).contains(&n));
+                spec_queues = Some(n.ok_or_else(|| {
+                    format!("queues= takes a count from 1 to 64, got {value:?}")
+                })?);
+            }
+            Some(("size", value)) => size_bytes = Some(parse_size(value)?),
+            Some(("timeout", value)) => timeout_secs = Some(parse_timeout(value)?),
+            _ => {
+                return Err(format!(
+                    "unknown option {part:?} of a vhost-user-blk store, the options are queues=N, size=SIZE and timeout=SECONDS"
+                ))
+            }
+        }
+    }
+    Ok(StoreSpec::VhostUserBlk {
+        path: PathBuf::from(path),
+        queues: spec_queues,
         size_bytes,
         timeout_secs,
     })
@@ -575,6 +672,22 @@ impl fmt::Display for StoreSpec {
                 timeout_secs,
             } => {
                 write!(f, "{uri}")?;
+                size(f, size_bytes)?;
+                if let Some(secs) = timeout_secs {
+                    write!(f, ",timeout={secs}")?;
+                }
+                Ok(())
+            }
+            StoreSpec::VhostUserBlk {
+                path,
+                queues,
+                size_bytes,
+                timeout_secs,
+            } => {
+                write!(f, "vhost-user-blk:{}", path.display())?;
+                if let Some(n) = queues {
+                    write!(f, ",queues={n}")?;
+                }
                 size(f, size_bytes)?;
                 if let Some(secs) = timeout_secs {
                     write!(f, ",timeout={secs}")?;
@@ -731,6 +844,47 @@ mod tests {
             parse("nbd://h:10900/vol,size=8G,timeout=120").to_string(),
             "nbd://h:10900/vol,size=8589934592,timeout=120"
         );
+    }
+
+    #[test]
+    fn vhost_user_blk_forms_parse_and_print_back() {
+        assert_eq!(
+            parse("vhost-user-blk:/run/qsd.sock"),
+            StoreSpec::VhostUserBlk {
+                path: "/run/qsd.sock".into(),
+                queues: None,
+                size_bytes: None,
+                timeout_secs: None,
+            }
+        );
+        for text in [
+            "vhost-user-blk:/run/qsd.sock",
+            "vhost-user-blk:/run/qsd.sock,queues=4,size=8589934592,timeout=5",
+            "faulty:transient-eio-every=3,inner=vhost-user-blk:/s,queues=2",
+        ] {
+            let spec = parse(text);
+            assert_eq!(parse(&spec.to_string()), spec, "{text}");
+        }
+        for (bad, why) in [
+            ("vhost-user-blk:", "socket path"),
+            (
+                "vhost-user-blk:/s,queues=0",
+                "queues= takes a count from 1 to 64",
+            ),
+            ("vhost-user-blk:/s,queues=x", "queues= takes"),
+            (
+                "vhost-user-blk:/s,timeout=0",
+                "timeout= takes whole seconds",
+            ),
+            ("vhost-user-blk:/s,size=1Q", "size"),
+            (
+                "vhost-user-blk:/s,fast",
+                "the options are queues=N, size=SIZE",
+            ),
+        ] {
+            let err = bad.parse::<StoreSpec>().unwrap_err().to_string();
+            assert!(err.contains(why), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -36,6 +36,12 @@ pub enum ThreadKind {
     /// make sockets (stream sockets of the Unix and IP families) and
     /// connect them.
     Nbd,
+    /// The worker of a vhost-user-blk store or disk
+    /// (`blockio::vhost_user_blk`), which takes completions and
+    /// reconnects a lost backend, and its setup watchdog: the one kind
+    /// that may make Unix stream sockets, memfds and shared mappings of
+    /// them, and pass descriptors over a socket.
+    VhostUser,
     /// The thread that deletes guest RAM's KVM memslots at the end of the
     /// run (`ram-teardown`): the one kind that may set memory regions, and
     /// it does nothing before the run is over.
@@ -44,7 +50,7 @@ pub enum ThreadKind {
 
 impl ThreadKind {
     /// Every kind.
-    pub const ALL: [ThreadKind; 11] = [
+    pub const ALL: [ThreadKind; 12] = [
         ThreadKind::Main,
         ThreadKind::Vcpu,
         ThreadKind::FaultService,
@@ -55,6 +61,7 @@ impl ThreadKind {
         ThreadKind::Metrics,
         ThreadKind::MetricsClient,
         ThreadKind::Nbd,
+        ThreadKind::VhostUser,
         ThreadKind::Teardown,
     ];
 
@@ -71,6 +78,7 @@ impl ThreadKind {
             ThreadKind::Metrics => "metrics",
             ThreadKind::MetricsClient => "metrics-client",
             ThreadKind::Nbd => "nbd",
+            ThreadKind::VhostUser => "vhost-user",
             ThreadKind::Teardown => "teardown",
         }
     }

@@ -38,21 +38,24 @@ pub(super) mod sys {
     consts! {
         accept4 = SYS_accept4, brk = SYS_brk, clock_gettime = SYS_clock_gettime,
         clock_nanosleep = SYS_clock_nanosleep, clone = SYS_clone, clone3 = SYS_clone3,
-        close = SYS_close, connect = SYS_connect, exit = SYS_exit, exit_group = SYS_exit_group,
+        close = SYS_close, connect = SYS_connect, eventfd2 = SYS_eventfd2, exit = SYS_exit,
+        exit_group = SYS_exit_group,
         fallocate = SYS_fallocate, fcntl = SYS_fcntl, fdatasync = SYS_fdatasync,
         flock = SYS_flock, fstat = SYS_fstat, fsync = SYS_fsync, ftruncate = SYS_ftruncate,
         futex = SYS_futex, getcwd = SYS_getcwd, getpid = SYS_getpid, getrandom = SYS_getrandom,
         getsockname = SYS_getsockname, getsockopt = SYS_getsockopt, gettid = SYS_gettid,
         io_uring_enter = SYS_io_uring_enter, ioctl = SYS_ioctl, lseek = SYS_lseek,
-        madvise = SYS_madvise, mincore = SYS_mincore, mmap = SYS_mmap, mprotect = SYS_mprotect,
+        madvise = SYS_madvise, memfd_create = SYS_memfd_create, mincore = SYS_mincore,
+        mmap = SYS_mmap, mprotect = SYS_mprotect,
         mremap = SYS_mremap, munmap = SYS_munmap, nanosleep = SYS_nanosleep,
         newfstatat = SYS_newfstatat, open = SYS_open, openat = SYS_openat, poll = SYS_poll,
         ppoll = SYS_ppoll, prctl = SYS_prctl, pread64 = SYS_pread64, preadv = SYS_preadv,
         pwrite64 = SYS_pwrite64, pwritev = SYS_pwritev, read = SYS_read,
-        recvfrom = SYS_recvfrom, restart_syscall = SYS_restart_syscall, rseq = SYS_rseq,
+        recvfrom = SYS_recvfrom, recvmsg = SYS_recvmsg, restart_syscall = SYS_restart_syscall, rseq = SYS_rseq,
         rt_sigaction = SYS_rt_sigaction, rt_sigprocmask = SYS_rt_sigprocmask,
         rt_sigreturn = SYS_rt_sigreturn, sched_getaffinity = SYS_sched_getaffinity,
-        sched_yield = SYS_sched_yield, seccomp = SYS_seccomp, sendto = SYS_sendto,
+        sched_yield = SYS_sched_yield, seccomp = SYS_seccomp, sendmsg = SYS_sendmsg,
+        sendto = SYS_sendto,
         set_robust_list = SYS_set_robust_list, setsockopt = SYS_setsockopt,
         shutdown = SYS_shutdown, sigaltstack = SYS_sigaltstack, socket = SYS_socket,
         statx = SYS_statx, tgkill = SYS_tgkill, unlink = SYS_unlink,
@@ -325,6 +328,36 @@ pub fn allowed(kind: ThreadKind) -> Allowed {
                         sys::setsockopt,
                         sys::shutdown,
                         sys::fcntl,
+                    ],
+                ],
+                &[ioctls::NONBLOCKING],
+            )
+        },
+        // Taking completions (the call eventfds read, waited on with
+        // poll) and reconnecting a lost backend: a Unix stream socket
+        // connected with a bound (non-blocking connect, poll, SO_ERROR,
+        // fcntl), the vhost-user messages with descriptors in them
+        // (sendmsg, recvmsg), a new memfd sized and mapped shared (mmap is
+        // checked for PROT_EXEC as everywhere), new eventfds; the watchdog
+        // shuts a socket down.
+        ThreadKind::VhostUser => Allowed {
+            socket_families: [libc::AF_UNIX].into(),
+            ..Allowed::of(
+                &[
+                    COMMON,
+                    &[
+                        sys::read,
+                        sys::poll,
+                        sys::ppoll,
+                        sys::connect,
+                        sys::getsockopt,
+                        sys::fcntl,
+                        sys::sendmsg,
+                        sys::recvmsg,
+                        sys::memfd_create,
+                        sys::ftruncate,
+                        sys::eventfd2,
+                        sys::shutdown,
                     ],
                 ],
                 &[ioctls::NONBLOCKING],
@@ -623,6 +656,20 @@ mod tests {
                 ("shutdown", "a broken connection"),
                 ("fcntl", "the new socket's flags"),
             ]],
+            ThreadKind::VhostUser => vec![&[
+                ("read", "call eventfds"),
+                ("poll", "waiting for calls and hang-ups"),
+                ("ppoll", "waiting for calls and hang-ups"),
+                ("connect", "reconnecting to the backend"),
+                ("getsockopt", "SO_ERROR of a connect"),
+                ("fcntl", "the new socket's flags"),
+                ("sendmsg", "vhost-user messages with descriptors"),
+                ("recvmsg", "vhost-user replies"),
+                ("memfd_create", "a new session's shared memory"),
+                ("ftruncate", "sizing that memory"),
+                ("eventfd2", "a new session's kick and call eventfds"),
+                ("shutdown", "the watchdog ending a setup that hung"),
+            ]],
             ThreadKind::Teardown => vec![],
         };
         std::iter::once(COMMON_GOLDEN)
@@ -712,13 +759,24 @@ mod tests {
     }
 
     #[test]
-    fn only_nbd_threads_make_sockets_and_only_stream_families() {
+    fn only_storage_clients_make_sockets_and_only_stream_families() {
+        let clients = [ThreadKind::Nbd, ThreadKind::VhostUser];
         for kind in ThreadKind::ALL {
             let rules = rules(kind, 1);
             for nr in [sys::socket, sys::connect] {
                 assert_eq!(
                     rules.contains_key(&nr),
-                    kind == ThreadKind::Nbd,
+                    clients.contains(&kind),
+                    "{kind} and {}",
+                    syscall_name(nr).unwrap()
+                );
+            }
+            // Descriptors passed over a socket and memory shared with
+            // another process: the vhost-user worker only.
+            for nr in [sys::sendmsg, sys::recvmsg, sys::memfd_create] {
+                assert_eq!(
+                    rules.contains_key(&nr),
+                    kind == ThreadKind::VhostUser,
                     "{kind} and {}",
                     syscall_name(nr).unwrap()
                 );
@@ -726,6 +784,8 @@ mod tests {
         }
         let nbd = rules(ThreadKind::Nbd, 1);
         assert_eq!(nbd[&sys::socket].len(), 3, "one rule per address family");
+        let vhost_user = rules(ThreadKind::VhostUser, 1);
+        assert_eq!(vhost_user[&sys::socket].len(), 1, "Unix sockets only");
         assert_eq!(
             allowed(ThreadKind::Nbd).ioctls,
             [ioctls::FIONBIO.nr].into(),

@@ -1,0 +1,290 @@
+//! Swap stores on a vhost-user-blk backend, qemu-storage-daemon, started
+//! by each test on a Unix socket of its own over a file: overcommitted
+//! guests keep every word (whole and split chunks, sealed or not, on one
+//! or two queues); a backend killed mid-run and started again over the
+//! same file is reconnected and nothing is lost; a backend gone for good
+//! or frozen ends the VM naming it and the chunk, never with zeros; a
+//! device too small for the run is refused at start; and the store's
+//! worker runs under its own seccomp filter.
+
+use blockio::test_support::StorageServer;
+use integration_tests::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(600);
+
+/// A sparse file on a disk filesystem behind the backend, removed when
+/// dropped.
+struct Backing(PathBuf);
+
+impl Backing {
+    fn new(tag: &str, len_bytes: u64) -> Backing {
+        let path =
+            PathBuf::from("/var/tmp").join(format!("hugevmm-vub-{}-{tag}.img", std::process::id()));
+        let file = std::fs::File::create(&path).expect("create the backend's file");
+        file.set_len(len_bytes).expect("size the backend's file");
+        Backing(path)
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn store_of(server: &StorageServer, options: &str) -> String {
+    format!("vhost-user-blk:{}{options}", server.uri())
+}
+
+/// `verify` on 4 vCPUs, 1 GiB held to 256 MiB (4x overcommit), on `store`.
+fn verify_on(store: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "4",
+        "--mem",
+        "1G",
+        "--mem-limit",
+        "256M",
+        "--payload-args",
+        "passes=2",
+        "--swap-store",
+        store,
+    ];
+    args.extend_from_slice(extra);
+    hugevmm(&args, LIMIT)
+}
+
+fn check_swapped_through(run: &Run, what: &str) {
+    run.expect_status(0);
+    assert_eq!(
+        run.stdout.matches(" ok").count(),
+        4,
+        "{what}: {}",
+        run.stdout
+    );
+    let unit = run.stat("/swap/unit_bytes");
+    let evictions = run.stat("/swap/evictions");
+    let store_faults = run.stat("/swap/faults/store");
+    eprintln!("{what}: evictions={evictions} store_faults={store_faults}");
+    assert!(
+        evictions >= (1 << 30) / unit,
+        "{what}: evictions {evictions}"
+    );
+    assert!(
+        store_faults >= (1 << 29) / unit,
+        "{what}: store faults {store_faults}"
+    );
+    assert!(run.stat("/swap/resident_bytes_max") <= 256 << 20);
+}
+
+#[test]
+fn verify_at_4x_overcommit_on_one_and_two_queues_sealed_or_not() {
+    if skip_without_kvm("vhost-user verify") {
+        return;
+    }
+    let file = Backing::new("verify", 1 << 30);
+    let Some(server) =
+        StorageServer::qemu_storage_daemon("vhost-user verify", &file.0, &["num-queues=2"])
+    else {
+        return;
+    };
+    let run = verify_on(&store_of(&server, ""), &[]);
+    check_swapped_through(&run, "one queue");
+    let run = verify_on(&store_of(&server, ",queues=2"), &["--swap-encrypt"]);
+    check_swapped_through(&run, "two queues, sealed");
+}
+
+/// Splits forced every third restore: pages of split chunks are written
+/// and read alone in their chunk's slot on the device.
+#[test]
+fn verify_with_forced_splits_on_a_vhost_user_store() {
+    if skip_without_kvm("vhost-user forced splits") {
+        return;
+    }
+    let file = Backing::new("splits", 1 << 30);
+    let Some(server) = StorageServer::qemu_storage_daemon("vhost-user forced splits", &file.0, &[])
+    else {
+        return;
+    };
+    let run = verify_on(&store_of(&server, ""), &["--force-split-every", "3"]);
+    check_swapped_through(&run, "forced splits");
+    let splits = run.stat("/swap/split/splits");
+    let page_reads = run.stat("/swap/split/page_faults/store");
+    let pages_written = run.stat("/swap/split/pages_written");
+    eprintln!(
+        "forced splits: splits={splits} page_reads={page_reads} pages_written={pages_written}"
+    );
+    assert!(splits >= 100, "only {splits} splits");
+    assert!(page_reads > 0, "no page was read alone");
+    assert!(pages_written > 0, "no page was written alone");
+}
+
+/// Starts `verify` on `store` (more passes, so that it runs long enough
+/// to be interrupted) with an API socket, and waits until it has evicted
+/// and read back through the store.
+fn start_swapping(store: &str) -> Background {
+    let (mut vm, socket) = start_with_api_socket(&[
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "4",
+        "--mem",
+        "1G",
+        "--mem-limit",
+        "256M",
+        "--payload-args",
+        "passes=4",
+        "--swap-store",
+        store,
+    ]);
+    vm.wait_until("the guest swaps through the store", LIMIT, move || {
+        let stats = ctl(&socket, &["stats"]);
+        stats.pointer("/swap/faults/store").and_then(|v| v.as_u64()) > Some(100)
+    });
+    vm
+}
+
+#[test]
+fn a_backend_killed_and_started_again_mid_run_loses_no_word() {
+    if skip_without_kvm("vhost-user restart") {
+        return;
+    }
+    let file = Backing::new("restart", 1 << 30);
+    let Some(mut server) = StorageServer::qemu_storage_daemon("vhost-user restart", &file.0, &[])
+    else {
+        return;
+    };
+    let vm = start_swapping(&store_of(&server, ",timeout=120"));
+    server.kill();
+    // Down long enough for the vCPUs to wait on it (reads) and the
+    // evictor to find it gone (writes); no result depends on how long.
+    std::thread::sleep(Duration::from_secs(2));
+    server.restart();
+    let run = vm.finish(LIMIT);
+    run.expect_status(0);
+    assert_eq!(run.stdout.matches(" ok").count(), 4, "{}", run.stdout);
+    assert!(!run.stdout.contains("MISMATCH"), "{}", run.stdout);
+    assert!(
+        run.stderr.contains("the backend closed the connection"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("reconnected after"), "{}", run.stderr);
+}
+
+fn assert_names_backend_and_chunk(run: &Run, path: &str) {
+    assert_eq!(run.status, Some(125), "{}\n{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains(path), "{}", run.stderr);
+    assert!(run.stderr.contains("guest address 0x"), "{}", run.stderr);
+    assert!(!run.stdout.contains("MISMATCH"), "{}", run.stdout);
+}
+
+#[test]
+fn a_backend_gone_for_good_ends_the_vm_naming_it_and_the_chunk() {
+    if skip_without_kvm("vhost-user dead backend") {
+        return;
+    }
+    let file = Backing::new("dead", 1 << 30);
+    let Some(mut server) =
+        StorageServer::qemu_storage_daemon("vhost-user dead backend", &file.0, &[])
+    else {
+        return;
+    };
+    let vm = start_swapping(&store_of(&server, ",timeout=3"));
+    server.kill();
+    let run = vm.finish(LIMIT);
+    assert_names_backend_and_chunk(&run, server.uri());
+    assert!(
+        run.stderr.contains("could not be reached again within 3 s"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// qemu-storage-daemon frozen mid-run (SIGSTOP): its socket stays up and
+/// no request completes. After the bound the VM ends naming the backend
+/// and the chunk, instead of waiting forever.
+#[test]
+fn a_frozen_backend_ends_the_vm_naming_it_and_the_chunk() {
+    if skip_without_kvm("vhost-user frozen backend") {
+        return;
+    }
+    let file = Backing::new("frozen", 1 << 30);
+    let Some(server) =
+        StorageServer::qemu_storage_daemon("vhost-user frozen backend", &file.0, &[])
+    else {
+        return;
+    };
+    let vm = start_swapping(&store_of(&server, ",timeout=3"));
+    server.freeze();
+    let run = vm.finish(LIMIT);
+    assert_names_backend_and_chunk(&run, server.uri());
+    assert!(run.stderr.contains("went unanswered"), "{}", run.stderr);
+}
+
+#[test]
+fn a_device_too_small_for_the_run_is_refused_at_start() {
+    if skip_without_kvm("vhost-user too small") {
+        return;
+    }
+    let file = Backing::new("small", 64 << 20);
+    let Some(server) = StorageServer::qemu_storage_daemon("vhost-user too small", &file.0, &[])
+    else {
+        return;
+    };
+    let run = verify_on(&store_of(&server, ""), &[]);
+    assert_ne!(run.status, Some(0));
+    assert!(
+        run.stderr
+            .contains("the backend's device is too small for this run"),
+        "{}",
+        run.stderr
+    );
+    let run = verify_on(&format!("vhost-user-blk:{}-missing", server.uri()), &[]);
+    assert_ne!(run.status, Some(0));
+    assert!(
+        run.stderr.contains("start the backend first"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn the_vhost_user_worker_runs_its_own_seccomp_filter() {
+    if skip_without_kvm("vhost-user seccomp") {
+        return;
+    }
+    let file = Backing::new("seccomp", 64 << 20);
+    let Some(server) = StorageServer::qemu_storage_daemon("vhost-user seccomp", &file.0, &[])
+    else {
+        return;
+    };
+    // The probe makes the first thread of the kind call execve after
+    // installing its filter: only a filtered worker (or watchdog) traps.
+    let mut cmd = std::process::Command::new(hugevmm_bin());
+    cmd.args([
+        "run",
+        "--payload",
+        "hello",
+        "--mem",
+        "64M",
+        "--mem-limit",
+        "32M",
+        "--swap-store",
+        &store_of(&server, ""),
+    ])
+    .env("HUGEVMM_SECCOMP_PROBE", "vhost-user");
+    let out = run_with_limit(cmd, LIMIT);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(159), "{stderr}");
+    assert!(
+        stderr.contains("forbidden system call execve (59) on a thread of kind vhost-user"),
+        "{stderr}"
+    );
+}
