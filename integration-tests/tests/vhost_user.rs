@@ -288,3 +288,55 @@ fn the_vhost_user_worker_runs_its_own_seccomp_filter() {
         "{stderr}"
     );
 }
+
+/// A virtio-blk disk on the backend's device: `blkcheck` writes, reads
+/// back, flushes and discards through it, with and without guest RAM
+/// swapped (the disk's data then moves through swapped memory).
+#[test]
+fn blkcheck_on_a_vhost_user_disk() {
+    if skip_without_kvm("vhost-user blkcheck") {
+        return;
+    }
+    let file = Backing::new("disk", 64 << 20);
+    let Some(server) = StorageServer::qemu_storage_daemon("vhost-user blkcheck", &file.0, &[])
+    else {
+        return;
+    };
+    let disk = format!("vhost-user-blk:{}", server.uri());
+    for extra in [&[][..], &["--mem-limit", "64M"][..]] {
+        let mut args = vec![
+            "run",
+            "--payload",
+            "blkcheck",
+            "--mem",
+            "256M",
+            "--vcpus",
+            "2",
+            "--disk",
+            &disk,
+        ];
+        args.extend_from_slice(extra);
+        let run = hugevmm(&args, LIMIT);
+        run.expect_status(0);
+        assert!(
+            run.stdout.contains("blkcheck ok sectors=") && run.stdout.contains("capacity=131072"),
+            "{extra:?}: {}",
+            run.stdout
+        );
+    }
+    let readonly = format!("{disk},readonly");
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "blkcheck",
+            "--mem",
+            "128M",
+            "--disk",
+            &readonly,
+        ],
+        LIMIT,
+    );
+    run.expect_status(0);
+    assert!(run.stdout.contains("readonly=1"), "{}", run.stdout);
+}

@@ -192,8 +192,9 @@ pub struct RunFlags {
     pub virtio_announce: Option<VirtioAnnounce>,
     /// virtio-blk disk: a raw image, PATH[,readonly], or an NBD export,
     /// nbd://HOST[:PORT]/EXPORT[,readonly][,timeout=SECONDS] or
-    /// nbd+unix:///EXPORT?socket=PATH[,...]; repeat for more (in the file:
-    /// a list).
+    /// nbd+unix:///EXPORT?socket=PATH[,...], or a vhost-user-blk backend's
+    /// device, vhost-user-blk:SOCKET[,readonly][,timeout=SECONDS]; repeat
+    /// for more (in the file: a list).
     #[arg(long = "disk")]
     #[serde(rename = "disk", with = "disks", skip_serializing_if = "Vec::is_empty")]
     pub disks: Vec<DiskSpec>,
@@ -282,7 +283,8 @@ pub struct RunFlags {
     pub mem_limit_max: Option<u64>,
     /// Where evicted guest RAM goes: default (an unlinked O_DIRECT file in
     /// $TMPDIR or /var/tmp), file:PATH[,size=SIZE], mem:lz4[,size=SIZE],
-    /// mem:zstd[,size=SIZE], nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS],
+    /// mem:zstd[,size=SIZE], vhost-user-blk:SOCKET[,queues=N][,size=SIZE][,timeout=SECONDS],
+    /// nbd://HOST[:PORT]/EXPORT[,size=SIZE][,timeout=SECONDS],
     /// nbd+unix:///EXPORT?socket=PATH[,...]. Giving a store starts the swap engine.
     #[arg(long)]
     #[serde(with = "text", skip_serializing_if = "Option::is_none")]

@@ -136,6 +136,11 @@ impl Client {
         self.has(feature::FLUSH)
     }
 
+    /// Whether the device makes ranges read as zeros on request.
+    pub fn can_write_zeroes(&self) -> bool {
+        self.device().max_write_zeroes_sectors > 0
+    }
+
     /// Requests the backend completed so far.
     pub fn completed_requests(&self) -> u64 {
         self.completed()

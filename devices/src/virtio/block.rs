@@ -107,9 +107,10 @@ impl Outcome {
 impl Block {
     /// Opens the image named by `spec`.
     pub fn open(spec: &DiskSpec) -> Result<Block, DiskError> {
-        let disk = match &spec.nbd {
-            Some(nbd) => Disk::open_nbd(nbd, spec.readonly)?,
-            None => Disk::open(&spec.path, spec.readonly)?,
+        let disk = match (&spec.nbd, &spec.vhost_user) {
+            (Some(nbd), _) => Disk::open_nbd(nbd, spec.readonly)?,
+            (None, Some(vhost_user)) => Disk::open_vhost_user(vhost_user, spec.readonly)?,
+            (None, None) => Disk::open(&spec.path, spec.readonly)?,
         };
         Ok(Block::new(disk))
     }

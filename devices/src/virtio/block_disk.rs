@@ -17,7 +17,10 @@
 //! (FUA or a covering flush, see `blockio::nbd`), and discards are
 //! `NBD_CMD_WRITE_ZEROES` so that a discarded range reads as zeros, as
 //! virtio-blk's write-zeroes promises. It is not locked: keeping other
-//! clients off an export is the server's business.
+//! clients off an export is the server's business. A vhost-user-blk
+//! backend's device ([`Disk::open_vhost_user`]) is the same, on that
+//! transport: its discards are `VIRTIO_BLK_T_WRITE_ZEROES`, and a guest
+//! flush is a `VIRTIO_BLK_T_FLUSH` to the backend.
 
 use std::fs::OpenOptions;
 use std::io;
@@ -26,10 +29,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use blockio::lockfile::{self, LockError, LockMode};
 use blockio::nbd::{NbdOptions, DEFAULT_RECONNECT_TIMEOUT};
+use blockio::vhost_user_blk::VhostUserBlkOptions;
 use blockio::{AlignedBuf, BlockFile, BlockIoError, BlockOptions, OpKind, RawBlockOp};
 use std::time::Duration;
 
-use super::block_spec::NbdDisk;
+use super::block_spec::{NbdDisk, VhostUserDisk};
 use vm_memory::{Address, Bytes, GuestMemoryBackend};
 
 use guestmem::GuestMemoryView;
@@ -245,6 +249,44 @@ impl Disk {
         })
     }
 
+    /// Connects to the vhost-user-blk backend on `disk.socket`. Its
+    /// capacity is the disk's; discard is offered where the device takes
+    /// write-zeroes.
+    pub fn open_vhost_user(disk: &VhostUserDisk, readonly: bool) -> Result<Disk, DiskError> {
+        let defaults = VhostUserBlkOptions::default();
+        let file = BlockFile::open_vhost_user_blk(
+            &disk.socket,
+            &VhostUserBlkOptions {
+                timeout: disk
+                    .timeout_secs
+                    .map_or(defaults.timeout, Duration::from_secs),
+                read_only: readonly,
+                ..defaults
+            },
+        )?;
+        if file.offset_align_bytes() as u64 > SECTOR_BYTES {
+            return Err(DiskError::Block(BlockIoError::VhostUser {
+                path: disk.socket.clone(),
+                reason: format!(
+                    "its block size is {} bytes, larger than the {SECTOR_BYTES}-byte sector the guest may write (qemu-storage-daemon: drop logical-block-size=)",
+                    file.offset_align_bytes()
+                ),
+            }));
+        }
+        let client = file.vhost_user_blk().expect("a vhost-user-blk block file");
+        let capacity_bytes = client.capacity_bytes();
+        let can_discard = !readonly && client.can_write_zeroes();
+        Ok(Disk {
+            path: disk.socket.clone(),
+            direct: None,
+            buffered: file,
+            capacity_bytes,
+            readonly,
+            can_discard,
+            counters: Counters::default(),
+        })
+    }
+
     /// The export's name, when the disk is an NBD export.
     pub fn nbd_export(&self) -> Option<&str> {
         self.buffered.nbd().map(|c| c.uri().export.as_str())
@@ -364,10 +406,49 @@ impl Disk {
                 self.counters
                     .buffered_transfers
                     .fetch_add(1, Ordering::Relaxed);
-                transfer_plain(&self.buffered, kind, &pieces)
+                if file_aligned(&self.buffered, &pieces) {
+                    transfer_plain(&self.buffered, kind, &pieces)
+                } else {
+                    transfer_gathered(&self.buffered, kind, mem, &pieces)
+                }
             }
         }
     }
+}
+
+/// The whole request as one transfer through one buffer: for a transport
+/// whose requests must be whole blocks (a vhost-user-blk device takes
+/// 512-byte sectors) while the guest's segments need not be (virtio-blk
+/// only asks that the request's total be whole sectors).
+fn transfer_gathered(
+    file: &BlockFile,
+    kind: OpKind,
+    mem: &GuestMemoryView,
+    pieces: &[Piece],
+) -> Result<(), DiskError> {
+    let total: usize = pieces.iter().map(|p| p.range.len_bytes as usize).sum();
+    let mut buf = AlignedBuf::new(total, file.mem_align_bytes().max(1));
+    let mut at = 0;
+    if kind == OpKind::Write {
+        for piece in pieces {
+            let len = piece.range.len_bytes as usize;
+            read_guest(mem, piece.range, &mut buf[at..at + len])?;
+            at += len;
+        }
+    }
+    let offset = pieces.first().map_or(0, |p| p.file_offset);
+    match kind {
+        OpKind::Write => file.write_at(offset, &buf)?,
+        OpKind::Read => {
+            file.read_at(offset, &mut buf)?;
+            for piece in pieces {
+                let len = piece.range.len_bytes as usize;
+                write_guest(mem, piece.range, &buf[at..at + len])?;
+                at += len;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether every piece's file offset and length suit O_DIRECT.
