@@ -467,25 +467,27 @@ fn place(state: &mut State, id: u64) -> Option<usize> {
     Some(queue)
 }
 
-/// Takes every used chain of the session, completing its request.
-fn reap(inner: &Inner, state: &mut State) -> usize {
+/// Takes every used chain of the session, completing its request; how
+/// many, or how the backend broke the protocol.
+fn reap(inner: &Inner, state: &mut State) -> Result<usize, String> {
     let mut done = 0;
     let generation = state.generation;
     let Some(session) = state.session.as_mut() else {
-        return 0;
+        return Ok(0);
     };
     for q in 0..session.queues.len() {
         // Drained first: a call that comes after is for chains used after
         // this drain, and the loop below sees those before the next wait.
         let _ = session.queues[q].call.read();
-        while let Some(used) = session.queues[q].ring.take_used() {
-            let Some(id) = state.by_head.remove(&(q, used.head)) else {
-                panic!(
-                    "the backend {} returned chain {} of queue {q}, which was not in flight",
-                    inner.path.display(),
-                    used.head
-                );
-            };
+        while let Some(used) = session.queues[q]
+            .ring
+            .take_used()
+            .map_err(|e| format!("queue {q}: {e}"))?
+        {
+            let id = state
+                .by_head
+                .remove(&(q, used.head))
+                .expect("the ring's chains in flight are placed requests");
             let request = state.requests.get_mut(&id).expect("placed requests exist");
             let placement = request.placement.take().expect("placed");
             let head_area = session.head_area(q, used.head);
@@ -548,7 +550,7 @@ fn reap(inner: &Inner, state: &mut State) -> usize {
         }
     }
     inner.completed.fetch_add(done as u64, Ordering::Relaxed);
-    done
+    Ok(done)
 }
 
 /// Why the session must go, if it must: the socket hung up, or a request
@@ -614,6 +616,23 @@ fn wait_for_event(fds: &[i32]) -> bool {
 
 /// The worker: completions, hang-ups, timeouts, reconnects.
 fn worker(inner: &Inner) {
+    /// Ends the client if the worker ends for any other reason than a
+    /// close (a panic): callers must not wait for completions no thread
+    /// takes any more.
+    struct Ended<'a>(&'a Inner);
+    impl Drop for Ended<'_> {
+        fn drop(&mut self) {
+            let mut state = lock(self.0);
+            if !state.closing {
+                give_up(
+                    self.0,
+                    &mut state,
+                    "its completion thread ended unexpectedly".into(),
+                );
+            }
+        }
+    }
+    let _ended = Ended(inner);
     loop {
         let fds: Option<Vec<i32>> = {
             let state = lock(inner);
@@ -634,8 +653,19 @@ fn worker(inner: &Inner) {
         // a session.
         let hung_up = wait_for_event(&fds);
         let mut state = lock(inner);
-        if reap(inner, &mut state) > 0 {
-            inner.changed.notify_all();
+        match reap(inner, &mut state) {
+            Ok(0) => {}
+            Ok(_) => inner.changed.notify_all(),
+            Err(violation) => {
+                // Not reconnected: a backend that corrupts its rings cannot
+                // be trusted with the next ones either.
+                give_up(
+                    inner,
+                    &mut state,
+                    format!("the backend broke the virtio protocol ({violation})"),
+                );
+                return;
+            }
         }
         if let Some(why) = broken(inner, &state, hung_up) {
             if state.closing {
@@ -703,13 +733,19 @@ fn reconnect(inner: &Inner) {
             state.generation += 1;
             state.session = Some(session);
         }
-        Err(message) => {
-            let message = format!("vhost-user-blk backend {}: {message}", inner.path.display());
-            log::error!("{message}");
-            state.dead = Some(message);
-            state.closing = true;
-        }
+        Err(message) => give_up(inner, &mut state, message),
     }
+    inner.changed.notify_all();
+}
+
+/// Makes the client dead: the session dropped, every request and every
+/// later one failing with `why`.
+fn give_up(inner: &Inner, state: &mut State, why: String) {
+    let message = format!("vhost-user-blk backend {}: {why}", inner.path.display());
+    log::error!("{message}");
+    drop_session(state);
+    state.dead = Some(message);
+    state.closing = true;
     inner.changed.notify_all();
 }
 

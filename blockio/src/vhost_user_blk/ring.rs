@@ -92,6 +92,9 @@ pub(crate) struct DriverRing {
     base: *mut u8,
     layout: RingLayout,
     free: Vec<u16>,
+    /// Heads of published chains not yet used: a backend that returns
+    /// another is caught before a descriptor is freed twice.
+    in_flight: Vec<bool>,
     /// This side's copy of `avail.idx`.
     next_avail: u16,
     /// The next used element to take.
@@ -118,6 +121,7 @@ impl DriverRing {
             base,
             layout,
             free: (0..layout.size).rev().collect(),
+            in_flight: vec![false; usize::from(layout.size)],
             next_avail: 0,
             next_used: 0,
         }
@@ -198,6 +202,7 @@ impl DriverRing {
             };
         }
         let head = ids[0];
+        self.in_flight[usize::from(head)] = true;
         let slot = usize::from(self.next_avail % self.layout.size);
         let ring_entry = self.base.wrapping_add(self.layout.avail + 4 + 2 * slot);
         // SAFETY: an available-ring entry the backend does not read until
@@ -210,11 +215,19 @@ impl DriverRing {
     }
 
     /// Takes the next used element, if the backend has published one, and
-    /// frees its chain's descriptors.
-    pub(crate) fn take_used(&mut self) -> Option<Used> {
+    /// frees its chain's descriptors. An element that names no chain in
+    /// flight is the backend breaking the protocol: the error says how,
+    /// and the ring is not to be used any more.
+    pub(crate) fn take_used(&mut self) -> Result<Option<Used>, String> {
         let published = u16::from_le(self.used_idx().load(Ordering::Acquire));
         if published == self.next_used {
-            return None;
+            return Ok(None);
+        }
+        if published.wrapping_sub(self.next_used) > self.layout.size {
+            return Err(format!(
+                "the backend moved the used index from {} to {published}, past the ring's {} entries",
+                self.next_used, self.layout.size
+            ));
         }
         let slot = usize::from(self.next_used % self.layout.size);
         let elem = self
@@ -229,22 +242,18 @@ impl DriverRing {
         let written_bytes = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
         let head = u16::try_from(id)
             .ok()
-            .filter(|&h| h < self.layout.size)
-            .unwrap_or_else(|| {
-                panic!(
-                    "the backend returned chain {id}, past the ring's {} descriptors",
-                    self.layout.size
-                )
-            });
-        self.free_chain(head);
-        Some(Used {
+            .filter(|&h| h < self.layout.size && self.in_flight[usize::from(h)])
+            .ok_or_else(|| format!("the backend returned chain {id}, which is not in flight"))?;
+        self.in_flight[usize::from(head)] = false;
+        self.free_chain(head)?;
+        Ok(Some(Used {
             head,
             written_bytes,
-        })
+        }))
     }
 
     /// Puts a used chain's descriptors back on the free list.
-    fn free_chain(&mut self, head: u16) {
+    fn free_chain(&mut self, head: u16) -> Result<(), String> {
         let mut index = head;
         for _ in 0..self.layout.size {
             let mut entry = [0u8; DESC_BYTES];
@@ -256,11 +265,13 @@ impl DriverRing {
             self.free.push(index);
             let flags = u16::from_le_bytes([entry[12], entry[13]]);
             if flags & DESC_F_NEXT == 0 {
-                return;
+                return Ok(());
             }
             index = u16::from_le_bytes([entry[14], entry[15]]);
         }
-        panic!("chain {head} loops: the descriptor table was overwritten");
+        Err(format!(
+            "chain {head} loops: the descriptor table was overwritten"
+        ))
     }
 
     /// Makes the ring's stores visible before a kick is written (the
@@ -363,7 +374,7 @@ mod tests {
                 "1 left"
             );
             assert_eq!(ring.free_descriptors(), 1);
-            assert_eq!(ring.take_used(), None);
+            assert_eq!(ring.take_used(), Ok(None));
             let chain = device.pop().expect("published");
             assert_eq!(
                 chain,
@@ -371,12 +382,29 @@ mod tests {
             );
             assert_eq!(
                 ring.take_used(),
-                Some(Used {
+                Ok(Some(Used {
                     head,
                     written_bytes: 1
-                })
+                }))
             );
             assert_eq!(ring.free_descriptors(), 4);
         }
+        // A backend that returns the same chain again is caught, and no
+        // descriptor is freed twice.
+        let head = ring.publish(&[seg(1, false)]).unwrap();
+        device.pop().unwrap();
+        assert!(ring.take_used().unwrap().is_some());
+        // SAFETY: the test's own ring memory.
+        unsafe {
+            let e = base.add(layout.used + 4 + 8 * usize::from(device.next_used % 4));
+            e.cast::<u32>().write_unaligned(u32::from(head));
+            device.next_used += 1;
+            base.add(layout.used + 2)
+                .cast::<u16>()
+                .write(device.next_used);
+        }
+        let err = ring.take_used().unwrap_err();
+        assert!(err.contains("not in flight"), "{err}");
+        assert_eq!(ring.free_descriptors(), 4);
     }
 }
