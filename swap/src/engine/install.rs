@@ -328,16 +328,20 @@ impl Installer {
         Ok(huge)
     }
 
-    /// Removes the write protection of a whole unit and wakes its writers
-    /// (whole, so that a huge mapping keeps its PMD).
+    /// Removes the write protection of a whole unit (whole, so that a huge
+    /// mapping keeps its PMD) without waking anyone: the write-protect
+    /// fault that called it wakes the writer once the unit's word is
+    /// settled.
     pub fn unprotect(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
             .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, true)
     }
 
-    /// Removes the write protection of a whole unit without waking anyone
-    /// (the caller holds the unit and wakes later, if at all).
-    pub fn unprotect_without_waking(&self, unit: UnitIndex) -> Result<(), UffdError> {
+    /// Removes the write protection of a whole unit and wakes the writers
+    /// blocked on it at once: a split of a resident chunk moves no page,
+    /// so they may write on while it is published (their queued messages
+    /// then find the page writable).
+    pub fn unprotect_and_wake(&self, unit: UnitIndex) -> Result<(), UffdError> {
         self.uffd
             .write_unprotect(self.geo.unit_addr(unit), self.geo.unit_bytes, false)
     }

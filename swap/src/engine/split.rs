@@ -135,7 +135,7 @@ impl Splitter {
             return Ok(());
         };
         if state.wp() {
-            if let Err(e) = s.installer.unprotect_without_waking(chunk) {
+            if let Err(e) = s.installer.unprotect_and_wake(chunk) {
                 s.table
                     .end_resident_fault(chunk.into(), loading, state, false);
                 return Err(SwapError::unit_uffd(
