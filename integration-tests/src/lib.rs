@@ -663,6 +663,84 @@ pub fn verify_small_overcommitted(spec: &str, extra: &[&str]) -> Run {
     hugevmm(&args, Duration::from_secs(600))
 }
 
+/// `verify` on 4 vCPUs, 1 GiB held to 256 MiB (4x overcommit), two passes,
+/// on the store `store` with `extra` options, within 10 minutes.
+pub fn verify_on(store: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "4",
+        "--mem",
+        "1G",
+        "--mem-limit",
+        "256M",
+        "--payload-args",
+        "passes=2",
+        "--swap-store",
+        store,
+    ];
+    args.extend_from_slice(extra);
+    hugevmm(&args, Duration::from_secs(600))
+}
+
+/// That a [`verify_on`] run ended well and went through its store: every
+/// unit evicted and half read back at least, within the limit.
+pub fn check_swapped_through(run: &Run, what: &str) {
+    run.expect_status(0);
+    assert_eq!(
+        run.stdout.matches(" ok").count(),
+        4,
+        "{what}: {}",
+        run.stdout
+    );
+    let unit = run.stat("/swap/unit_bytes");
+    let evictions = run.stat("/swap/evictions");
+    let store_faults = run.stat("/swap/faults/store");
+    eprintln!("{what}: evictions={evictions} store_faults={store_faults}");
+    assert!(
+        evictions >= (1 << 30) / unit,
+        "{what}: evictions {evictions}"
+    );
+    assert!(
+        store_faults >= (1 << 29) / unit,
+        "{what}: store faults {store_faults}"
+    );
+    assert!(run.stat("/swap/resident_bytes_max") <= 256 << 20);
+}
+
+/// Starts `verify` on `store` (more passes, so that it runs long enough
+/// to be interrupted) with an API socket, and waits until it has evicted
+/// and read back through the store.
+pub fn start_swapping(store: &str) -> (Background, PathBuf) {
+    let (mut vm, socket) = start_with_api_socket(&[
+        "run",
+        "--payload",
+        "verify",
+        "--vcpus",
+        "4",
+        "--mem",
+        "1G",
+        "--mem-limit",
+        "256M",
+        "--payload-args",
+        "passes=4",
+        "--swap-store",
+        store,
+    ]);
+    let sock = socket.clone();
+    vm.wait_until(
+        "the guest swaps through the store",
+        Duration::from_secs(600),
+        move || {
+            let stats = ctl(&sock, &["stats"]);
+            stats.pointer("/swap/faults/store").and_then(|v| v.as_u64()) > Some(100)
+        },
+    );
+    (vm, socket)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

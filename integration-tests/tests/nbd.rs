@@ -24,50 +24,6 @@ fn backing_file(tag: &str, len_bytes: u64) -> PathBuf {
     path
 }
 
-/// `verify` on 4 vCPUs, 1 GiB held to 256 MiB (4x overcommit), on `store`.
-fn verify_on(store: &str, extra: &[&str]) -> Run {
-    let mut args = vec![
-        "run",
-        "--payload",
-        "verify",
-        "--vcpus",
-        "4",
-        "--mem",
-        "1G",
-        "--mem-limit",
-        "256M",
-        "--payload-args",
-        "passes=2",
-        "--swap-store",
-        store,
-    ];
-    args.extend_from_slice(extra);
-    hugevmm(&args, LIMIT)
-}
-
-fn check_swapped_through(run: &Run, what: &str) {
-    run.expect_status(0);
-    assert_eq!(
-        run.stdout.matches(" ok").count(),
-        4,
-        "{what}: {}",
-        run.stdout
-    );
-    let unit = run.stat("/swap/unit_bytes");
-    let evictions = run.stat("/swap/evictions");
-    let store_faults = run.stat("/swap/faults/store");
-    eprintln!("{what}: evictions={evictions} store_faults={store_faults}");
-    assert!(
-        evictions >= (1 << 30) / unit,
-        "{what}: evictions {evictions}"
-    );
-    assert!(
-        store_faults >= (1 << 29) / unit,
-        "{what}: store faults {store_faults}"
-    );
-    assert!(run.stat("/swap/resident_bytes_max") <= 256 << 20);
-}
-
 #[test]
 fn verify_at_4x_overcommit_on_nbdkit_memory_and_qemu_nbd() {
     if skip_without_kvm("nbd verify") {
@@ -230,33 +186,6 @@ fn blkcheck_on_an_nbd_disk() {
     );
     assert_ne!(run.status, Some(0));
     assert!(run.stderr.contains("read-only"), "{}", run.stderr);
-}
-
-/// Starts `verify` on `store` (more passes, so that it runs long enough
-/// to be interrupted) with an API socket, and waits until it has evicted
-/// and read back through the store.
-fn start_swapping(store: &str) -> (Background, PathBuf) {
-    let (mut vm, socket) = start_with_api_socket(&[
-        "run",
-        "--payload",
-        "verify",
-        "--vcpus",
-        "4",
-        "--mem",
-        "1G",
-        "--mem-limit",
-        "256M",
-        "--payload-args",
-        "passes=4",
-        "--swap-store",
-        store,
-    ]);
-    let sock = socket.clone();
-    vm.wait_until("the guest swaps through the store", LIMIT, move || {
-        let stats = ctl(&sock, &["stats"]);
-        stats.pointer("/swap/faults/store").and_then(|v| v.as_u64()) > Some(100)
-    });
-    (vm, socket)
 }
 
 /// Stops `server` mid-run with `stop` (kill: SIGKILL, terminate:

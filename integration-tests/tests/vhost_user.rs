@@ -38,50 +38,6 @@ fn store_of(server: &StorageServer, options: &str) -> String {
     format!("vhost-user-blk:{}{options}", server.uri())
 }
 
-/// `verify` on 4 vCPUs, 1 GiB held to 256 MiB (4x overcommit), on `store`.
-fn verify_on(store: &str, extra: &[&str]) -> Run {
-    let mut args = vec![
-        "run",
-        "--payload",
-        "verify",
-        "--vcpus",
-        "4",
-        "--mem",
-        "1G",
-        "--mem-limit",
-        "256M",
-        "--payload-args",
-        "passes=2",
-        "--swap-store",
-        store,
-    ];
-    args.extend_from_slice(extra);
-    hugevmm(&args, LIMIT)
-}
-
-fn check_swapped_through(run: &Run, what: &str) {
-    run.expect_status(0);
-    assert_eq!(
-        run.stdout.matches(" ok").count(),
-        4,
-        "{what}: {}",
-        run.stdout
-    );
-    let unit = run.stat("/swap/unit_bytes");
-    let evictions = run.stat("/swap/evictions");
-    let store_faults = run.stat("/swap/faults/store");
-    eprintln!("{what}: evictions={evictions} store_faults={store_faults}");
-    assert!(
-        evictions >= (1 << 30) / unit,
-        "{what}: evictions {evictions}"
-    );
-    assert!(
-        store_faults >= (1 << 29) / unit,
-        "{what}: store faults {store_faults}"
-    );
-    assert!(run.stat("/swap/resident_bytes_max") <= 256 << 20);
-}
-
 #[test]
 fn verify_at_4x_overcommit_on_one_and_two_queues_sealed_or_not() {
     if skip_without_kvm("vhost-user verify") {
@@ -124,32 +80,6 @@ fn verify_with_forced_splits_on_a_vhost_user_store() {
     assert!(pages_written > 0, "no page was written alone");
 }
 
-/// Starts `verify` on `store` (more passes, so that it runs long enough
-/// to be interrupted) with an API socket, and waits until it has evicted
-/// and read back through the store.
-fn start_swapping(store: &str) -> Background {
-    let (mut vm, socket) = start_with_api_socket(&[
-        "run",
-        "--payload",
-        "verify",
-        "--vcpus",
-        "4",
-        "--mem",
-        "1G",
-        "--mem-limit",
-        "256M",
-        "--payload-args",
-        "passes=4",
-        "--swap-store",
-        store,
-    ]);
-    vm.wait_until("the guest swaps through the store", LIMIT, move || {
-        let stats = ctl(&socket, &["stats"]);
-        stats.pointer("/swap/faults/store").and_then(|v| v.as_u64()) > Some(100)
-    });
-    vm
-}
-
 #[test]
 fn a_backend_killed_and_started_again_mid_run_loses_no_word() {
     if skip_without_kvm("vhost-user restart") {
@@ -160,7 +90,7 @@ fn a_backend_killed_and_started_again_mid_run_loses_no_word() {
     else {
         return;
     };
-    let vm = start_swapping(&store_of(&server, ",timeout=120"));
+    let (vm, _socket) = start_swapping(&store_of(&server, ",timeout=120"));
     server.kill();
     // Down long enough for the vCPUs to wait on it (reads) and the
     // evictor to find it gone (writes); no result depends on how long.
@@ -196,7 +126,7 @@ fn a_backend_gone_for_good_ends_the_vm_naming_it_and_the_chunk() {
     else {
         return;
     };
-    let vm = start_swapping(&store_of(&server, ",timeout=3"));
+    let (vm, _socket) = start_swapping(&store_of(&server, ",timeout=3"));
     server.kill();
     let run = vm.finish(LIMIT);
     assert_names_backend_and_chunk(&run, server.uri());
@@ -221,7 +151,7 @@ fn a_frozen_backend_ends_the_vm_naming_it_and_the_chunk() {
     else {
         return;
     };
-    let vm = start_swapping(&store_of(&server, ",timeout=3"));
+    let (vm, _socket) = start_swapping(&store_of(&server, ",timeout=3"));
     server.freeze();
     let run = vm.finish(LIMIT);
     assert_names_backend_and_chunk(&run, server.uri());
