@@ -741,6 +741,35 @@ pub fn start_swapping(store: &str) -> (Background, PathBuf) {
     (vm, socket)
 }
 
+/// Runs `hello` on the swap store `store` with `HUGEVMM_SECCOMP_PROBE=KIND`:
+/// the first thread of that kind calls `execve` right after installing
+/// its filter, so the run must end with status 159 naming the kind (only
+/// a filtered thread of the kind traps).
+pub fn assert_store_thread_runs_its_filter(store: &str, kind: &str) {
+    let mut cmd = Command::new(hugevmm_bin());
+    cmd.args([
+        "run",
+        "--payload",
+        "hello",
+        "--mem",
+        "64M",
+        "--mem-limit",
+        "32M",
+        "--swap-store",
+        store,
+    ])
+    .env("HUGEVMM_SECCOMP_PROBE", kind);
+    let out = run_with_limit(cmd, Duration::from_secs(600));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(159), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "forbidden system call execve (59) on a thread of kind {kind}"
+        )),
+        "{stderr}"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -487,28 +487,7 @@ fn the_nbd_reader_thread_runs_its_own_seccomp_filter() {
     let Some(server) = NbdServer::nbdkit("nbd seccomp", &["memory", "size=64M"]) else {
         return;
     };
-    // The probe makes the first thread of the kind call execve after
-    // installing its filter: only a filtered nbd-reader thread traps.
-    let mut cmd = std::process::Command::new(hugevmm_bin());
-    cmd.args([
-        "run",
-        "--payload",
-        "hello",
-        "--mem",
-        "64M",
-        "--mem-limit",
-        "32M",
-        "--swap-store",
-        server.uri(),
-    ])
-    .env("HUGEVMM_SECCOMP_PROBE", "nbd");
-    let out = run_with_limit(cmd, LIMIT);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(159), "{stderr}");
-    assert!(
-        stderr.contains("forbidden system call execve (59) on a thread of kind nbd"),
-        "{stderr}"
-    );
+    assert_store_thread_runs_its_filter(server.uri(), "nbd");
 }
 
 /// `--swap-encrypt` on an NBD store: the export (nbdkit's file plugin, so

@@ -195,28 +195,7 @@ fn the_vhost_user_worker_runs_its_own_seccomp_filter() {
     else {
         return;
     };
-    // The probe makes the first thread of the kind call execve after
-    // installing its filter: only a filtered worker (or watchdog) traps.
-    let mut cmd = std::process::Command::new(hugevmm_bin());
-    cmd.args([
-        "run",
-        "--payload",
-        "hello",
-        "--mem",
-        "64M",
-        "--mem-limit",
-        "32M",
-        "--swap-store",
-        &store_of(&server, ""),
-    ])
-    .env("HUGEVMM_SECCOMP_PROBE", "vhost-user");
-    let out = run_with_limit(cmd, LIMIT);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(159), "{stderr}");
-    assert!(
-        stderr.contains("forbidden system call execve (59) on a thread of kind vhost-user"),
-        "{stderr}"
-    );
+    assert_store_thread_runs_its_filter(&store_of(&server, ""), "vhost-user");
 }
 
 /// A virtio-blk disk on the backend's device: `blkcheck` writes, reads
