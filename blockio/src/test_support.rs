@@ -354,6 +354,36 @@ impl StorageServer {
         file: &Path,
         export_options: &[&str],
     ) -> Option<StorageServer> {
+        let blockdev = format!(
+            "driver=file,node-name=file0,filename={},discard=unmap",
+            file.display()
+        );
+        Self::qemu_storage_daemon_on(test, blockdev, export_options)
+    }
+
+    /// [`Self::qemu_storage_daemon`] on a device whose every request of
+    /// `event` (`read_aio`, `write_aio`) fails with `EIO` (QEMU's blkdebug
+    /// driver under the raw format, whose requests raise those events, over
+    /// `file`): the backend then answers `VIRTIO_BLK_S_IOERR`.
+    pub fn qemu_storage_daemon_failing(
+        test: &str,
+        file: &Path,
+        event: &str,
+    ) -> Option<StorageServer> {
+        let blockdev = format!(
+            "driver=raw,node-name=file0,file.driver=blkdebug,file.inject-error.0.event={event},file.inject-error.0.errno=5,file.image.driver=file,file.image.filename={}",
+            file.display()
+        );
+        Self::qemu_storage_daemon_on(test, blockdev, &[])
+    }
+
+    /// qemu-storage-daemon with `--blockdev BLOCKDEV` (node `file0`)
+    /// exported as above.
+    fn qemu_storage_daemon_on(
+        test: &str,
+        blockdev: String,
+        export_options: &[&str],
+    ) -> Option<StorageServer> {
         if !test_resources::have_program("qemu-storage-daemon") {
             test_resources::skip(
                 test,
@@ -374,10 +404,7 @@ impl StorageServer {
         }
         let args = vec![
             "--blockdev".to_string(),
-            format!(
-                "driver=file,node-name=file0,filename={},discard=unmap",
-                file.display()
-            ),
+            blockdev,
             "--export".to_string(),
             export,
         ];

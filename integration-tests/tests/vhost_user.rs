@@ -158,6 +158,36 @@ fn a_frozen_backend_ends_the_vm_naming_it_and_the_chunk() {
     assert!(run.stderr.contains("went unanswered"), "{}", run.stderr);
 }
 
+/// A backend whose device fails every read, then one that fails every
+/// write (QEMU's blkdebug): `VIRTIO_BLK_S_IOERR` is retried by the retry
+/// policy, then ends the VM naming the backend and the chunk; no chunk is
+/// ever read back as zeros.
+#[test]
+fn an_io_error_status_is_fatal_never_zeros() {
+    if skip_without_kvm("vhost-user io error") {
+        return;
+    }
+    for (event, what) in [
+        ("read_aio", "read of 2097152 bytes"),
+        ("write_aio", "swap out the chunk"),
+    ] {
+        let file = Backing::new(event, 1 << 30);
+        let Some(server) =
+            StorageServer::qemu_storage_daemon_failing("vhost-user io error", &file.0, event)
+        else {
+            return;
+        };
+        let run = verify_on(&store_of(&server, ""), &[]);
+        assert_names_backend_and_chunk(&run, server.uri());
+        assert!(run.stderr.contains(what), "{event}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("VIRTIO_BLK_S_IOERR"),
+            "{event}: {}",
+            run.stderr
+        );
+    }
+}
+
 #[test]
 fn a_device_too_small_for_the_run_is_refused_at_start() {
     if skip_without_kvm("vhost-user too small") {

@@ -350,3 +350,28 @@ fn a_backend_that_never_completes_a_request_is_given_up_within_the_bound() {
     // a message (5 s): well under a minute either way.
     assert!(started.elapsed() < Duration::from_secs(60), "bounded");
 }
+
+/// A backend whose device fails reads (QEMU's blkdebug): the read fails
+/// with EIO saying what the backend answered, and its buffer is not
+/// filled; writes still work.
+#[test]
+fn an_io_error_status_fails_the_request_naming_it() {
+    let image = Image::new("ioerr", 8 << 20);
+    let Some(server) =
+        StorageServer::qemu_storage_daemon_failing("vhost-user-blk io error", &image.0, "read_aio")
+    else {
+        return;
+    };
+    let f = open(&server, &VhostUserBlkOptions::default());
+    f.write_at(0, &pattern(1, UNIT)).unwrap();
+    let mut buf = vec![7u8; UNIT];
+    let err = f.read_at(0, &mut buf).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("VIRTIO_BLK_S_IOERR"), "{text}");
+    assert_eq!(std::io::Error::from(err).raw_os_error(), None);
+    assert!(
+        buf.iter().all(|&b| b == 7),
+        "nothing of a failed read is delivered"
+    );
+    assert!(image.read(0, UNIT) == pattern(1, UNIT)[..]);
+}
