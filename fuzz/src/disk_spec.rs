@@ -1,5 +1,6 @@
-//! The `--disk PATH[,readonly]` value (`devices::virtio::DiskSpec`), and
-//! its NBD form (`nbd://...[,readonly][,timeout=SECONDS]`).
+//! The `--disk PATH[,readonly]` value (`devices::virtio::DiskSpec`), its
+//! NBD form (`nbd://...[,readonly][,timeout=SECONDS]`) and its vhost-user
+//! form (`vhost-user-blk:SOCKET[,readonly][,timeout=SECONDS]`).
 
 use blockio::nbd::NbdUri;
 use devices::virtio::DiskSpec;
@@ -10,10 +11,13 @@ pub fn run(data: &[u8]) {
         return;
     };
     let nbd = NbdUri::looks_like(text);
+    let vhost_user = !nbd && text.starts_with("vhost-user-blk:");
     match text.parse::<DiskSpec>() {
-        Ok(spec) if nbd => {
-            // An NBD disk prints back in a form that parses to the same spec.
-            assert!(spec.nbd.is_some(), "{text:?}");
+        Ok(spec) if nbd || vhost_user => {
+            // An NBD or vhost-user disk prints back in a form that parses
+            // to the same spec.
+            assert_eq!(spec.nbd.is_some(), nbd, "{text:?}");
+            assert_eq!(spec.vhost_user.is_some(), vhost_user, "{text:?}");
             let printed = spec.to_string();
             let again: DiskSpec = printed
                 .parse()
@@ -22,6 +26,7 @@ pub fn run(data: &[u8]) {
         }
         Ok(spec) => {
             assert!(spec.nbd.is_none(), "{text:?}");
+            assert!(spec.vhost_user.is_none(), "{text:?}");
             assert!(!spec.path.as_os_str().is_empty(), "{text:?}");
             assert_eq!(spec.readonly, text.ends_with(",readonly"), "{text:?}");
             let path = spec.path.to_str().expect("parsed from a str");
@@ -35,7 +40,7 @@ pub fn run(data: &[u8]) {
         Err(err) => {
             let text_err = err.to_string();
             assert!(
-                nbd || text.is_empty() || text == ",readonly",
+                nbd || vhost_user || text.is_empty() || text == ",readonly",
                 "{text:?}: {text_err}"
             );
         }

@@ -76,10 +76,11 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
                 "faulty:read-error-after=3,corrupt-after=1,write-error-after=2,full-after=4,inner=mem:zstd,size=1G",
                 "nbd://[::1]:10900/swap%20a,size=8G,timeout=120",
                 "nbd+unix:///swap?socket=/run/nbd.sock,timeout=5",
+                "vhost-user-blk:/run/vhost.sock,queues=2,size=4G,timeout=10",
             ]
             .iter()
             .enumerate()
-            .map(|(i, s)| (["default", "reserve", "file", "lz4", "zstd", "faulty", "nbd", "nbd-unix"][i], s.as_bytes().to_vec()))
+            .map(|(i, s)| (["default", "reserve", "file", "lz4", "zstd", "faulty", "nbd", "nbd-unix", "vhost-user"][i], s.as_bytes().to_vec()))
             .collect(),
         ),
         "disk_spec" => named(vec![
@@ -87,6 +88,7 @@ pub fn seeds(target: &str) -> Vec<(String, Vec<u8>)> {
             ("readonly", b"/img/a,b.raw,readonly".to_vec()),
             ("nbd", b"nbd://10.0.0.1:10809/disk,timeout=9,readonly".to_vec()),
             ("nbd-unix", b"nbd+unix:///?socket=/run/nbd.sock".to_vec()),
+            ("vhost-user", b"vhost-user-blk:/run/vhost.sock,timeout=9,readonly".to_vec()),
         ]),
         "mem_store" => {
             let mut out = Vec::new();

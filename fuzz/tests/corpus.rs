@@ -40,6 +40,9 @@ fn the_seed_corpus_runs_clean() {
 /// folder replays nothing, which must not pass) or when the folder holds
 /// one this list does not name (add it here when you commit it).
 const REGRESSIONS: &[(&str, &str)] = &[
+    ("disk_spec", "vhost-user-no-socket"),
+    ("disk_spec", "vhost-user-options"),
+    ("disk_spec", "vhost-user-round-trip"),
     ("engine", "auto-retry-split-pages"),
     ("engine", "collapse-waits-for-a-starved-cpu"),
     ("engine", "evict-all-waits-for-a-failed-fault"),
