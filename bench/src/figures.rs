@@ -27,6 +27,9 @@ pub fn derive(results: &Value) -> Vec<Headline> {
     if let Some(s) = results.get("fault_latency") {
         out.extend(fault_latency(s));
     }
+    if let Some(s) = results.get("vhost_user") {
+        out.extend(super::vhost_user::headlines(s));
+    }
     out
 }
 

@@ -226,10 +226,21 @@ pub fn reader_and_writer_on_file(
     shape: EngineShape,
 ) -> Result<Ceilings> {
     let file = Scratch(dir.join(format!("hugevmm-bench-fio-{}.img", std::process::id())));
+    reader_and_writer_on(&file.0, file_bytes, seconds, shape)
+}
+
+/// [`reader_and_writer_on_file`] on a file that is there (a store's,
+/// whose first `file_bytes` it overwrites, once before the measured runs).
+pub fn reader_and_writer_on(
+    file: &Path,
+    file_bytes: u64,
+    seconds: u64,
+    shape: EngineShape,
+) -> Result<Ceilings> {
     let target = [
         "--ioengine=io_uring".to_string(),
         "--direct=1".into(),
-        format!("--filename={}", file.0.display()),
+        format!("--filename={}", file.display()),
     ];
     let size = file_bytes.to_string();
     run(&target, Pattern::Fill, &size, None).context("writing fio's file once")?;

@@ -21,6 +21,9 @@
 //!   off, interleaved, beside the cipher's own throughput.
 //! - `nbd`: seqwrite on an NBD store over loopback against fio's nbd
 //!   engine on the same server, same request size and queue depth.
+//! - `vhost-user`: seqwrite and key-value on a vhost-user-blk store
+//!   (qemu-storage-daemon) against the file store on the same file, with
+//!   host CPU per GiB moved, beside fio's io_uring engine on that file.
 //! - `linux` (opt-in, not in `all`): a stock Linux kernel with a busybox
 //!   tmpfs workload under a limit, per unit, nested in QEMU where this
 //!   host cannot run guest kernels.
@@ -65,6 +68,7 @@ mod report;
 mod runner;
 mod self_sizing;
 mod swap_w_seq;
+mod vhost_user;
 mod workloads;
 
 use anyhow::{bail, Context, Result};
@@ -94,6 +98,8 @@ pub enum Suite {
     Encryption,
     /// seqwrite on an NBD store over loopback vs fio's nbd engine on the same server.
     Nbd,
+    /// seqwrite and key-value on a vhost-user-blk store (qemu-storage-daemon) vs the file store on the same file, with host CPU per GiB, beside fio io_uring on that file.
+    VhostUser,
     /// A Debian kernel with a busybox tmpfs workload under a limit, auto vs 4k vs 2m (nested in QEMU TCG on hosts without VMX/SVM; not in `all`).
     Linux,
     /// The workload suite against the host kernel's own swap: seqwrite, randwrite, mixed, verify, key-value and phases under the engine's auto, 2m and 4k units and, without the engine, in a memory cgroup of auto's footprint with a host swap file, THP and 4k backing (root; not in `all`).
@@ -108,7 +114,7 @@ pub enum Suite {
     /// Where one 4 KiB store fault's time goes: guest-observed cost, engine service, userfault round trip, store reads, installs, eviction writes, CPU and context switches per fault (not in `all`).
     #[value(name = "fault-4k")]
     Fault4k,
-    /// The suites whose figures README.md and docs/BENCHMARKS.md publish (limits, swap-w-seq, pageout, fault-latency), into one results file; with --render FILE, rewrite the docs' tables from such a file instead (or docs/KERNEL_BASELINE.md's from a `workloads` results file).
+    /// The suites whose figures README.md and docs/BENCHMARKS.md publish (limits, swap-w-seq, pageout, fault-latency, vhost-user), into one results file; with --render FILE, rewrite the docs' tables from such a file instead (or docs/KERNEL_BASELINE.md's from a `workloads` results file).
     Report,
 }
 
@@ -122,6 +128,7 @@ impl Suite {
             Suite::Limits => "limits",
             Suite::Encryption => "encryption",
             Suite::Nbd => "nbd",
+            Suite::VhostUser => "vhost-user",
             Suite::Linux => "linux",
             Suite::Workloads => "workloads",
             Suite::HostBudget => "host-budget",
@@ -415,6 +422,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::FaultLatency,
             Suite::Encryption,
             Suite::Nbd,
+            Suite::VhostUser,
         ],
         // What README.md and docs/BENCHMARKS.md publish.
         Suite::Report => vec![
@@ -422,6 +430,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::SwapWSeq,
             Suite::Pageout,
             Suite::FaultLatency,
+            Suite::VhostUser,
         ],
         one => vec![one],
     };
@@ -439,6 +448,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             Suite::Fault4k => fault_4k::run(&mut ctx),
             Suite::Encryption => encryption::run(&mut ctx),
             Suite::Nbd => nbd::run(&mut ctx),
+            Suite::VhostUser => vhost_user::run(&mut ctx),
             Suite::Linux => linux::run(&mut ctx),
             Suite::Workloads => workloads::run(&mut ctx),
             Suite::HostBudget => host_budget::run(&mut ctx),
@@ -478,6 +488,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             "swap-w-seq",
             "pageout",
             "fault-latency",
+            "vhost-user",
             "limits",
         ] {
             md += &format!("## {name}\n\n{}\n", render::block(&results, name)?);

@@ -34,6 +34,7 @@ pub const DOCS: [(&str, &[&str]); 2] = [
             "swap-w-seq",
             "pageout",
             "fault-latency",
+            "vhost-user",
             "limits",
         ],
     ),
@@ -83,10 +84,11 @@ pub fn block(results: &Value, name: &str) -> Result<String> {
         "pageout" => pageout(results),
         "fault-latency" => fault_latency(results),
         "limits" => limits(results),
+        "vhost-user" => vhost_user(results),
         "workloads" => workloads(results)?,
         "self-sizing" => self_sizing(results)?,
         "host-budget" => host_budget(results)?,
-        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, limits, workloads, self-sizing, host-budget)"),
+        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, vhost-user, limits, workloads, self-sizing, host-budget)"),
     })
 }
 
@@ -638,6 +640,17 @@ fn fault_latency(r: &Value) -> String {
     );
     s += "\nMilliseconds, one run per row; service time from the fault thread taking up the message to the wake of the vCPU; percentiles are bucket upper edges (<= 12.5% wide). Floor: the engine's own pieces (store read, THP fill, UFFDIO_MOVE) timed in the bench process in the same invocation. Staging and zero faults have no p99/floor: their time is mostly other waits (a staged chunk's write in flight, an eviction at the limit).\n";
     s
+}
+
+/// The vhost-user suite's table, as its run printed it.
+fn vhost_user(r: &Value) -> String {
+    match r.get("vhost_user") {
+        Some(suite) => super::vhost_user::tables_from_json(suite)
+            .iter()
+            .map(super::report::Table::markdown)
+            .collect(),
+        None => "No vhost-user suite in this results file.\n".into(),
+    }
 }
 
 /// The workloads suite's tables, as its run printed them: one per

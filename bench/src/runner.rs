@@ -149,6 +149,10 @@ pub struct RunResult {
     /// The run hit its `--timeout` (only with `allow_timeout`): the stats
     /// cover the time until then, the payload printed nothing.
     pub timed_out: bool,
+    /// User plus system CPU seconds of the `hugevmm run` process (all its
+    /// threads, io_uring's workers among them), from `getrusage` of the
+    /// bench's reaped children around the run.
+    pub cpu_s: f64,
 }
 
 /// Runs `spec` to completion; an exit status other than 0 is an error
@@ -167,6 +171,7 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
             .with_context(|| format!("the run's --mem {} is not a size", spec.mem))?;
         crate::prime::prime(guest_bytes);
     }
+    let children_cpu_before_s = children_cpu_s();
     let output = Command::new(&ctx.hugevmm)
         .args(spec.args(&stats_path, timeline))
         // The default store is an unlinked file in $TMPDIR: it lives on
@@ -174,6 +179,9 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
         .env("TMPDIR", &ctx.store_dir)
         .output()
         .with_context(|| format!("cannot start {}", ctx.hugevmm.display()))?;
+    // `output` reaped the run, so the children's total grew by its CPU
+    // time alone (the bench waits for one child at a time).
+    let cpu_s = children_cpu_s() - children_cpu_before_s;
     interrupt::check()?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -225,7 +233,19 @@ pub fn run(ctx: &Ctx, spec: &RunSpec) -> Result<RunResult> {
         lines,
         timeline,
         timed_out,
+        cpu_s,
     })
+}
+
+/// User plus system CPU seconds of every child this process has reaped.
+fn children_cpu_s() -> f64 {
+    // SAFETY: rusage is plain data; zeroed is a valid value for it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid, writable rusage; RUSAGE_CHILDREN cannot
+    // fail.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
 fn parse_payload_lines(payload: &str, stdout: &str) -> Vec<PayloadLine> {
