@@ -348,6 +348,17 @@ fn render_docs(args: &BenchArgs, results: &std::path::Path) -> Result<i32> {
     Ok(0)
 }
 
+/// Whether `program` is on the PATH (a suite that starts it skips, saying
+/// which package has it, when it is not).
+fn have_program(program: &str) -> bool {
+    std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// The `hugevmm` binary the VM runs use: the one [`HUGEVMM_BIN`] names,
 /// else the `hugevmm` beside this binary (`target/release/hugevmm-bench`
 /// runs `target/release/hugevmm`).

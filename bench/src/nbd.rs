@@ -45,15 +45,6 @@ impl Drop for Server {
     }
 }
 
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// nbdkit's memory plugin on a free loopback port, ready to serve.
 fn start_server(size: &str, log: &Path) -> Result<Server> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -103,7 +94,7 @@ fn fio(uri: &str, pattern: Pattern, size: &str, runtime_s: Option<u32>) -> Resul
 /// Runs the suite.
 pub fn run(ctx: &mut Ctx) -> Result<()> {
     for (program, package) in [("nbdkit", "nbdkit"), ("fio", "fio")] {
-        if !have(program) {
+        if !super::have_program(program) {
             ctx.skip(
                 "nbd",
                 &format!("{program} is not installed (Debian: apt-get install {package})"),

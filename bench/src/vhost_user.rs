@@ -205,15 +205,6 @@ fn process_cpu_s(stat: &str) -> Option<f64> {
     (per_s > 0).then(|| ticks as f64 / per_s as f64)
 }
 
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// The store file, removed when dropped.
 struct StoreFile(PathBuf);
 
@@ -241,7 +232,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         ("qemu-storage-daemon", "qemu-system-common"),
         ("fio", "fio"),
     ] {
-        if !have(program) {
+        if !super::have_program(program) {
             ctx.skip(
                 "vhost-user",
                 &format!("{program} is not installed (Debian: apt-get install {package})"),

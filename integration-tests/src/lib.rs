@@ -663,6 +663,30 @@ pub fn verify_small_overcommitted(spec: &str, extra: &[&str]) -> Run {
     hugevmm(&args, Duration::from_secs(600))
 }
 
+/// `blkcheck` on `disk` attached with `,readonly`: the run passes and the
+/// guest sees a read-only disk (`readonly=1`).
+pub fn check_blkcheck_readonly(disk: &str) {
+    let readonly = format!("{disk},readonly");
+    let run = hugevmm(
+        &[
+            "run",
+            "--payload",
+            "blkcheck",
+            "--mem",
+            "128M",
+            "--disk",
+            &readonly,
+        ],
+        Duration::from_secs(300),
+    );
+    run.expect_status(0);
+    assert!(
+        run.stdout.contains("readonly=1"),
+        "{readonly}: {}",
+        run.stdout
+    );
+}
+
 /// `verify` on 4 vCPUs, 1 GiB held to 256 MiB (4x overcommit), two passes,
 /// on the store `store` with `extra` options, within 10 minutes.
 pub fn verify_on(store: &str, extra: &[&str]) -> Run {

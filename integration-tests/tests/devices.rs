@@ -48,21 +48,7 @@ fn blkcheck_writes_and_reads_back_a_virtio_disk() {
             run.stdout
         );
     }
-    let readonly = format!("{spec},readonly");
-    let run = hugevmm(
-        &[
-            "run",
-            "--payload",
-            "blkcheck",
-            "--mem",
-            "128M",
-            "--disk",
-            &readonly,
-        ],
-        LIMIT,
-    );
-    run.expect_status(0);
-    assert!(run.stdout.contains("readonly=1"), "{}", run.stdout);
+    check_blkcheck_readonly(&spec);
     let _ = std::fs::remove_file(&disk);
 }
 

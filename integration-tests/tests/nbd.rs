@@ -156,21 +156,7 @@ fn blkcheck_on_an_nbd_disk() {
     let Some(ro) = NbdServer::nbdkit("nbd blkcheck read-only", &["-r", "memory", "size=8M"]) else {
         return;
     };
-    let readonly = format!("{},readonly", ro.uri());
-    let run = hugevmm(
-        &[
-            "run",
-            "--payload",
-            "blkcheck",
-            "--mem",
-            "128M",
-            "--disk",
-            &readonly,
-        ],
-        LIMIT,
-    );
-    run.expect_status(0);
-    assert!(run.stdout.contains("readonly=1"), "{}", run.stdout);
+    check_blkcheck_readonly(ro.uri());
     // Without ,readonly a read-only export is refused, saying what to do.
     let run = hugevmm(
         &[

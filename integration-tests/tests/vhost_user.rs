@@ -263,19 +263,5 @@ fn blkcheck_on_a_vhost_user_disk() {
             run.stdout
         );
     }
-    let readonly = format!("{disk},readonly");
-    let run = hugevmm(
-        &[
-            "run",
-            "--payload",
-            "blkcheck",
-            "--mem",
-            "128M",
-            "--disk",
-            &readonly,
-        ],
-        LIMIT,
-    );
-    run.expect_status(0);
-    assert!(run.stdout.contains("readonly=1"), "{}", run.stdout);
+    check_blkcheck_readonly(&disk);
 }
