@@ -305,14 +305,13 @@ impl StoreSpec {
                         "the server's acknowledgement (it offers neither FUA nor flush)"
                     }
                 );
-                let mut store = FileStore::from_block(
+                remote_block_store(
                     block,
                     unit_bytes,
                     size_bytes.unwrap_or(default_capacity_bytes),
                     description,
-                )?;
-                store.set_integrity(integrity.clone());
-                Arc::new(store)
+                    integrity,
+                )?
             }
             StoreSpec::VhostUserBlk {
                 path,
@@ -336,14 +335,13 @@ impl StoreSpec {
                     opts.queues,
                     if opts.queues == 1 { "" } else { "s" }
                 );
-                let mut store = FileStore::from_block(
+                remote_block_store(
                     block,
                     unit_bytes,
                     size_bytes.unwrap_or(default_capacity_bytes),
                     description,
-                )?;
-                store.set_integrity(integrity.clone());
-                Arc::new(store)
+                    integrity,
+                )?
             }
             StoreSpec::Faulty { faults, inner } => {
                 let (store, old) =
@@ -469,6 +467,20 @@ impl FromStr for StoreSpec {
 
 /// The option list of `file:` and `mem:`: `size=SIZE` and the bare
 /// `flags` this kind takes. Returns the size and the flags given.
+/// A file store on a block device reached through a client (an NBD
+/// export, a vhost-user-blk backend), sealed with `integrity`.
+fn remote_block_store(
+    block: BlockFile,
+    unit_bytes: usize,
+    capacity_bytes: u64,
+    description: String,
+    integrity: &Integrity,
+) -> Result<SharedStore, StoreOpenError> {
+    let mut store = FileStore::from_block(block, unit_bytes, capacity_bytes, description)?;
+    store.set_integrity(integrity.clone());
+    Ok(Arc::new(store))
+}
+
 fn parse_options<'a>(
     parts: impl Iterator<Item = &'a str>,
     flags: &[&'static str],
