@@ -143,6 +143,11 @@ fn a_fault_during_a_split_sees_the_stored_content() {
 /// with the chunk merged: the race is only checked if some did.
 static MERGED: AtomicUsize = AtomicUsize::new(0);
 
+/// Schedules of the same scenario in which the page eviction lost the race
+/// (the merge had begun when the page needed the chunk's slot) and put the
+/// page back: that path is only checked if some did.
+static GIVEN_UP: AtomicUsize = AtomicUsize::new(0);
+
 #[test]
 fn an_eviction_racing_a_collapse_loses_nothing() {
     check(|| {
@@ -164,10 +169,17 @@ fn an_eviction_racing_a_collapse_loses_nothing() {
         if state.tag() == Tag::Resident {
             MERGED.fetch_add(1, Ordering::Relaxed);
         }
+        if model.stats().split.pages_given_up > 0 {
+            GIVEN_UP.fetch_add(1, Ordering::Relaxed);
+        }
     });
     assert!(
         MERGED.load(Ordering::Relaxed) > 0,
         "no schedule merged the chunk: the collapse was never raced"
+    );
+    assert!(
+        GIVEN_UP.load(Ordering::Relaxed) > 0,
+        "no schedule gave the page eviction up: its race with the merge was never run"
     );
 }
 

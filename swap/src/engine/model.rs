@@ -494,6 +494,11 @@ impl ModelEngine {
         }
     }
 
+    /// The engine's counters now.
+    pub fn stats(&self) -> crate::engine::SwapStats {
+        self.engine.stats()
+    }
+
     /// Unit `unit`'s state word.
     pub fn state(&self, unit: usize) -> UnitState {
         self.engine.table.load(UnitIndex::new(unit))

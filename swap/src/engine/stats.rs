@@ -378,6 +378,10 @@ counter_group! {
             pages_written,
             /// Of those, found all zero and dropped.
             pages_zero,
+            /// Of those, given up and moved back into the guest: the chunk
+            /// was being merged back or split when the page needed its
+            /// store slot (a race the evictor loses, harmlessly).
+            pages_given_up,
             /// Pages that faulted back from the store soon after their eviction
             /// and were given extra CLOCK passes (see `engine::policy`).
             page_activations,

@@ -676,10 +676,14 @@ fn split_metrics(
     labelled(
         e,
         "swap_page_evictions",
-        "Pages of split chunks evicted, by where they went.",
+        "Pages of split chunks evicted, by where they went (given_up: moved back into the guest because the chunk was being merged back or split).",
         MetricType::Counter,
         "result",
-        &[("written", split.pages_written), ("zero", split.pages_zero)],
+        &[
+            ("written", split.pages_written),
+            ("zero", split.pages_zero),
+            ("given_up", split.pages_given_up),
+        ],
     )?;
     labelled(
         e,
@@ -819,6 +823,10 @@ mod tests {
         (
             "/split/page_faults/zero",
             r#"hugevmm_swap_page_faults_total{source="zero"}"#,
+        ),
+        (
+            "/split/pages_given_up",
+            r#"hugevmm_swap_page_evictions_total{result="given_up"}"#,
         ),
         (
             "/split/pages_written",

@@ -131,6 +131,7 @@ impl Evictor<'_> {
                 self.put_page_back(at, parked)?;
                 let _ = s.parking.raw().discard(offset, PAGE_BYTES);
                 pages.settle(at, evicting, PageTransition::AbortEvict);
+                bump(&s.counters.split.pages_given_up);
                 return Ok(());
             }
             Err(e) => {
