@@ -18,9 +18,15 @@ use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
 impl Evictor<'_> {
-    /// Evicts every resident page of a split chunk.
+    /// Evicts every resident page of a split chunk, stopping once the
+    /// chunk's word no longer says `Split`: a merge (or a split being
+    /// published) has begun, and each page left would only be moved out
+    /// and put back ([`Self::split_slot`]).
     pub(super) fn evict_split(&mut self, chunk: UnitIndex) -> Result<(), SwapError> {
         for at in chunk.pages() {
+            if self.s.table.load(chunk).tag() != Tag::Split {
+                break;
+            }
             self.evict_page(at)?;
         }
         Ok(())
