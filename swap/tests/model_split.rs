@@ -191,10 +191,8 @@ static MERGED_WHOLE: AtomicUsize = AtomicUsize::new(0);
 fn evicting_a_split_chunk_whole_racing_a_collapse_loses_nothing() {
     // The evictor's sweep over every page of the chunk (`evict_split`)
     // against a merge: whatever it took before the merge began stays
-    // consistent with what the merge reads back. (The sweep's stop once
-    // the word says `Loading` saves moving the remaining pages out and
-    // back; the model's page locks are taken in one step, so no schedule
-    // here sees a merge half way through its locks.)
+    // consistent with what the merge reads back, and the pages it reaches
+    // after are left to the merge or put back.
     check(|| {
         let model = split(Some((true, 3)), Some((false, 4)));
         let collapser = spawn(&model, |m| m.collapse(0));

@@ -18,15 +18,9 @@ use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
 impl Evictor<'_> {
-    /// Evicts every resident page of a split chunk, stopping once the
-    /// chunk's word no longer says `Split`: a merge (or a split being
-    /// published) has begun, and each page left would only be moved out
-    /// and put back ([`Self::split_slot`]).
+    /// Evicts every resident page of a split chunk.
     pub(super) fn evict_split(&mut self, chunk: UnitIndex) -> Result<(), SwapError> {
         for at in chunk.pages() {
-            if self.s.table.load(chunk).tag() != Tag::Split {
-                break;
-            }
             self.evict_page(at)?;
         }
         Ok(())
@@ -104,8 +98,9 @@ impl Evictor<'_> {
                 Err(e) => {
                     let e = SwapError::uffd(
                         format!(
-                            "moving out the page at guest address {:#x}",
-                            s.geo.page_store_key(at)
+                            "moving out the page at guest address {:#x} into page {} of parking slot {p}",
+                            s.geo.page_store_key(at),
+                            index.get()
                         ),
                         e,
                     );
