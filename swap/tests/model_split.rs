@@ -183,6 +183,24 @@ fn an_eviction_racing_a_collapse_loses_nothing() {
     );
 }
 
+#[test]
+fn a_page_eviction_drops_a_stray_zero_page_in_its_parking_page() {
+    check(|| {
+        let model = split(Some((true, 3)), Some((true, 4)));
+        // Every parking page holds the zero page a late stray fault would
+        // leave: the move out finds its destination present (EEXIST).
+        model.strew_zero_pages_in_parking();
+        let evictor = spawn(&model, |m| m.evict_page(0, A));
+        let writer = spawn(&model, |m| m.write(0, B));
+        evictor.join().unwrap();
+        writer.join().unwrap();
+        assert_eq!(model.page_tag(0, A), PageTag::Stored);
+        model.check_quiescent();
+        assert_eq!(model.read(0, A), 3);
+        assert_eq!(model.read(0, B), 5);
+    });
+}
+
 /// Schedules of `evicting_a_split_chunk_whole_racing_a_collapse_loses_nothing`
 /// that ended with the chunk merged.
 static MERGED_WHOLE: AtomicUsize = AtomicUsize::new(0);

@@ -494,6 +494,21 @@ impl ModelEngine {
         }
     }
 
+    /// Populates every page of the parking area with zeros, as a late
+    /// fault on an empty parking page would (the fault service maps the
+    /// zero page there): the next move into any of them finds it present.
+    pub fn strew_zero_pages_in_parking(&self) {
+        let raw = self.engine.parking.raw();
+        for offset in (0..raw.len()).step_by(PAGE_BYTES as usize) {
+            // SAFETY: the parking area is the model's own memory, no slot
+            // is taken now (no thread runs), and one byte is written.
+            unsafe {
+                let page = raw.slice_mut(RegionOffset::new(offset), 1);
+                std::ptr::write_volatile(page.as_mut_ptr(), 0);
+            }
+        }
+    }
+
     /// The engine's counters now.
     pub fn stats(&self) -> crate::engine::SwapStats {
         self.engine.stats()
