@@ -214,7 +214,7 @@ impl Drop for StoreFile {
     }
 }
 
-/// fio's arguments that write `bytes` of `file` through once.
+/// Writes the first `bytes` of `file` through once with fio.
 fn fill(file: &Path, bytes: u64) -> Result<()> {
     let target = [
         "--ioengine=io_uring".to_string(),
