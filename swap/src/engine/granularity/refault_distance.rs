@@ -17,8 +17,8 @@
 //!   one per writer) are sequential work, which 2 MiB units serve best:
 //!   never split a stream's chunk;
 //! - **how a split chunk's page faults arrive**: a burst of faults on
-//!   one chunk, each within a few faults of the one before, means the
-//!   chunk is used densely again (a pass over it, in any order, or a dense
+//!   one chunk, more of them than one in [`BURST_DRAIN_FAULTS`] of all
+//!   faults for a while, means the chunk is used densely again (a pass over it, in any order, or a dense
 //!   hot set filling in); faults on a chunk that arrive among faults on
 //!   many other chunks (a few hot objects in each of many chunks, touched
 //!   at random) mean it is not, however many of its pages are resident.
@@ -75,10 +75,22 @@ const STREAM_ENTRY_PAGES: usize = 16;
 /// page until then (measured: 5,931 page faults against 215).
 pub(crate) const DENSE_BURST_FAULTS: u64 = 16;
 
-/// A fault continues its chunk's burst when fewer than this many faults
-/// (on any chunk) came between it and the chunk's previous one: a few
-/// vCPUs passing over their own chunks at once interleave their faults.
-const BURST_GAP_FAULTS: u64 = 2 * STREAMS as u64;
+/// A chunk's burst drains by one page fault per this many faults on any
+/// chunk (a leaky bucket filled by the chunk's own page faults): a chunk
+/// whose page faults are more than one in `BURST_DRAIN_FAULTS` of all
+/// faults fills it and collapses; one among more chunks than that drains
+/// it and stays split. A bucket, not a run of faults each within a fixed
+/// gap of the one before: with four vCPUs writing at random over their
+/// own 12 chunks each (the randwrite report's shape, 48 chunks faulting
+/// at once, about one fault in 48 each), gaps under 16 came 15 times in a
+/// row too rarely, the chunks that thrashing split stayed split, and the
+/// run thrashed page by page at 3 to 10 times the 4k unit's page faults
+/// (1 run in 3). Key-value's hot objects, scattered over 128 or 256
+/// chunks, take one fault in 128 or fewer each and drain it. A pass over
+/// one chunk (gaps of 1 or 2, one per vCPU passing) fills it at nearly one
+/// page fault per fault, so the backoff's 512 is still about a chunk's
+/// worth of page faults.
+const BURST_DRAIN_FAULTS: u64 = 64;
 
 /// Flips after which a collapse needs a burst of a whole chunk's worth of
 /// page faults: `DENSE_BURST_FAULTS << MAX_COLLAPSE_BACKOFF` is a chunk.
@@ -87,8 +99,12 @@ pub(crate) const MAX_COLLAPSE_BACKOFF: u8 = 5;
 const _: () = assert!(DENSE_BURST_FAULTS << MAX_COLLAPSE_BACKOFF == PAGES_PER_CHUNK as u64);
 
 /// A chunk's burst in one word: the `faults_seen` tick of its last page
-/// fault above, the burst's length in the low [`BURST_COUNT_BITS`].
-const BURST_COUNT_BITS: u32 = 16;
+/// fault above, the bucket's level in the low [`BURST_LEVEL_BITS`], in
+/// 1/[`BURST_DRAIN_FAULTS`] of a page fault (so a fault's tick is one unit
+/// of drain, and the level of a whole chunk's worth, 512 page faults, fits).
+const BURST_LEVEL_BITS: u32 = 16;
+
+const _: () = assert!((PAGES_PER_CHUNK as u64 + 1) * BURST_DRAIN_FAULTS < 1 << BURST_LEVEL_BITS);
 
 /// The policy's state: the streams seen, and each chunk's flips.
 pub(crate) struct RefaultDistance {
@@ -106,7 +122,7 @@ pub(crate) struct RefaultDistance {
     /// burst its next collapse needs.
     collapse_backoff: Box<[AtomicU8]>,
     /// Per chunk: its current burst of page faults (see
-    /// [`BURST_COUNT_BITS`]).
+    /// [`BURST_LEVEL_BITS`]).
     bursts: Box<[AtomicU64]>,
 }
 
@@ -138,31 +154,32 @@ impl RefaultDistance {
         DENSE_BURST_FAULTS << backoff.min(MAX_COLLAPSE_BACKOFF)
     }
 
-    /// Adds a page fault on `chunk`, seen now, to its burst (or starts a
-    /// new one) and returns the burst's length. Call after
-    /// [`RefaultDistance::note_fault`] for the same fault, which ticks the
-    /// clock.
+    /// Adds a page fault on `chunk`, seen now, to its burst, drained by
+    /// the faults since its previous one, and returns the burst's length
+    /// in whole page faults. Call after [`RefaultDistance::note_fault`]
+    /// for the same fault, which ticks the clock.
     fn note_burst(&self, chunk: UnitIndex) -> u64 {
         let Some(burst) = self.bursts.get(chunk.get()) else {
             return 0;
         };
         let now = self.faults_seen.load(Ordering::Relaxed);
-        let count_mask = (1u64 << BURST_COUNT_BITS) - 1;
-        let mut length = 0;
+        let level_mask = (1u64 << BURST_LEVEL_BITS) - 1;
+        let full = PAGES_PER_CHUNK as u64 * BURST_DRAIN_FAULTS;
+        let mut level = 0;
         // Only the chunk's own page faults update its word; a lost race
         // between two of them would only lose a sample, but the update is
         // cheap enough to make exact.
         let _ = burst.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |word| {
-            let last = word >> BURST_COUNT_BITS;
-            let count = word & count_mask;
-            length = if word != 0 && now.saturating_sub(last) <= BURST_GAP_FAULTS {
-                (count + 1).min(count_mask)
+            let last = word >> BURST_LEVEL_BITS;
+            let drained = if word == 0 {
+                0
             } else {
-                1
+                (word & level_mask).saturating_sub(now.saturating_sub(last))
             };
-            Some((now << BURST_COUNT_BITS) | length)
+            level = (drained + BURST_DRAIN_FAULTS).min(full);
+            Some((now << BURST_LEVEL_BITS) | level)
         });
-        length
+        level.div_ceil(BURST_DRAIN_FAULTS)
     }
 
     /// Notes that the policy splits `chunk` again after collapsing it.
@@ -465,25 +482,42 @@ mod tests {
             fault(201);
         }
         assert_eq!(lengths, (1..=DENSE_BURST_FAULTS).collect::<Vec<_>>());
-        // A chunk touched now and then among faults on 64 others: each of
-        // its faults starts a new burst, however many there are.
+        // A chunk touched now and then among faults on 64 others: its
+        // bucket drains between faults, however many there are.
         for round in 0..100 {
             assert_eq!(fault(7), 1, "round {round}");
             for other in 0..64 {
                 fault(100 + other);
             }
         }
-        // A gap of BURST_GAP_FAULTS still continues a burst; one more
-        // ends it.
-        fault(9);
-        for other in 0..BURST_GAP_FAULTS - 1 {
-            fault(100 + other as usize);
+        // Key-value's shape: 128 chunks faulting in turn. None fills.
+        let mut longest = 0;
+        for _ in 0..1000 {
+            for chunk in 0..128 {
+                longest = longest.max(fault(chunk));
+            }
         }
-        assert_eq!(fault(9), 2);
-        for other in 0..BURST_GAP_FAULTS {
-            fault(100 + other as usize);
+        assert_eq!(longest, 1, "one fault in 128 is sparse");
+        // Randwrite's: 48 chunks faulting in turn, each more than one
+        // fault in 64, fill their buckets (by 16 faults' worth a round).
+        let mut rounds = 0;
+        'fill: for round in 1..=100 {
+            for chunk in 0..48 {
+                if fault(chunk) >= DENSE_BURST_FAULTS {
+                    rounds = round;
+                    break 'fill;
+                }
+            }
         }
-        assert_eq!(fault(9), 1);
+        assert!((50..=60).contains(&rounds), "filled after {rounds} rounds");
+        // A burst drains by a page fault per BURST_DRAIN_FAULTS faults.
+        for _ in 0..10 {
+            fault(250);
+        }
+        for other in 0..5 * BURST_DRAIN_FAULTS {
+            fault(130 + (other % 100) as usize);
+        }
+        assert_eq!(fault(250), 10 - 5 + 1);
     }
 
     #[test]
