@@ -96,7 +96,9 @@ pub enum CollapseReason {
 /// What a refault means for a chunk ([`GranularityPolicy::on_refault`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refault {
-    /// The policy is off (or the chunk pinned): nothing to note.
+    /// Nothing to note: the policy is off, the chunk pinned, or the
+    /// refault is one of a run at a medium distance not yet long enough to
+    /// split it (its short mark stays as it was).
     Keep,
     /// Back after a long time, or on a stream: clear the short mark.
     Long,

@@ -92,6 +92,25 @@ pub(crate) const DENSE_BURST_FAULTS: u64 = 16;
 /// worth of page faults.
 const BURST_DRAIN_FAULTS: u64 = 64;
 
+/// Refaults in a row at a medium distance (between the short threshold
+/// and twice it: a working set of two to three times the limit, cycling
+/// through it) after which a chunk is split; a short refault and a medium
+/// one next to each other split it too. Each such refault read the whole
+/// chunk; a split risks about two such reads on a chunk that turns out
+/// dense (16 page faults, then a collapse), so two strikes keep either
+/// mistake within a small factor of the other, in the manner of ski
+/// rental. Why: the mixed workload's 128 hot chunks of one hot page each,
+/// beside a stream, come back every round at about 66 evictions under a
+/// 64-chunk limit, just past the short threshold; they split late or
+/// never, and the run took 0.97-6.25 s (store faults 350-4,113) against
+/// 0.75-0.90 s (239-255) with medium refaults counted. What it costs: a
+/// chunk that two vCPUs pass over one after another (the verify job) also
+/// comes back at about the limit's distance, a few times in all, and is
+/// dense: verify 1.10-1.60 s against 0.89-1.16 s (131-139 splits against
+/// 68-73), docs/GRANULARITY.md. Three medium strikes instead of two gave
+/// verify 0.95-1.37 s and mixed 1.16-1.50 s: both costs, neither gain.
+pub(crate) const MEDIUM_REFAULTS_TO_SPLIT: u8 = 2;
+
 /// Flips after which a collapse needs a burst of a whole chunk's worth of
 /// page faults: `DENSE_BURST_FAULTS << MAX_COLLAPSE_BACKOFF` is a chunk.
 pub(crate) const MAX_COLLAPSE_BACKOFF: u8 = 5;
@@ -121,6 +140,9 @@ pub(crate) struct RefaultDistance {
     /// collapsing it, up to [`MAX_COLLAPSE_BACKOFF`]; each doubles the
     /// burst its next collapse needs.
     collapse_backoff: Box<[AtomicU8]>,
+    /// Per chunk: its refaults in a row at a medium distance (see
+    /// [`MEDIUM_REFAULTS_TO_SPLIT`]).
+    medium_refaults: Box<[AtomicU8]>,
     /// Per chunk: its current burst of page faults (see
     /// [`BURST_LEVEL_BITS`]).
     bursts: Box<[AtomicU64]>,
@@ -140,6 +162,7 @@ impl RefaultDistance {
             faults_seen: AtomicU64::new(0),
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             collapse_backoff: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
+            medium_refaults: (0..chunks).map(|_| AtomicU8::new(0)).collect(),
             bursts: (0..chunks).map(|_| AtomicU64::new(0)).collect(),
         }
     }
@@ -280,7 +303,8 @@ impl GranularityPolicy for RefaultDistance {
 
     /// Splits a chunk on its second short refault in a row, so that a
     /// chunk that happened to come back soon once (several vCPUs passing
-    /// over it one after another) stays huge.
+    /// over it one after another) stays huge, or on its
+    /// [`MEDIUM_REFAULTS_TO_SPLIT`]th in a row at a medium distance.
     fn on_refault(&self, event: RefaultEvent) -> Refault {
         let state = event.state;
         if state.pinned() {
@@ -289,20 +313,44 @@ impl GranularityPolicy for RefaultDistance {
         let Some(limit_chunks) = event.limit_chunks else {
             return Refault::Keep;
         };
+        // Only the thread that holds the chunk for its restore decides
+        // on it, so plain loads and stores of its count cannot race.
+        let medium = self.medium_refaults.get(event.chunk.get());
+        let set_medium = |count: u8| {
+            if let Some(m) = medium {
+                m.store(count, Ordering::Relaxed);
+            }
+        };
         if event.stream {
+            set_medium(0);
             return Refault::Long;
         }
         let mut threshold = limit_chunks.max(4);
         if state.collapsed() {
             threshold /= 4;
         }
-        if event.distance_evictions >= threshold {
-            Refault::Long
-        } else if state.short_refault() {
+        let split = || {
+            set_medium(0);
             if state.collapsed() {
                 self.note_flip(event.chunk);
             }
             Refault::Split
+        };
+        if event.distance_evictions >= 2 * threshold {
+            set_medium(0);
+            Refault::Long
+        } else if event.distance_evictions >= threshold {
+            let count = medium.map_or(0, |m| m.load(Ordering::Relaxed)) + 1;
+            if count >= MEDIUM_REFAULTS_TO_SPLIT || state.short_refault() {
+                split()
+            } else {
+                // The short mark stays as it was: a medium refault neither
+                // confirms nor clears it.
+                set_medium(count);
+                Refault::Keep
+            }
+        } else if state.short_refault() || medium.is_some_and(|m| m.load(Ordering::Relaxed) > 0) {
+            split()
         } else {
             Refault::Short
         }
@@ -518,6 +566,63 @@ mod tests {
             fault(130 + (other % 100) as usize);
         }
         assert_eq!(fault(250), 10 - 5 + 1);
+    }
+
+    #[test]
+    fn a_run_of_medium_refaults_splits_a_chunk_and_a_long_one_ends_the_run() {
+        let g = RefaultDistance::new(4);
+        let refault = |chunk: usize, distance_evictions: u64, stream: bool| {
+            g.on_refault(RefaultEvent {
+                chunk: UnitIndex::new(chunk),
+                state: stored(false, false),
+                stream,
+                distance_evictions,
+                limit_chunks: Some(64),
+            })
+        };
+        // Between the limit's chunks and twice them: medium.
+        assert_eq!(refault(1, 66, false), Refault::Keep);
+        assert_eq!(refault(1, 127, false), Refault::Split, "the second in a row");
+        assert_eq!(refault(1, 66, false), Refault::Keep, "the count starts again");
+        // A long refault or a stream's ends the run.
+        assert_eq!(refault(2, 128, false), Refault::Long);
+        assert_eq!(refault(2, 66, false), Refault::Keep);
+        assert_eq!(refault(2, 128, false), Refault::Long);
+        assert_eq!(refault(2, 66, false), Refault::Keep);
+        assert_eq!(refault(2, 66, true), Refault::Long);
+        // A medium refault after a short one (the chunk word's mark) splits.
+        let marked = g.on_refault(RefaultEvent {
+            chunk: UnitIndex::new(2),
+            state: stored(false, true),
+            stream: false,
+            distance_evictions: 70,
+            limit_chunks: Some(64),
+        });
+        assert_eq!(marked, Refault::Split);
+        // A short refault after a medium one splits.
+        assert_eq!(refault(2, 66, false), Refault::Keep);
+        assert_eq!(refault(2, 3, false), Refault::Split);
+        assert_eq!(refault(2, 3, false), Refault::Short, "the run ended");
+        // A collapsed chunk's thresholds are four times shorter.
+        let collapsed = |distance_evictions: u64| {
+            g.on_refault(RefaultEvent {
+                chunk: UnitIndex::new(3),
+                state: stored(true, false),
+                stream: false,
+                distance_evictions,
+                limit_chunks: Some(64),
+            })
+        };
+        assert_eq!(collapsed(32), Refault::Long);
+        assert_eq!(collapsed(16), Refault::Keep);
+        assert_eq!(collapsed(32), Refault::Long, "the run ended");
+        assert_eq!(collapsed(31), Refault::Keep);
+        assert_eq!(collapsed(20), Refault::Split);
+        assert_eq!(
+            g.dense_burst_faults(UnitIndex::new(3)),
+            2 * DENSE_BURST_FAULTS,
+            "a collapsed chunk split again flipped"
+        );
     }
 
     #[test]
