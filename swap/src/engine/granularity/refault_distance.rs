@@ -25,7 +25,8 @@
 //!
 //! Rules: a chunk that faults back from the store (or the parking area)
 //! with a short refault distance, not on a stream, for the second time in
-//! a row, is split; its cold pages then leave one by one and its hot
+//! a row (or at a medium one, up to twice the short threshold, twice in a
+//! row or beside a short one: [`MEDIUM_REFAULTS_TO_SPLIT`]), is split; its cold pages then leave one by one and its hot
 //! pages come back alone. A split chunk whose page faults make a burst of
 //! `DENSE_BURST_FAULTS` is collapsed (its stored pages read in one I/O).
 //!
@@ -106,8 +107,8 @@ const BURST_DRAIN_FAULTS: u64 = 64;
 /// 0.75-0.90 s (239-255) with medium refaults counted. What it costs: a
 /// chunk that two vCPUs pass over one after another (the verify job) also
 /// comes back at about the limit's distance, a few times in all, and is
-/// dense: verify 1.10-1.60 s against 0.89-1.16 s (131-139 splits against
-/// 68-73), docs/GRANULARITY.md. Three medium strikes instead of two gave
+/// dense: verify 1.10-1.60 s against 0.85-1.16 s (131-139 splits against
+/// 64-77), docs/GRANULARITY.md. Three medium strikes instead of two gave
 /// verify 0.95-1.37 s and mixed 1.16-1.50 s: both costs, neither gain.
 pub(crate) const MEDIUM_REFAULTS_TO_SPLIT: u8 = 2;
 
