@@ -583,8 +583,16 @@ mod tests {
         };
         // Between the limit's chunks and twice them: medium.
         assert_eq!(refault(1, 66, false), Refault::Keep);
-        assert_eq!(refault(1, 127, false), Refault::Split, "the second in a row");
-        assert_eq!(refault(1, 66, false), Refault::Keep, "the count starts again");
+        assert_eq!(
+            refault(1, 127, false),
+            Refault::Split,
+            "the second in a row"
+        );
+        assert_eq!(
+            refault(1, 66, false),
+            Refault::Keep,
+            "the count starts again"
+        );
         // A long refault or a stream's ends the run.
         assert_eq!(refault(2, 128, false), Refault::Long);
         assert_eq!(refault(2, 66, false), Refault::Keep);
