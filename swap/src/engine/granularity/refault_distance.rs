@@ -18,16 +18,18 @@
 //!   never split a stream's chunk;
 //! - **how a split chunk's page faults arrive**: a burst of faults on
 //!   one chunk, more of them than one in [`BURST_DRAIN_FAULTS`] of all
-//!   faults for a while, means the chunk is used densely again (a pass over it, in any order, or a dense
-//!   hot set filling in); faults on a chunk that arrive among faults on
-//!   many other chunks (a few hot objects in each of many chunks, touched
-//!   at random) mean it is not, however many of its pages are resident.
+//!   faults for a while, means the chunk is used densely again (a pass
+//!   over it, in any order, or a dense hot set filling in); faults on a
+//!   chunk that arrive among faults on many other chunks (a few hot
+//!   objects in each of many chunks, touched at random) mean it is not,
+//!   however many of its pages are resident.
 //!
 //! Rules: a chunk that faults back from the store (or the parking area)
 //! with a short refault distance, not on a stream, for the second time in
 //! a row (or at a medium one, up to twice the short threshold, twice in a
-//! row or beside a short one: [`MEDIUM_REFAULTS_TO_SPLIT`]), is split; its cold pages then leave one by one and its hot
-//! pages come back alone. A split chunk whose page faults make a burst of
+//! row or beside a short one: [`MEDIUM_REFAULTS_TO_SPLIT`]), is split;
+//! its cold pages then leave one by one and its hot pages come back
+//! alone. A split chunk whose page faults make a burst of
 //! `DENSE_BURST_FAULTS` is collapsed (its stored pages read in one I/O).
 //!
 //! The cost of changing its mind is bounded per chunk, in the manner of
@@ -304,8 +306,9 @@ impl GranularityPolicy for RefaultDistance {
 
     /// Splits a chunk on its second short refault in a row, so that a
     /// chunk that happened to come back soon once (several vCPUs passing
-    /// over it one after another) stays huge, or on its
-    /// [`MEDIUM_REFAULTS_TO_SPLIT`]th in a row at a medium distance.
+    /// over it one after another) stays huge; or on its
+    /// [`MEDIUM_REFAULTS_TO_SPLIT`]th in a row at a medium distance, or on
+    /// a short and a medium one next to each other.
     fn on_refault(&self, event: RefaultEvent) -> Refault {
         let state = event.state;
         if state.pinned() {
