@@ -69,6 +69,8 @@ struct Served {
     /// When the faulting thread was woken, where work went on after it
     /// (a collapse after a page fault); otherwise when `handle` returned.
     woken_at: Option<Instant>,
+    /// The faulting thread (0: the kernel did not say).
+    thread_id: u32,
 }
 
 impl Served {
@@ -136,7 +138,10 @@ impl FaultService {
                 // the batch waited for the earlier ones, which is queueing, not
                 // the cost of their own restore.
                 let started = Instant::now();
-                let mut served = Served::default();
+                let mut served = Served {
+                    thread_id,
+                    ..Served::default()
+                };
                 let handled = s.handle(address, kind, write, &mut served);
                 let woken_at = served.woken_at.unwrap_or_else(Instant::now);
                 let stall_source = match &handled {
@@ -239,7 +244,9 @@ impl FaultService {
     ) -> Result<Outcome, SwapError> {
         let s = self;
         let Some((unit, page_in_unit)) = s.geo.locate(Hva::new(address)) else {
-            s.restorer.installer.resolve_stray(address);
+            s.restorer
+                .installer
+                .resolve_stray(address, served.thread_id);
             return Ok(Outcome::Woken(None));
         };
         let stream = s.granularity.active() && s.granularity.on_fault(unit, page_in_unit);

@@ -16,6 +16,7 @@
 //! caller published the new state, so a woken thread (and anyone it talks
 //! to) sees the state its fault produced.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -357,15 +358,40 @@ impl Installer {
         }
     }
 
-    /// Resolves a fault outside guest RAM: only an engine bug touches an
-    /// empty parking page (zero is mapped so the toucher does not hang);
-    /// anything else is woken.
-    pub fn resolve_stray(&self, address: u64) {
+    /// Resolves a fault outside guest RAM by thread `thread_id` (0: the
+    /// kernel did not say). Only an engine bug touches an empty parking
+    /// page: it is logged with the thread and the page (a page evictor
+    /// once found such a zero page where it moved to, and which thread
+    /// left it is not known), and zero is mapped so the toucher does not
+    /// hang; if the page was filled meanwhile by a fill that wakes nobody,
+    /// the toucher is woken instead. Anything else is woken.
+    pub fn resolve_stray(&self, address: u64, thread_id: u32) {
+        let page = page_of(address);
         let parking = self.parking.raw();
-        if address >= parking.base() && address < parking.base() + parking.len() {
-            let _ = self.uffd.zeropage(page_of(address), PAGE_BYTES, false);
-        } else {
-            let _ = self.uffd.wake(page_of(address), PAGE_BYTES);
+        if address < parking.base() || address >= parking.base() + parking.len() {
+            let _ = self.uffd.wake(page, PAGE_BYTES);
+            return;
+        }
+        let result = self.uffd.zeropage(page, PAGE_BYTES, false);
+        if STRAY_PARKING_WARNINGS.fetch_add(1, Ordering::Relaxed) < MAX_STRAY_PARKING_WARNINGS {
+            let place = match self.parking.locate(address) {
+                Some((slot, index)) => format!("page {index} of parking slot {slot}"),
+                None => format!("{address:#x}, in the parking area past its slots"),
+            };
+            log::warn!(
+                "swap engine: thread {thread_id} ({}) faulted on {place}, which was empty: an engine bug; {}",
+                thread_name(thread_id),
+                match &result {
+                    Ok(()) => "mapped the zero page there".to_string(),
+                    Err(e) if e.is_eexist() => {
+                        "the page was filled meanwhile; woke the thread".to_string()
+                    }
+                    Err(e) => format!("mapping the zero page failed: {e}"),
+                }
+            );
+        }
+        if result.as_ref().is_err_and(|e| e.is_eexist()) {
+            let _ = self.uffd.wake(page, PAGE_BYTES);
         }
     }
 
@@ -421,4 +447,18 @@ impl Installer {
             })?;
         Ok(Outcome::Woken(source))
     }
+}
+
+/// Stray parking faults logged so far (each is an engine bug; the first
+/// few say enough).
+static STRAY_PARKING_WARNINGS: AtomicU64 = AtomicU64::new(0);
+
+/// Stray parking faults logged one by one.
+const MAX_STRAY_PARKING_WARNINGS: u64 = 8;
+
+/// The name of thread `thread_id` of this process, or "?" where it cannot
+/// be read (under the VMM's seccomp filters `openat` is refused).
+fn thread_name(thread_id: u32) -> String {
+    std::fs::read_to_string(format!("/proc/self/task/{thread_id}/comm"))
+        .map_or_else(|_| "?".to_string(), |name| name.trim_end().to_string())
 }

@@ -21,6 +21,7 @@ use crate::index::ParkingSlot;
 /// Fixed-size parking slots.
 pub struct Parking {
     mapping: AnonMapping,
+    slots: usize,
     slot_bytes: u64,
     free: Mutex<FreeSlots>,
     freed: Condvar,
@@ -56,6 +57,7 @@ impl Parking {
             .dont_dump(RegionOffset::ZERO, mapping.range().len())?;
         Ok(Parking {
             mapping,
+            slots,
             slot_bytes,
             free: Mutex::new(FreeSlots {
                 stack: (0..slots as u32).rev().map(ParkingSlot::new).collect(),
@@ -78,6 +80,21 @@ impl Parking {
     /// Address of slot `slot`.
     pub fn addr(&self, slot: ParkingSlot) -> Hva {
         Hva::new(self.raw().base()).offset_by(self.offset(slot).get())
+    }
+
+    /// The slot and the page in it that address `address` falls in, if it
+    /// is in the area.
+    pub fn locate(&self, address: u64) -> Option<(ParkingSlot, u64)> {
+        let offset = address.checked_sub(self.raw().base())?;
+        // The mapping may be longer than its slots (rounded up).
+        if offset >= self.slots as u64 * self.slot_bytes {
+            return None;
+        }
+        let slot = u32::try_from(offset / self.slot_bytes).ok()?;
+        Some((
+            ParkingSlot::new(slot),
+            offset % self.slot_bytes / guestmem::PAGE_BYTES,
+        ))
     }
 
     /// Takes a free slot, if any.
@@ -146,6 +163,23 @@ fn assert_taken(taken: bool, slot: ParkingSlot) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_is_located_in_its_slot_and_page() {
+        let parking = Parking::new(3, 4 * 4096).unwrap();
+        let base = parking.raw().base();
+        assert_eq!(parking.locate(base), Some((ParkingSlot::new(0), 0)));
+        assert_eq!(
+            parking.locate(base + 4 * 4096 + 2 * 4096 + 17),
+            Some((ParkingSlot::new(1), 2))
+        );
+        assert_eq!(
+            parking.locate(base + 3 * 4 * 4096 - 1),
+            Some((ParkingSlot::new(2), 3))
+        );
+        assert_eq!(parking.locate(base + 3 * 4 * 4096), None, "past the end");
+        assert_eq!(parking.locate(base - 1), None, "before the start");
+    }
 
     #[test]
     fn slots_come_back_once_each() {
