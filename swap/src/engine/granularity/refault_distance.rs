@@ -320,6 +320,7 @@ impl GranularityPolicy for RefaultDistance {
         // Only the thread that holds the chunk for its restore decides
         // on it, so plain loads and stores of its count cannot race.
         let medium = self.medium_refaults.get(event.chunk.get());
+        let medium_so_far = medium.map_or(0, |m| m.load(Ordering::Relaxed));
         let set_medium = |count: u8| {
             if let Some(m) = medium {
                 m.store(count, Ordering::Relaxed);
@@ -344,7 +345,7 @@ impl GranularityPolicy for RefaultDistance {
             set_medium(0);
             Refault::Long
         } else if event.distance_evictions >= threshold {
-            let count = medium.map_or(0, |m| m.load(Ordering::Relaxed)) + 1;
+            let count = medium_so_far + 1;
             if count >= MEDIUM_REFAULTS_TO_SPLIT || state.short_refault() {
                 split()
             } else {
@@ -353,7 +354,7 @@ impl GranularityPolicy for RefaultDistance {
                 set_medium(count);
                 Refault::Keep
             }
-        } else if state.short_refault() || medium.is_some_and(|m| m.load(Ordering::Relaxed) > 0) {
+        } else if state.short_refault() || medium_so_far > 0 {
             split()
         } else {
             Refault::Short
