@@ -9,7 +9,7 @@
 //! | `Resident` | mapped in the guest; flags `HUGE` (restored as one PMD), `CLEAN` (the store slot holds an identical copy), `WP` (write-protected to detect the first write) | store slot if `CLEAN` |
 //! | `Staged` | taken from the guest, content in the parking area; `WRITING` while the store write is in flight | parking slot |
 //! | `Stored` | content only in the store | store slot |
-//! | `Loading` | in flight towards `Resident`; one fault thread owns it | parking slot if `WRITING` |
+//! | `Loading` | in flight towards `Resident`; one fault thread owns it; `MERGING` when a split chunk is being merged back (`BeginMerge`), whose `CLEAN` then means "has a slot for its pages" rather than "the store holds a copy of the chunk" | parking slot if `WRITING`; the pages' store slot if `MERGING` and `CLEAN`; store slot if `CLEAN` otherwise |
 //! | `Evicting` | in flight away from `Resident`; one evicting thread owns it | store slot if `CLEAN` |
 //!
 //! Other flags: `REFERENCED` (CLOCK bit, set on restore and on a

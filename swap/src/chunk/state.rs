@@ -52,6 +52,7 @@ impl Tag {
 }
 
 const TAG_MASK: u64 = 0x7;
+const MERGING: u64 = 1 << 3;
 const HUGE: u64 = 1 << 4;
 const CLEAN: u64 = 1 << 5;
 const WP: u64 = 1 << 6;
@@ -77,6 +78,7 @@ impl std::fmt::Debug for UnitState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}(index={}", self.tag(), self.index())?;
         for (bit, name) in [
+            (MERGING, "merging"),
             (HUGE, "huge"),
             (CLEAN, "clean"),
             (WP, "wp"),
@@ -138,8 +140,18 @@ impl UnitState {
 
     /// The store slot a split chunk's pages live in, if it has one yet
     /// (`CLEAN` on a `Split` word, or on a `Loading` one merging it back).
+    ///
+    /// `CLEAN` on any other `Loading` word means something else: the
+    /// whole chunk's store copy, which a chunk split as it is restored
+    /// frees. `MERGING` tells the two apart, so this never answers with
+    /// a whole chunk's slot.
     pub fn split_slot(self) -> Option<SlotId> {
-        (matches!(self.tag(), Tag::Split | Tag::Loading) && self.clean()).then(|| self.store_slot())
+        let names_split_slot = match self.tag() {
+            Tag::Split => true,
+            Tag::Loading => self.merging(),
+            _ => false,
+        };
+        (names_split_slot && self.clean()).then(|| self.store_slot())
     }
 
     /// The parking slot in the index field: of a `Staged` unit, or of one
@@ -159,6 +171,12 @@ impl UnitState {
         UnitState(flags | tag as u64 | (u64::from(index) << INDEX_SHIFT))
     }
 
+    flag!(
+        merging,
+        with_merging,
+        MERGING,
+        "A `Loading` word of a split chunk being merged back (`BeginMerge`), whose `CLEAN` names the pages' slot."
+    );
     flag!(huge, with_huge, HUGE, "Restored as one huge mapping.");
     flag!(
         clean,

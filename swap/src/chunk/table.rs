@@ -432,7 +432,7 @@ impl ChunkTable {
     /// caller then locks its pages. Returns the `Loading` word (keeping the
     /// slot), or the current word if it changed first.
     pub fn begin_merge(&self, at: UnitRef, split: UnitState) -> Result<UnitState, UnitState> {
-        let loading = split.to(Tag::Loading, split.index());
+        let loading = split.to(Tag::Loading, split.index()).with_merging(true);
         self.take(at, Transition::BeginMerge, split, loading)
             .map(|()| loading)
     }
@@ -440,7 +440,7 @@ impl ChunkTable {
     /// The merging thread gives up: the chunk is split again (its pages
     /// unlocked by the caller first).
     pub fn abort_merge(&self, at: UnitRef, loading: UnitState) -> UnitState {
-        let split = loading.to(Tag::Split, loading.index());
+        let split = loading.to(Tag::Split, loading.index()).with_merging(false);
         self.publish(at, Transition::AbortMerge, loading, split);
         split
     }
@@ -451,6 +451,7 @@ impl ChunkTable {
     pub fn finish_collapse(&self, at: UnitRef, loading: UnitState, huge: bool) -> UnitState {
         let resident = loading
             .to(Tag::Resident, 0)
+            .with_merging(false)
             .with_clean(false)
             .with_wp(false)
             .with_huge(huge)
@@ -465,6 +466,7 @@ impl ChunkTable {
     pub fn finish_merge_absent(&self, at: UnitRef, loading: UnitState) {
         let absent = loading
             .to(Tag::Absent, 0)
+            .with_merging(false)
             .with_clean(false)
             .with_wp(false)
             .with_huge(false)
@@ -609,6 +611,7 @@ impl ChunkTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chunk::PageTag;
     use std::sync::Arc;
 
     #[test]
@@ -626,6 +629,35 @@ mod tests {
         assert_eq!(t.index(), u32::MAX);
         assert!(!t.waiters(), "publishing drops WAITERS");
         assert!(t.huge() && t.clean());
+    }
+
+    #[test]
+    fn only_a_split_word_or_a_merges_loading_word_names_the_pages_slot() {
+        let table = ChunkTable::new(1, 2 << 20, true);
+        let chunk = UnitIndex::new(0);
+        let loading = table.begin_fault(chunk.into(), UnitState::ABSENT).unwrap();
+        let restored = Restored {
+            huge: true,
+            clean_slot: Some(SlotId::new(5)),
+            write_protected: true,
+            prefetched: false,
+        };
+        let resident = table.finish_restore(chunk.into(), loading, restored);
+        // A fault on the clean resident chunk: its Loading word is CLEAN
+        // with the whole chunk's copy, which is no slot of pages.
+        let loading = table.begin_fault(chunk.into(), resident).unwrap();
+        assert!(loading.clean() && !loading.merging());
+        assert_eq!(loading.split_slot(), None, "{loading:?}");
+        let split = table.finish_split(chunk.into(), loading, Some(SlotId::new(7)), &|_| {
+            PageState::new(PageTag::Stored)
+        });
+        assert_eq!(split.split_slot(), Some(SlotId::new(7)));
+        let merging = table.begin_merge(chunk.into(), split).unwrap();
+        assert!(merging.merging());
+        assert_eq!(merging.split_slot(), Some(SlotId::new(7)), "{merging:?}");
+        let split = table.abort_merge(chunk.into(), merging);
+        assert!(!split.merging(), "ending the merge clears MERGING");
+        assert_eq!(split.split_slot(), Some(SlotId::new(7)));
     }
 
     #[test]

@@ -89,6 +89,8 @@ enum Need {
     Clean,
     NotClean,
     NotPinned,
+    Merging,
+    NotMerging,
 }
 
 impl Need {
@@ -100,6 +102,8 @@ impl Need {
             Need::Clean => s.clean(),
             Need::NotClean => !s.clean(),
             Need::NotPinned => !s.pinned(),
+            Need::Merging => s.merging(),
+            Need::NotMerging => !s.merging(),
         }
     }
 }
@@ -161,8 +165,8 @@ impl Transition {
             Transition::BeginRead => rule(&[Stored], Need::Any, Some(Loading)),
             Transition::BeginHandBack => rule(&[Staged], Need::Any, Some(Loading)),
             Transition::BeginResidentFault => rule(&[Resident], Need::Any, Some(Loading)),
-            Transition::FinishRestore => rule(&[Loading], Need::Any, Some(Resident)),
-            Transition::EndResidentFault => rule(&[Loading], Need::Any, Some(Resident)),
+            Transition::FinishRestore => rule(&[Loading], Need::NotMerging, Some(Resident)),
+            Transition::EndResidentFault => rule(&[Loading], Need::NotMerging, Some(Resident)),
             Transition::BeginEvict => rule(&[Resident], Need::NotPinned, Some(Evicting)),
             Transition::AbortEvict => rule(&[Evicting], Need::Any, Some(Resident)),
             Transition::SettleZero => rule(&[Evicting], Need::Any, Some(Absent)),
@@ -176,12 +180,12 @@ impl Transition {
             Transition::Pin => rule(&[Absent, Resident, Stored], Need::Any, None),
             Transition::Reference => rule(&[Resident], Need::Any, None),
             Transition::AddWaiter => rule(&[Loading, Evicting], Need::Any, None),
-            Transition::FinishSplit => rule(&[Loading], Need::Any, Some(Split)),
+            Transition::FinishSplit => rule(&[Loading], Need::NotMerging, Some(Split)),
             Transition::AssignSplitSlot => rule(&[Split], Need::NotClean, None),
             Transition::BeginMerge => rule(&[Split], Need::Any, Some(Loading)),
-            Transition::AbortMerge => rule(&[Loading], Need::Any, Some(Split)),
-            Transition::FinishCollapse => rule(&[Loading], Need::Any, Some(Resident)),
-            Transition::FinishMergeAbsent => rule(&[Loading], Need::Any, Some(Absent)),
+            Transition::AbortMerge => rule(&[Loading], Need::Merging, Some(Split)),
+            Transition::FinishCollapse => rule(&[Loading], Need::Merging, Some(Resident)),
+            Transition::FinishMergeAbsent => rule(&[Loading], Need::Merging, Some(Absent)),
         }
     }
 
@@ -197,7 +201,8 @@ impl Transition {
     }
 
     /// Checks `from -> to` against the table (tag and flags that must
-    /// change: WRITING for the write transitions, PINNED, WAITERS).
+    /// change: WRITING for the write transitions, PINNED, WAITERS,
+    /// MERGING for the merge's).
     pub fn check(self, from: UnitState, to: UnitState) -> Result<(), IllegalTransition> {
         let flags_ok = match self {
             Transition::BeginWrite => to.writing(),
@@ -206,6 +211,10 @@ impl Transition {
             Transition::AddWaiter => to.waiters(),
             Transition::SettleClean => !to.writing(),
             Transition::AssignSplitSlot => to.clean(),
+            Transition::BeginMerge => to.merging(),
+            Transition::AbortMerge | Transition::FinishCollapse | Transition::FinishMergeAbsent => {
+                !to.merging()
+            }
             _ => true,
         };
         if self.allowed_from(from) && to.tag() == self.to_tag(from) && flags_ok {
@@ -257,7 +266,11 @@ mod tests {
             (Transition::BeginRead, Stored) => Some(Loading),
             (Transition::BeginHandBack, Staged) => Some(Loading),
             (Transition::BeginResidentFault, Resident) => Some(Loading),
-            (Transition::FinishRestore | Transition::EndResidentFault, Loading) => Some(Resident),
+            (Transition::FinishRestore | Transition::EndResidentFault, Loading)
+                if !from.merging() =>
+            {
+                Some(Resident)
+            }
             (Transition::BeginEvict, Resident) if !from.pinned() => Some(Evicting),
             (Transition::AbortEvict, Evicting) => Some(Resident),
             (Transition::SettleZero | Transition::SettleDiscarded, Evicting) => Some(Absent),
@@ -270,12 +283,12 @@ mod tests {
             (Transition::Pin, Absent | Resident | Stored) => Some(tag),
             (Transition::Reference, Resident) => Some(Resident),
             (Transition::AddWaiter, Loading | Evicting) => Some(tag),
-            (Transition::FinishSplit, Loading) => Some(Split),
+            (Transition::FinishSplit, Loading) if !from.merging() => Some(Split),
             (Transition::AssignSplitSlot, Split) if !from.clean() => Some(Split),
             (Transition::BeginMerge, Split) => Some(Loading),
-            (Transition::AbortMerge, Loading) => Some(Split),
-            (Transition::FinishCollapse, Loading) => Some(Resident),
-            (Transition::FinishMergeAbsent, Loading) => Some(Absent),
+            (Transition::AbortMerge, Loading) if from.merging() => Some(Split),
+            (Transition::FinishCollapse, Loading) if from.merging() => Some(Resident),
+            (Transition::FinishMergeAbsent, Loading) if from.merging() => Some(Absent),
             _ => None,
         }
     }
@@ -284,13 +297,14 @@ mod tests {
     fn all_states() -> Vec<UnitState> {
         let mut states = Vec::new();
         for tag in TAGS {
-            for bits in 0..8u32 {
+            for bits in 0..16u32 {
                 states.push(
                     UnitState::ABSENT
                         .to(tag, 3)
                         .with_writing(bits & 1 != 0)
                         .with_clean(bits & 2 != 0)
-                        .with_pinned(bits & 4 != 0),
+                        .with_pinned(bits & 4 != 0)
+                        .with_merging(bits & 8 != 0),
                 );
             }
         }
@@ -315,7 +329,14 @@ mod tests {
                         .with_writing(t == Transition::BeginWrite)
                         .with_pinned(from.pinned() || t == Transition::Pin)
                         .with_waiters(t == Transition::AddWaiter)
-                        .with_clean(from.clean() || t == Transition::AssignSplitSlot);
+                        .with_clean(from.clean() || t == Transition::AssignSplitSlot)
+                        .with_merging(match t {
+                            Transition::BeginMerge => true,
+                            Transition::AbortMerge
+                            | Transition::FinishCollapse
+                            | Transition::FinishMergeAbsent => false,
+                            _ => from.merging(),
+                        });
                     let ok = t.check(from, to).is_ok();
                     assert_eq!(ok, want == Some(to_tag), "{t:?}: {from:?} -> {to:?}");
                     if ok {
