@@ -14,7 +14,6 @@ use crate::index::{PageIndex, ParkingSlot, UnitIndex};
 use crate::store::{PageWrite, SlotId};
 use crate::uffd::MoveOptions;
 use guestmem::addr::Hva;
-use guestmem::addr::RegionOffset;
 use guestmem::host::PAGE_BYTES;
 
 impl Evictor<'_> {
@@ -71,8 +70,11 @@ impl Evictor<'_> {
             }
         };
         let parked = s.parking.addr(p).offset_by(index.offset_bytes());
+        // Holes are not allowed: a hole comes back as ENOENT and is settled
+        // as a zero page below, which spares every other page a mincore
+        // call to find out whether the move left its parking page empty.
         let options = MoveOptions {
-            allow_src_holes: true,
+            allow_src_holes: false,
             dont_wake: false,
         };
         let mut tries = 0;
@@ -85,6 +87,15 @@ impl Evictor<'_> {
                     .move_all(parked, s.geo.page_addr(at), PAGE_BYTES, options)
             } {
                 Ok(()) => break,
+                Err(e) if e.errno() == Some(libc::ENOENT) => {
+                    // The guest page was a hole (discarded while resident):
+                    // it reads as zeros, and nothing was parked.
+                    pages.settle(at, evicting, PageTransition::SettleZero);
+                    s.limiter.release(1);
+                    self.report.zero_pages += 1;
+                    bump(&s.counters.split.pages_zero);
+                    return Ok(());
+                }
                 Err(e)
                     if e.is_eexist() && !stray_dropped && self.drop_stray_zero_page(p, index) =>
                 {
@@ -116,9 +127,8 @@ impl Evictor<'_> {
             }
         }
         let offset = s.parking.offset(p).offset_by(index.offset_bytes());
-        self.fill_page_hole(offset)?;
-        // SAFETY: the parking page is populated (moved in, or its hole
-        // filled) and owned by this evictor until released.
+        // SAFETY: the parking page is populated (a page moved in: holes
+        // were refused) and owned by this evictor until released.
         let data = unsafe { s.parking.raw().slice(offset, PAGE_BYTES) };
         if scan(data).zero {
             let _ = s.parking.raw().discard(offset, PAGE_BYTES);
@@ -203,27 +213,6 @@ impl Evictor<'_> {
             s.life.fatal(&e);
             e
         })
-    }
-
-    /// Maps the zero page over a parking page the move left empty (the
-    /// guest page was a hole).
-    pub(super) fn fill_page_hole(&mut self, offset: RegionOffset) -> Result<(), SwapError> {
-        let s = self.s;
-        s.parking
-            .raw()
-            .residency(offset, PAGE_BYTES, &mut self.residency)
-            .map_err(|e| SwapError::os("mincore on the parking area", e))?;
-        if self.residency[0] & 1 == 0 {
-            match s
-                .uffd
-                .zeropage(s.parking.raw().addr(offset), PAGE_BYTES, true)
-            {
-                Ok(()) => {}
-                Err(e) if e.is_eexist() => {}
-                Err(e) => return Err(SwapError::uffd("filling a hole in the parking area", e)),
-            }
-        }
-        Ok(())
     }
 
     /// The store slot of split chunk `chunk`, allocating one on its first
