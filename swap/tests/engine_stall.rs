@@ -31,6 +31,19 @@ fn slow_reads(vcpus: u32) -> (StallStats, StallStats, u64, u64) {
     })
     .join()
     .unwrap();
+    // The fill's last wait is recorded by its fault thread after the wake,
+    // so it can still be open here, and would overlap the reads' first
+    // wait (a "full" stall of two vCPUs that no two threads had). An open
+    // wait grows "some" as time passes: wait until it stops growing.
+    let mut some_us = g.engine().stats().stall.some_us;
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let now_us = g.engine().stats().stall.some_us;
+        if now_us == some_us {
+            break;
+        }
+        some_us = now_us;
+    }
     store.read_delay_us.store(READ_DELAY_US, Ordering::Relaxed);
     let before = g.engine().stats();
     let started = Instant::now();
