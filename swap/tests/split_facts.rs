@@ -249,3 +249,64 @@ fn madv_collapse_is_aborted_by_a_write_protected_page() {
     );
     assert!(unprotected.is_ok() && s.huge(0), "{unprotected:?}");
 }
+
+/// `Userfaults::prepare_page_table` (what the engine does to a chunk that
+/// leaves memory whole, docs/KERNEL_FACTS.md "A write fault over no page
+/// table"): it maps nothing, a write there faults to the userfaultfd like
+/// over an empty PMD, and a THP moved in after `MADV_DONTNEED` of the
+/// chunk maps huge, while one moved onto the prepared table does not.
+#[test]
+fn a_prepared_page_table_maps_nothing_and_must_go_before_a_thp_moves_in() {
+    let s = Setup::new(3, mode::MISSING);
+    let chunk_addr = |chunk: u64| Hva::new(s.g().base() + chunk * MB2);
+    for chunk in 0..3 {
+        s.uffd.prepare_page_table(chunk_addr(chunk)).unwrap();
+    }
+    let mut residency = Vec::new();
+    s.g()
+        .residency(RegionOffset::ZERO, 3 * MB2, &mut residency)
+        .unwrap();
+    assert!(
+        residency.iter().all(|&r| r & 1 == 0),
+        "nothing is mapped under the prepared tables"
+    );
+    // A write over the prepared table reaches the userfaultfd as a
+    // missing fault; serve it with one page.
+    let target = s.g().base() + 5 * PAGE_BYTES;
+    let writer = std::thread::spawn(move || {
+        // SAFETY: the test's own registered mapping; the fault is served
+        // below before the write completes.
+        unsafe { std::ptr::write_volatile(target as *mut u8, 7) }
+    });
+    let mut events = Vec::new();
+    while s.uffd.read_events(&mut events, 1).unwrap() == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    println!("a write over a prepared table: {:?}", events[0]);
+    s.copy_page(5, 0).unwrap();
+    s.uffd
+        .wake(Hva::new(target & !(PAGE_BYTES - 1)), PAGE_BYTES)
+        .unwrap();
+    writer.join().unwrap();
+    assert_eq!(s.byte(5 * PAGE_BYTES), 7, "the write landed");
+    s.copy_page(0, 1).unwrap();
+    s.uffd.prepare_page_table(chunk_addr(0)).unwrap();
+    assert_eq!(
+        (s.byte(0), s.byte(5 * PAGE_BYTES)),
+        (1, 7),
+        "preparing over mapped pages leaves them as they were"
+    );
+    // Chunk 1: the table goes first, and the THP maps huge.
+    s.g().discard(RegionOffset::new(MB2), MB2).unwrap();
+    s.install_thp(1, 3);
+    // Chunk 2: moved onto the prepared table, it is split into pages.
+    s.install_thp(2, 4);
+    println!(
+        "THP moved in after MADV_DONTNEED: huge {}; onto the prepared table: huge {}",
+        s.huge(1),
+        s.huge(2)
+    );
+    assert!(s.huge(1), "MADV_DONTNEED removes the prepared table");
+    assert!(!s.huge(2), "a THP moved onto a page table is split");
+    assert_eq!((s.byte(MB2 + 9), s.byte(2 * MB2 + 9)), (3, 4));
+}

@@ -25,6 +25,7 @@ use super::error::SwapError;
 use super::geometry::Geometry;
 use super::hooks::EngineHooks;
 use super::outcome::Outcome;
+use super::page_tables::PageTables;
 use super::parking::Parking;
 use super::recycle::{RestoreBuffer, RestoreBuffers};
 use super::stats::{bump, Counters, FaultSource};
@@ -44,6 +45,9 @@ pub(crate) struct Installer {
     pub mode: InstallMode,
     pub buffers: Arc<RestoreBuffers>,
     pub parking: Arc<Parking>,
+    /// Empty page tables prepared under chunks, removed before a huge
+    /// page is moved in.
+    pub page_tables: Arc<PageTables>,
     /// A populated all-zero unit to copy from (hugetlb zero fill).
     pub zero_source: Option<AnonMapping>,
     pub hooks: Arc<dyn EngineHooks>,
@@ -89,6 +93,7 @@ impl Installer {
         // VM; give up only after a second, which no deferred unpin takes. (A
         // recycled buffer may also still be pinned by the store write of the
         // unit it held.)
+        s.page_tables.remove_before_huge_install(unit);
         let started = Instant::now();
         // The pinned-page test hook: pinned now, unpinned once the retries
         // below have run for the hook's time, as a deferred unpin would.
@@ -299,6 +304,9 @@ impl Installer {
         };
         let huge = match s.mode {
             InstallMode::Thp => {
+                if !writing {
+                    s.page_tables.remove_before_huge_install(unit);
+                }
                 let moved = !writing && s.move_back(dst, src).map_err(fail)?;
                 if moved {
                     parked_huge

@@ -48,6 +48,7 @@ mod mem_limit;
 #[cfg(feature = "model-check")]
 pub mod model;
 mod outcome;
+mod page_tables;
 pub mod parking;
 pub mod policy;
 mod prefetch;
@@ -285,12 +286,19 @@ impl SwapEngine {
             counters: counters.clone(),
             fault_threads,
         }));
+        let page_tables = Arc::new(page_tables::PageTables::new(
+            userfaults.clone(),
+            geo.clone(),
+            mode,
+        ));
+        page_tables.prepare_all(UnitRange::all(units));
         let installer = Arc::new(Installer {
             uffd: userfaults.clone(),
             geo: geo.clone(),
             mode,
             buffers: buffers.clone(),
             parking: parking.clone(),
+            page_tables: page_tables.clone(),
             zero_source: start::zero_source(mode)?,
             hooks: hooks.clone(),
             counters: counters.clone(),
@@ -305,6 +313,7 @@ impl SwapEngine {
             store: store.clone(),
             parking: parking.clone(),
             buffers: buffers.clone(),
+            page_tables,
             limiter: limiter.clone(),
             policy: Box::new(Clock::default()),
             counters: counters.clone(),

@@ -167,6 +167,11 @@ fn set_protected(protected: &mut HashSet<u64>, page: u64, protect: bool) {
 }
 
 impl Userfaults for ModelKernel {
+    fn prepare_page_table(&self, _chunk: Hva) -> Result<(), UffdError> {
+        // The model keeps no page tables: nothing it shows changes.
+        Ok(())
+    }
+
     fn wake(&self, _start: Hva, _len: u64) -> Result<(), UffdError> {
         // No thread sleeps in the model: a guest thread resolves its own
         // fault and retries its access.

@@ -51,6 +51,7 @@ use super::error::SwapError;
 use super::geometry::Geometry;
 use super::lifecycle::Lifecycle;
 use super::limit::{Limiter, MakeRoom};
+use super::page_tables::PageTables;
 use super::parking::Parking;
 use super::policy::{EvictionPolicy, Victim};
 use super::recycle::RestoreBuffers;
@@ -103,6 +104,8 @@ pub(crate) struct EvictService {
     pub store: SharedStore,
     pub parking: Arc<Parking>,
     pub buffers: Arc<RestoreBuffers>,
+    /// Empty page tables under chunks moved out whole.
+    pub page_tables: Arc<PageTables>,
     pub limiter: Arc<Limiter>,
     pub policy: Box<dyn EvictionPolicy>,
     pub counters: Arc<Counters>,

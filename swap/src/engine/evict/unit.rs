@@ -133,6 +133,9 @@ impl Evictor<'_> {
                         }
                     }
                 }
+                // The chunk holds nothing now: a table under it spares the
+                // next write fault there the kernel's zeroing of a huge page.
+                s.page_tables.prepare(unit);
                 self.fill_holes(p)?;
             }
             InstallMode::Hugetlb { memfd } => {
