@@ -177,11 +177,15 @@ impl SwapEngine {
             start::register_parking(&uffd, &staging.parking)?;
         }
         let uffd = Arc::new(uffd);
+        let pagemap = start::pagemap_scanner(mode);
+        let page_tables_freed =
+            mode == InstallMode::Thp && start::empty_page_tables_are_freed(&uffd, pagemap.as_ref());
         let kernel = start::KernelParts {
             userfaults: uffd.clone(),
             guest,
             track_clean: features.track_clean,
-            pagemap: start::pagemap_scanner(mode),
+            pagemap,
+            page_tables_freed,
         };
         let pool_mode = staging.pool_mode;
         let (mut engine, faults, prefetcher) = SwapEngine::assemble(
@@ -244,6 +248,7 @@ impl SwapEngine {
             guest,
             track_clean,
             pagemap,
+            page_tables_freed,
         } = kernel;
         let table = Arc::new(start::unit_table(units, config, mode, track_clean));
         let splits = start::chunks_split(mode, &store, config)?;
@@ -290,6 +295,7 @@ impl SwapEngine {
             userfaults.clone(),
             geo.clone(),
             mode,
+            page_tables_freed,
         ));
         page_tables.prepare_all(UnitRange::all(units));
         let installer = Arc::new(Installer {

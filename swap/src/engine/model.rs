@@ -374,6 +374,8 @@ impl ModelEngine {
             // Without it no evicted page is kept as a restore buffer, so
             // every parking slot in use holds a unit.
             pagemap: None,
+            // The model keeps no page tables.
+            page_tables_freed: false,
         };
         let on_fatal = Box::new(|e: &super::SwapError| panic!("the engine failed: {e}"));
         let (engine, faults, _no_prefetcher) = SwapEngine::assemble(

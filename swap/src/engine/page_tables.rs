@@ -23,7 +23,18 @@
 //!
 //! Only performance rides on this: a table that was not prepared costs the
 //! zeroing again, and a table left in place costs the huge mapping (the
-//! install still succeeds, mapped as pages).
+//! install still succeeds, mapped as pages). A kernel that keeps empty
+//! tables after `MADV_DONTNEED` (no `CONFIG_PT_RECLAIM`, before 6.14)
+//! would leave every one in place, so the engine probes that once at
+//! start and prepares none there.
+//!
+//! What it costs: a 4 KiB page table per prepared chunk (1/512 of the
+//! chunks that hold nothing), kernel memory that the engine's limit does
+//! not count and the memory cgroup charges; and one `MADV_DONTNEED` per
+//! huge install on a prepared chunk. That call also drops anything
+//! mapped there, where a move onto a populated chunk failed with `EEXIST`
+//! before: the installs it precedes own a `Loading` unit whose range the
+//! state machine keeps empty.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -49,10 +60,18 @@ pub(crate) struct PageTables {
 
 impl PageTables {
     /// Page tables for guest RAM installed in `mode`: in use only for THP
-    /// (2 MiB units moved in as huge pages); hugetlb has no such zeroing
-    /// and 4 KiB units are advised `MADV_NOHUGEPAGE`.
-    pub fn new(uffd: Arc<dyn Userfaults>, geo: Arc<Geometry>, mode: InstallMode) -> PageTables {
-        let units = if matches!(mode, InstallMode::Thp) {
+    /// (2 MiB units moved in as huge pages; hugetlb has no such zeroing
+    /// and 4 KiB units are advised `MADV_NOHUGEPAGE`), and only where
+    /// `MADV_DONTNEED` frees an empty table again (`freed`, probed at
+    /// start: `start::empty_page_tables_are_freed`), or every THP moved
+    /// onto a prepared chunk would be split.
+    pub fn new(
+        uffd: Arc<dyn Userfaults>,
+        geo: Arc<Geometry>,
+        mode: InstallMode,
+        freed: bool,
+    ) -> PageTables {
+        let units = if matches!(mode, InstallMode::Thp) && freed {
             geo.units
         } else {
             0
@@ -193,7 +212,11 @@ mod tests {
             units: 4,
         });
         let kernel = Arc::new(Kernel::default());
-        (PageTables::new(kernel.clone(), geo, mode), kernel, ram)
+        (
+            PageTables::new(kernel.clone(), geo, mode, true),
+            kernel,
+            ram,
+        )
     }
 
     #[test]
@@ -234,5 +257,13 @@ mod tests {
             t.remove_before_huge_install(UnitIndex::new(0));
             assert!(kernel.prepared.lock().unwrap().is_empty(), "{mode:?}");
         }
+    }
+
+    #[test]
+    fn a_kernel_that_keeps_empty_tables_gets_none_prepared() {
+        let (t, kernel, _ram) = tables(InstallMode::Thp);
+        let t = PageTables::new(kernel.clone(), t.geo.clone(), InstallMode::Thp, false);
+        t.prepare_all(UnitRange::all(4));
+        assert!(kernel.prepared.lock().unwrap().is_empty());
     }
 }

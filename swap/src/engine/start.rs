@@ -11,8 +11,8 @@ use super::parking::Parking;
 use crate::chunk::ChunkTable;
 use crate::index::UnitIndex;
 use crate::store::SharedStore;
-use crate::uffd::{feature, mode, Uffd, Userfaults};
-use guestmem::addr::RegionOffset;
+use crate::uffd::{feature, mode, MoveOptions, Uffd, Userfaults};
+use guestmem::addr::{Hva, RegionOffset};
 use guestmem::host::{AnonMapping, PagemapScanner, RawRange, HUGE_PAGE_BYTES};
 use std::sync::Arc;
 
@@ -220,6 +220,80 @@ pub(super) struct KernelParts {
     pub track_clean: bool,
     /// Tells huge restore buffers from split ones ([`pagemap_scanner`]).
     pub pagemap: Option<PagemapScanner>,
+    /// `MADV_DONTNEED` frees an empty page table here
+    /// ([`empty_page_tables_are_freed`]): the engine may prepare them.
+    pub page_tables_freed: bool,
+}
+
+/// Whether this kernel frees an empty page table on `MADV_DONTNEED` of its
+/// 2 MiB (`CONFIG_PT_RECLAIM`, x86-64 since Linux 6.14), tried once on a
+/// scratch chunk registered with `uffd`: prepare a table, discard the
+/// chunk, move a THP in, and ask `PAGEMAP_SCAN` whether it maps huge.
+/// Without it a prepared table would stay and split every THP moved onto
+/// the chunk ([`super::page_tables`]), so the engine prepares none; any
+/// failure of the probe answers no.
+pub(super) fn empty_page_tables_are_freed(uffd: &Uffd, pagemap: Option<&PagemapScanner>) -> bool {
+    let Some(pagemap) = pagemap else {
+        return false;
+    };
+    let probe = || -> Result<bool, String> {
+        let chunk = AnonMapping::new(HUGE_PAGE_BYTES).map_err(|e| e.to_string())?;
+        let source = AnonMapping::new(HUGE_PAGE_BYTES).map_err(|e| e.to_string())?;
+        for m in [&chunk, &source] {
+            m.range()
+                .advise_hugepage(RegionOffset::ZERO, HUGE_PAGE_BYTES)
+                .map_err(|e| e.to_string())?;
+        }
+        source.range().touch(RegionOffset::ZERO, HUGE_PAGE_BYTES);
+        if !pagemap
+            .is_huge(source.range(), RegionOffset::ZERO, HUGE_PAGE_BYTES)
+            .map_err(|e| e.to_string())?
+        {
+            return Err("no huge page to move".to_string());
+        }
+        let at = Hva::new(chunk.range().base());
+        // SAFETY: the engine's own fresh mapping, never reached but through
+        // raw addresses here, and unregistered below before it is unmapped.
+        unsafe { uffd.register(at, HUGE_PAGE_BYTES, mode::MISSING) }.map_err(|e| e.to_string())?;
+        let moved = (|| -> Result<bool, String> {
+            uffd.prepare_page_table(at).map_err(|e| e.to_string())?;
+            chunk
+                .range()
+                .discard(RegionOffset::ZERO, HUGE_PAGE_BYTES)
+                .map_err(|e| e.to_string())?;
+            // SAFETY: both mappings are this function's own, the chunk
+            // empty, and neither is referenced but by raw address.
+            unsafe {
+                uffd.move_all(
+                    at,
+                    Hva::new(source.range().base()),
+                    HUGE_PAGE_BYTES,
+                    MoveOptions::default(),
+                )
+            }
+            .map_err(|e| e.to_string())?;
+            pagemap
+                .is_huge(chunk.range(), RegionOffset::ZERO, HUGE_PAGE_BYTES)
+                .map_err(|e| e.to_string())
+        })();
+        let _ = uffd.unregister(at, HUGE_PAGE_BYTES);
+        moved
+    };
+    match probe() {
+        Ok(true) => true,
+        Ok(false) => {
+            log::info!(
+                "swap engine: this kernel keeps an empty page table after MADV_DONTNEED (no CONFIG_PT_RECLAIM): a guest write over an evicted chunk costs the kernel's zeroing of a huge page"
+            );
+            false
+        }
+        Err(e) => {
+            log::info!(
+                "swap engine: could not check whether MADV_DONTNEED frees an empty page table ({e}): page tables are not prepared under evicted chunks"
+            );
+            false
+        }
+    }
 }
 
 /// The scanner that tells huge restore buffers from split ones (THP only;
