@@ -365,13 +365,25 @@ impl StorageServer {
     /// `event` (`read_aio`, `write_aio`) fails with `EIO` (QEMU's blkdebug
     /// driver under the raw format, whose requests raise those events, over
     /// `file`): the backend then answers `VIRTIO_BLK_S_IOERR`.
+    ///
+    /// A blkdebug rule stays active once its event fired and fails every
+    /// later request its `iotype` matches, every type by default: so a
+    /// read (a prefetch's) followed by an eviction's write failed the
+    /// write under `read_aio` (CI, 2026-12-07:
+    /// `an_io_error_status_is_fatal_never_zeros`, about 1 run in 7). The
+    /// rule's `iotype` is the event's own.
     pub fn qemu_storage_daemon_failing(
         test: &str,
         file: &Path,
         event: &str,
     ) -> Option<StorageServer> {
+        let iotype = match event {
+            "read_aio" => "read",
+            "write_aio" => "write",
+            other => panic!("no blkdebug request type for the event {other}"),
+        };
         let blockdev = format!(
-            "driver=raw,node-name=file0,file.driver=blkdebug,file.inject-error.0.event={event},file.inject-error.0.errno=5,file.image.driver=file,file.image.filename={}",
+            "driver=raw,node-name=file0,file.driver=blkdebug,file.inject-error.0.event={event},file.inject-error.0.iotype={iotype},file.inject-error.0.errno=5,file.image.driver=file,file.image.filename={}",
             file.display()
         );
         Self::qemu_storage_daemon_on(test, blockdev, &[])
