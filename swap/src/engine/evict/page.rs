@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{Evictor, PAGE_BATCH};
-use crate::chunk::{PageRef, PageTag, PageTransition, Tag, PAGES_PER_CHUNK};
+use crate::chunk::{PageRef, PageState, PageTag, PageTransition, Tag, PAGES_PER_CHUNK};
 use crate::engine::error::SwapError;
 use crate::engine::hash::scan;
 use crate::engine::stats::{add, bump};
@@ -90,10 +90,7 @@ impl Evictor<'_> {
                 Err(e) if e.errno() == Some(libc::ENOENT) => {
                     // The guest page was a hole (discarded while resident):
                     // it reads as zeros, and nothing was parked.
-                    pages.settle(at, evicting, PageTransition::SettleZero);
-                    s.limiter.release(1);
-                    self.report.zero_pages += 1;
-                    bump(&s.counters.split.pages_zero);
+                    self.settle_zero_page(at, evicting);
                     return Ok(());
                 }
                 Err(e)
@@ -132,10 +129,7 @@ impl Evictor<'_> {
         let data = unsafe { s.parking.raw().slice(offset, PAGE_BYTES) };
         if scan(data).zero {
             let _ = s.parking.raw().discard(offset, PAGE_BYTES);
-            pages.settle(at, evicting, PageTransition::SettleZero);
-            s.limiter.release(1);
-            self.report.zero_pages += 1;
-            bump(&s.counters.split.pages_zero);
+            self.settle_zero_page(at, evicting);
             return Ok(());
         }
         // The chunk's slot, taken while this page is in flight: no merge
@@ -161,6 +155,17 @@ impl Evictor<'_> {
             self.flush_pages()?;
         }
         Ok(())
+    }
+
+    /// Settles an `Evicting` page that read as zeros: `Absent`, nothing
+    /// written, its memory given back.
+    fn settle_zero_page(&mut self, at: PageRef, evicting: PageState) {
+        let s = self.s;
+        s.split_pages()
+            .settle(at, evicting, PageTransition::SettleZero);
+        s.limiter.release(1);
+        self.report.zero_pages += 1;
+        bump(&s.counters.split.pages_zero);
     }
 
     /// Whether page `index` of this evictor's parking slot `p`, which the
