@@ -25,7 +25,17 @@ fn zero_fill_restores_whole_huge_chunks() {
     })
     .join()
     .unwrap();
-    let st = g.engine().stats();
+    // A fault's latency is recorded by its fault thread after the wake, so
+    // the writer can finish before the last one is: wait for the engine to
+    // have recorded every fault it counted.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let st = loop {
+        let st = g.engine().stats();
+        if st.fault_latency.count() == st.faults.total || std::time::Instant::now() > deadline {
+            break st;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
     let (huge, rss) = huge_and_rss_bytes(g.base(), g.len());
     println!(
         "zero fill: faults {:?}, restored huge {} split {}, AnonHugePages {} MiB of Rss {} MiB, latency p50 {} us p99 {} us max {} us",
