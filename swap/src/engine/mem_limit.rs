@@ -2,7 +2,7 @@
 //! message whichever way it arrives (the command line, a config file, the
 //! API), and never rounded silently afterwards.
 
-use guestmem::{format_size, CHUNK_BYTES};
+use guestmem::{format_size, format_size_arg, CHUNK_BYTES};
 
 /// A memory limit that passed [`MemLimit::new`]: whole swap units, at most
 /// guest RAM, at least what the vCPUs need to make progress.
@@ -16,7 +16,7 @@ pub struct MemLimit {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MemLimitError {
     /// Not a whole number of swap units.
-    #[error("{} is not a multiple of the swap unit ({}): give e.g. 256M", format_size(*limit_bytes), format_size(*unit_bytes))]
+    #[error("{} is not a multiple of the swap unit ({}): give {}", format_size(*limit_bytes), format_size(*unit_bytes), whole_unit_choices(*limit_bytes, *unit_bytes))]
     NotWholeUnits {
         /// The limit asked for.
         limit_bytes: u64,
@@ -47,6 +47,19 @@ pub enum MemLimitError {
         /// vCPUs of the VM.
         vcpus: u32,
     },
+}
+
+/// The whole-unit limits nearest to `limit_bytes`, spelt as the command
+/// line takes them ("152M or 154M"), so the message names a limit that
+/// works rather than an example unrelated to the one given.
+fn whole_unit_choices(limit_bytes: u64, unit_bytes: u64) -> String {
+    let below = limit_bytes / unit_bytes * unit_bytes;
+    let above = below + unit_bytes;
+    if below == 0 {
+        format_size_arg(above)
+    } else {
+        format!("{} or {}", format_size_arg(below), format_size_arg(above))
+    }
 }
 
 impl MemLimit {
@@ -160,9 +173,9 @@ mod tests {
             MemLimit::new(1 << 40, 2 * MIB, 1, GIB),
             Err(MemLimitError::AboveRam { .. })
         ));
-        let message = MemLimit::new(3 * MIB, 2 * MIB, 1, GIB)
+        let message = MemLimit::new(153 * MIB, 2 * MIB, 1, GIB)
             .unwrap_err()
             .to_string();
-        assert!(message.contains("give e.g. 256M"), "{message}");
+        assert!(message.contains("give 152M or 154M"), "{message}");
     }
 }
