@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use guestmem::PAGE_BYTES;
 use serde::Serialize;
 use swap::engine::sizing::{LimitController, Sizing, SizingTarget};
 use swap::engine::{MemLimit, SwapEngine};
@@ -16,6 +17,12 @@ use swap::engine::{MemLimit, SwapEngine};
 /// slow for a guest whose working set moves in seconds, and much shorter
 /// periods hold too few faults to tell stall from noise.
 pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// How often the guest's growth is checked between periods
+/// (`LimitController::on_growth`): a guest loads hundreds of MiB within
+/// one period, and every first touch against a binding limit evicts
+/// something it will want back.
+pub const GROWTH_CHECK: Duration = Duration::from_millis(100);
 
 /// What auto sizing did over the run (`mem_limit_auto` in --stats-json).
 #[derive(Debug, Clone, Serialize)]
@@ -50,12 +57,25 @@ pub(crate) fn refault_wait_us(stall: &swap::engine::StallStats) -> u64 {
     by.store + by.parking + by.page + by.in_flight + by.write_protect
 }
 
+/// Guest memory first touched so far, bytes: the zero fills of whole
+/// units and of pages of split chunks. A unit evicted as all zero and
+/// touched again counts again; the guest is using it again either way.
+pub(crate) fn first_touched_bytes(stats: &swap::engine::SwapStats) -> u64 {
+    stats
+        .faults
+        .zero
+        .saturating_mul(stats.unit_bytes)
+        .saturating_add(stats.split.page_faults.zero.saturating_mul(PAGE_BYTES))
+}
+
 /// The controller as the run loop drives it.
 pub struct AutoLimit {
     controller: LimitController,
     vcpus: u32,
     mem_bytes: u64,
     started: Instant,
+    /// When the next period ends (`next_at` is the next growth check).
+    period_at: Instant,
     next_at: Instant,
     /// The limit it set last (and expects to find).
     limit_bytes: u64,
@@ -74,6 +94,7 @@ impl AutoLimit {
             mem_bytes,
             started,
             next_at: started,
+            period_at: started,
             limit_bytes: target.max_bytes,
             report: SizingReport {
                 stall_target_pct: target.stall_share * 100.0,
@@ -91,18 +112,19 @@ impl AutoLimit {
         }
     }
 
-    /// When the next period ends; None once it stopped.
+    /// When the next period ends or the next growth check is due; None
+    /// once it stopped.
     pub fn next_at(&self) -> Option<Instant> {
         self.report.stopped.is_none().then_some(self.next_at)
     }
 
-    /// Ends a period if one is due: reads the stall, sets the limit the
-    /// controller gives.
+    /// Ends a period if one is due (reads the stall), else checks for
+    /// growth if that is due; sets the limit the controller gives.
     pub fn tick(&mut self, engine: &SwapEngine, now: Instant) {
         if self.report.stopped.is_some() || now < self.next_at {
             return;
         }
-        self.next_at = now + PERIOD;
+        self.next_at = now + GROWTH_CHECK;
         let stats = engine.stats();
         if stats.mem_limit_bytes != Some(self.limit_bytes) {
             self.stop(format!(
@@ -113,15 +135,24 @@ impl AutoLimit {
             ));
             return;
         }
-        self.periods += 1;
-        self.limit_sum_bytes += u128::from(self.limit_bytes);
-        let now_us = now.duration_since(self.started).as_micros() as u64;
-        let wanted = match self.controller.decide(
-            refault_wait_us(&stats.stall) / u64::from(self.vcpus.max(1)),
-            now_us,
-            self.limit_bytes,
-            stats.resident_bytes,
-        ) {
+        let touched_bytes = first_touched_bytes(&stats);
+        let sizing = if now >= self.period_at {
+            self.period_at = now + PERIOD;
+            self.periods += 1;
+            self.limit_sum_bytes += u128::from(self.limit_bytes);
+            let now_us = now.duration_since(self.started).as_micros() as u64;
+            self.controller.decide(
+                refault_wait_us(&stats.stall) / u64::from(self.vcpus.max(1)),
+                now_us,
+                self.limit_bytes,
+                stats.resident_bytes,
+                touched_bytes,
+            )
+        } else {
+            self.controller
+                .on_growth(self.limit_bytes, stats.resident_bytes, touched_bytes)
+        };
+        let wanted = match sizing {
             Sizing::Hold => return,
             Sizing::Raise(bytes) | Sizing::Lower(bytes) => bytes,
         };
