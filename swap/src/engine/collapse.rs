@@ -357,6 +357,9 @@ impl Collapser {
             ));
         }
         merging.free_slot(s);
+        // Empty now, as a chunk moved out whole: a table under it spares
+        // the next write fault the kernel's zeroing of a huge page.
+        s.installer.page_tables.prepare(chunk);
         s.table.finish_merge_absent(chunk.into(), merging.loading);
         s.limiter.release(resident);
         bump(&s.counters.split.merged_absent);

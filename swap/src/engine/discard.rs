@@ -17,6 +17,7 @@ use super::error::SwapError;
 use super::geometry::Geometry;
 use super::lifecycle::Lifecycle;
 use super::limit::Limiter;
+use super::page_tables::PageTables;
 use crate::chunk::ChunkTable;
 use crate::chunk::{Settled, Tag};
 use crate::index::{UnitIndex, UnitRange};
@@ -62,6 +63,8 @@ pub(crate) struct Discarder {
     pub life: Arc<Lifecycle>,
     /// Merges split chunks (where chunks split).
     pub collapser: Option<Arc<Collapser>>,
+    /// Empty page tables under chunks that hold nothing.
+    pub page_tables: Arc<PageTables>,
 }
 
 impl Discarder {
@@ -149,6 +152,10 @@ impl Discarder {
                         s.store.free(state.store_slot());
                         report.clean_resident_units += 1;
                     }
+                    // The chunk holds nothing now (the guest may use it
+                    // again after a deflate): a table under it spares
+                    // that write fault the kernel's zeroing of a huge page.
+                    s.page_tables.prepare(unit);
                     s.table.settle(unit.into(), evicting, Settled::Discarded);
                     s.limiter.release(s.limiter.unit_pages());
                     report.resident_units += 1;

@@ -319,7 +319,7 @@ impl SwapEngine {
             store: store.clone(),
             parking: parking.clone(),
             buffers: buffers.clone(),
-            page_tables,
+            page_tables: page_tables.clone(),
             limiter: limiter.clone(),
             policy: Box::new(Clock::default()),
             counters: counters.clone(),
@@ -418,6 +418,7 @@ impl SwapEngine {
             limiter: limiter.clone(),
             life: life.clone(),
             collapser: collapser.clone(),
+            page_tables: page_tables.clone(),
         };
         let engine = SwapEngine {
             geo,
