@@ -158,6 +158,35 @@ fn workloads_tiny_rows_and_cleanup() {
             }
         }
     }
+    // Where a kernel run needed more room than auto's footprint and
+    // swapped, auto ran once more with that room; nowhere else.
+    let kernel_needed_room = runs.iter().any(|r| {
+        r["variant"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("kernel-"))
+            && r["end"] == "ok"
+            && r["headroom"].as_f64().unwrap_or(1.0) > 1.0
+            && r["swap_outs"].as_u64().unwrap_or(0) > 0
+    });
+    let matched: Vec<&serde_json::Value> = runs
+        .iter()
+        .filter(|r| r["variant"] == "auto-matched")
+        .collect();
+    assert_eq!(
+        matched.len(),
+        usize::from(kernel_needed_room),
+        "auto at the kernel's footprint: {matched:?}"
+    );
+    for run in &matched {
+        assert!(
+            run["headroom"].as_f64().unwrap_or(1.0) > 1.0
+                && run["command"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("--swap-unit auto"),
+            "{run}"
+        );
+    }
     // Only what this run added counts: another bench may be running.
     let swaps_after = bench_swap_files(&swapon_show());
     let swaps_new: Vec<&String> = swaps_after
