@@ -90,41 +90,63 @@ struct Plan {
 impl Plan {
     fn of(mode: Mode) -> Plan {
         if std::env::var("HUGEVMM_BENCH_FAULT_4K_PLAN").as_deref() == Ok("tiny") {
-            return Plan {
-                name: "tiny",
-                rounds: 1,
-                window_s: 1.0,
-                sample_ms: 200,
-                warmup_cap_s: 30.0,
-                ops: 64,
-                write_batches: 2,
-                rand: ("128M", "24M", "64M"),
-                zero: ("256M", "192M"),
-            };
+            return Plan::tiny();
         }
         match mode {
-            Mode::Quick => Plan {
-                name: "quick",
-                rounds: 3,
-                window_s: 3.0,
-                sample_ms: 250,
-                warmup_cap_s: 45.0,
-                ops: 400,
-                write_batches: 4,
-                rand: ("256M", "24M", "96M"),
-                zero: ("1G", "896M"),
-            },
-            Mode::Full => Plan {
-                name: "full",
-                rounds: 5,
-                window_s: 8.0,
-                sample_ms: 250,
-                warmup_cap_s: 60.0,
-                ops: 2000,
-                write_batches: 12,
-                rand: ("256M", "24M", "96M"),
-                zero: ("2G", "1900M"),
-            },
+            Mode::Quick => Plan::quick(),
+            Mode::Full => Plan::full(),
+        }
+    }
+
+    /// The plan a results file names (its tables' notes quote its sizes).
+    fn named(name: &str) -> Option<Plan> {
+        match name {
+            "tiny" => Some(Plan::tiny()),
+            "quick" => Some(Plan::quick()),
+            "full" => Some(Plan::full()),
+            _ => None,
+        }
+    }
+
+    fn tiny() -> Plan {
+        Plan {
+            name: "tiny",
+            rounds: 1,
+            window_s: 1.0,
+            sample_ms: 200,
+            warmup_cap_s: 30.0,
+            ops: 64,
+            write_batches: 2,
+            rand: ("128M", "24M", "64M"),
+            zero: ("256M", "192M"),
+        }
+    }
+
+    fn quick() -> Plan {
+        Plan {
+            name: "quick",
+            rounds: 3,
+            window_s: 3.0,
+            sample_ms: 250,
+            warmup_cap_s: 45.0,
+            ops: 400,
+            write_batches: 4,
+            rand: ("256M", "24M", "96M"),
+            zero: ("1G", "896M"),
+        }
+    }
+
+    fn full() -> Plan {
+        Plan {
+            name: "full",
+            rounds: 5,
+            window_s: 8.0,
+            sample_ms: 250,
+            warmup_cap_s: 60.0,
+            ops: 2000,
+            write_batches: 12,
+            rand: ("256M", "24M", "96M"),
+            zero: ("2G", "1900M"),
         }
     }
 }
@@ -1661,12 +1683,24 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let rows = rows(&m);
     let per_fault = per_fault(&m);
     let load = (load_at_start, loadavg());
-    tables(ctx, &plan, &rows, &per_fault, &m, load);
+    csv(ctx, &rows, &per_fault);
+    let rt = &m.rt[1];
     let suite = json!({
         "plan": plan.name,
         "loadavg_at_start": load.0,
         "loadavg_at_end": load.1,
+        "cores": std::thread::available_parallelism().map_or(0, |n| n.get()),
         "rounds": plan.rounds,
+        "bare_copy_per_fault": (!rt.switches[0].values.is_empty()).then(|| json!({
+            "writer_voluntary_switches": rt.switches[0].median(),
+            "writer_involuntary_switches": rt.switches[1].median(),
+            "writer_cpu_us": rt.cpu[0].median(),
+            "server_voluntary_switches": rt.switches[2].median(),
+            "server_involuntary_switches": rt.switches[3].median(),
+            "server_cpu_us": rt.cpu[1].median(),
+        })),
+        "kernel_major_faults_per_touch": (!m.kernel.touch.values.is_empty())
+            .then(|| m.kernel.majflt_per_touch.median()),
         "rows": rows.iter().map(Row::json).collect::<Vec<Value>>(),
         "per_fault": per_fault.iter().map(|(key, metrics)| json!({
             "variant": key,
@@ -1693,6 +1727,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             })
         }).collect::<Vec<Value>>(),
     });
+    ctx.report.tables.extend(tables_from_json(&suite)?);
     ctx.report.set("fault_4k", suite);
     Ok(())
 }
@@ -1780,6 +1815,8 @@ impl Row {
             "median_us": self.median(),
             "p99_us": self.p99(),
             "spread_us": [lo, hi],
+            // One value (the figure from issue 33) has no spread.
+            "has_spread": self.samples.values.len() > 1,
             "n": self.n(),
             "cpu_median_us": self.cpu.as_ref().map(Samples::median),
             "how": self.how,
@@ -2121,47 +2158,74 @@ const PER_FAULT_ROWS: [(&str, &str); 21] = [
     ("zero_share", "share of zero faults"),
 ];
 
-fn tables(
-    ctx: &mut Ctx,
-    plan: &Plan,
-    rows: &[Row],
-    per_fault: &[(&'static str, Vec<(&'static str, Samples)>)],
-    m: &Measured,
-    load: (f64, f64),
-) {
-    let mut t = Table::new(
-        "fault-4k: where a 4 KiB store fault's time goes (us)",
-        &["part", "median", "p99", "spread", "n", "cpu", "how"],
-    );
+/// The figures of the tables, as CSV rows of the report.
+fn csv(ctx: &mut Ctx, rows: &[Row], per_fault: &[(&'static str, Vec<(&'static str, Samples)>)]) {
     for row in rows {
-        let (lo, hi) = row.spread();
-        // One value (the figure from issue 33) has no spread.
-        let spread = if row.samples.values.len() <= 1 {
-            String::new()
-        } else {
-            format!("{}-{}", fmt_us(lo), fmt_us(hi))
-        };
-        t.row(vec![
-            row.part.clone(),
-            fmt_us(row.median()),
-            fmt_us(row.p99()),
-            spread,
-            row.n().to_string(),
-            row.cpu
-                .as_ref()
-                .map(|c| fmt_us(c.median()))
-                .unwrap_or_default(),
-            row.how.into(),
-        ]);
         for (metric, v) in [("p50_us", row.median()), ("p99_us", row.p99())] {
             if v.is_finite() {
                 ctx.report.csv("fault-4k", &row.key, "", 0, metric, v, "us");
             }
         }
     }
+    for (metric, _) in PER_FAULT_ROWS {
+        for (key, metrics) in per_fault {
+            if let Some((_, s)) = metrics.iter().find(|(n, _)| *n == metric) {
+                ctx.report
+                    .csv("fault-4k", metric, key, 0, "per_fault", s.median(), "");
+            }
+        }
+    }
+}
+
+/// A number of the suite's entry; a missing one (JSON has no NaN) is NaN,
+/// which the tables print as "-".
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// The suite's two tables from its entry in a results file: the run
+/// prints them, and `hugevmm bench report --render` writes them into
+/// docs/BENCHMARKS.md, so the published breakdown is always a run's.
+pub fn tables_from_json(suite: &Value) -> Result<Vec<Table>> {
+    let plan_name = suite["plan"].as_str().unwrap_or_default();
+    let plan = Plan::named(plan_name)
+        .with_context(|| format!("the fault_4k entry names no known plan ({plan_name:?})"))?;
+    let rows = suite["rows"]
+        .as_array()
+        .context("the fault_4k entry has no rows")?;
+    let mut t = Table::new(
+        "fault-4k: where a 4 KiB store fault's time goes (us)",
+        &["part", "median", "p99", "spread", "n", "cpu", "how"],
+    );
+    for row in rows {
+        let spread = if row["has_spread"].as_bool().unwrap_or(false) {
+            format!(
+                "{}-{}",
+                fmt_us(num(&row["spread_us"][0])),
+                fmt_us(num(&row["spread_us"][1]))
+            )
+        } else {
+            String::new()
+        };
+        let cpu = &row["cpu_median_us"];
+        t.row(vec![
+            row["part"].as_str().unwrap_or_default().to_string(),
+            fmt_us(num(&row["median_us"])),
+            fmt_us(num(&row["p99_us"])),
+            spread,
+            row["n"].as_u64().unwrap_or(0).to_string(),
+            if cpu.is_null() {
+                String::new()
+            } else {
+                fmt_us(num(cpu))
+            },
+            row["how"].as_str().unwrap_or_default().to_string(),
+        ]);
+    }
     t.note(&format!(
         "{} rounds ({} plan), variants alternated, order rotating; spread: min-max of the per-round medians (guest rows: of the per-run windows' wall time per fault)",
-        plan.rounds, plan.name
+        suite["rounds"].as_u64().unwrap_or(0),
+        plan.name
     ));
     t.note(&format!(
         "guest rows: randwrite over {} under --mem-limit {} (--mem {}), --swap-unit 4k, a {:.0} s window after the warm-up sampled every {} ms through the API socket; the zero run writes {} with no limit",
@@ -2169,58 +2233,65 @@ fn tables(
     ));
     t.note(&format!(
         "1-minute load average {:.1} at the start, {:.1} at the end ({} cores)",
-        load.0,
-        load.1,
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        num(&suite["loadavg_at_start"]),
+        num(&suite["loadavg_at_end"]),
+        suite["cores"].as_u64().unwrap_or(0)
     ));
     t.note("service: the engine's histogram (bucket upper edges, <= 12.5 % wide), from the fault thread taking up the message to the wake; its mean and the remainder (guest per vCPU minus it) cover the whole run from the first API answer, warm-up included, since the histograms do: bucket-midpoint means");
-    let rt = &m.rt[1];
-    if !rt.switches[0].values.is_empty() {
+    let bare = &suite["bare_copy_per_fault"];
+    if bare.is_object() {
         t.note(&format!(
             "bare round trip (COPY), per fault: writer {:.2} voluntary + {:.2} involuntary context switches and {:.1} us CPU, server {:.2} + {:.2} and {:.1} us CPU",
-            rt.switches[0].median(),
-            rt.switches[1].median(),
-            rt.cpu[0].median(),
-            rt.switches[2].median(),
-            rt.switches[3].median(),
-            rt.cpu[1].median()
+            num(&bare["writer_voluntary_switches"]),
+            num(&bare["writer_involuntary_switches"]),
+            num(&bare["writer_cpu_us"]),
+            num(&bare["server_voluntary_switches"]),
+            num(&bare["server_involuntary_switches"]),
+            num(&bare["server_cpu_us"])
         ));
     }
-    if !m.kernel.touch.values.is_empty() {
+    let majflt = &suite["kernel_major_faults_per_touch"];
+    if !majflt.is_null() {
         t.note(&format!(
             "kernel swap-in: a process of its own writes {} in a memory cgroup of {} (swap file on --store-dir), then times random 4 KiB writes: {:.2} major faults per touch (the others found the page resident or read ahead){}",
             plan.rand.2,
             plan.rand.1,
-            m.kernel.majflt_per_touch.median(),
-            m.kernel_note.as_ref().map(|n| format!("; {n}")).unwrap_or_default()
+            num(majflt),
+            suite["kernel_note"]
+                .as_str()
+                .map(|n| format!("; {n}"))
+                .unwrap_or_default()
         ));
     }
-    ctx.report.tables.push(t);
+    let mut tables = vec![t];
 
+    let per_fault = suite["per_fault"].as_array().cloned().unwrap_or_default();
     if per_fault.is_empty() {
-        return;
+        return Ok(tables);
     }
     let mut headers = vec!["per fault (median of rounds)"];
-    headers.extend(per_fault.iter().map(|(k, _)| *k));
+    headers.extend(
+        per_fault
+            .iter()
+            .map(|v| v["variant"].as_str().unwrap_or("?")),
+    );
     let mut t = Table::new(
         "fault-4k: what one fault costs the hugevmm process",
         &headers,
     );
     for (metric, label) in PER_FAULT_ROWS {
         let mut cells = vec![label.to_string()];
-        for (key, metrics) in per_fault {
-            let value = metrics
-                .iter()
-                .find(|(n, _)| *n == metric)
-                .map(|(_, s)| s.median());
-            cells.push(value.map(fmt_us).unwrap_or_default());
-            if let Some(v) = value {
-                ctx.report
-                    .csv("fault-4k", metric, key, 0, "per_fault", v, "");
-            }
+        for variant in &per_fault {
+            let value = &variant["metrics"][metric]["median"];
+            cells.push(if value.is_null() {
+                String::new()
+            } else {
+                fmt_us(num(value))
+            });
         }
         t.row(cells);
     }
     t.note("over the window, per fault served (store + staging + zero); CPU from /proc/PID/stat, by thread from /proc/PID/task/*/schedstat and status (vCPU user time includes guest time)");
-    ctx.report.tables.push(t);
+    tables.push(t);
+    Ok(tables)
 }

@@ -522,6 +522,14 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             mode.name()
         );
     }
+    if args.suite == Suite::Fault4k && ctx.report.failures.is_empty() {
+        eprintln!(
+            "hugevmm bench: to publish this run's tables in docs/BENCHMARKS.md: cp {} docs/results/fault-4k-{}.json && hugevmm bench report --render docs/results/fault-4k-{}.json",
+            ctx.out_dir.join("results.json").display(),
+            mode.name(),
+            mode.name()
+        );
+    }
     if args.suite == Suite::SelfSizing && ctx.report.failures.is_empty() {
         eprintln!(
             "hugevmm bench: to publish this run's tables in docs/SELF_SIZING.md: cp {} docs/results/self-sizing-{}.json && hugevmm bench report --render docs/results/self-sizing-{}.json",

@@ -49,14 +49,20 @@ pub const WORKLOADS_DOCS: [(&str, &[&str]); 1] = [("docs/KERNEL_BASELINE.md", &[
 pub const SELF_SIZING_DOCS: [(&str, &[&str]); 1] =
     [("docs/SELF_SIZING.md", &["self-sizing", "host-budget"])];
 
-/// The docs a results file renders into: a workloads or self-sizing
-/// suite's file (it has a `workloads` or `self_sizing` key) renders its own
-/// blocks, any other the report's.
+/// The doc that carries the block of a `hugevmm bench fault-4k` results
+/// file, and its block.
+pub const FAULT_4K_DOCS: [(&str, &[&str]); 1] = [("docs/BENCHMARKS.md", &["fault-4k"])];
+
+/// The docs a results file renders into: a workloads, self-sizing or
+/// fault-4k suite's file (it has a `workloads`, `self_sizing` or
+/// `fault_4k` key) renders its own blocks, any other the report's.
 pub fn docs_of(results: &Value) -> &'static [(&'static str, &'static [&'static str])] {
     if results.get("workloads").is_some() {
         &WORKLOADS_DOCS
     } else if results.get("self_sizing").is_some() {
         &SELF_SIZING_DOCS
+    } else if results.get("fault_4k").is_some() {
+        &FAULT_4K_DOCS
     } else {
         &DOCS
     }
@@ -88,7 +94,8 @@ pub fn block(results: &Value, name: &str) -> Result<String> {
         "workloads" => workloads(results)?,
         "self-sizing" => self_sizing(results)?,
         "host-budget" => host_budget(results)?,
-        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, vhost-user, limits, workloads, self-sizing, host-budget)"),
+        "fault-4k" => fault_4k(results)?,
+        other => bail!("no block named {other:?} (known: summary, figures, fio, swap-w-seq, pageout, fault-latency, vhost-user, limits, workloads, self-sizing, host-budget, fault-4k)"),
     })
 }
 
@@ -660,6 +667,18 @@ fn workloads(r: &Value) -> Result<String> {
         .get("workloads")
         .context("this results file has no workloads suite (hugevmm bench workloads writes one)")?;
     Ok(super::workloads::tables_from_json(suite)?
+        .iter()
+        .map(super::report::Table::markdown)
+        .collect())
+}
+
+/// The fault-4k suite's tables: where a 4 KiB store fault's time goes,
+/// and what one fault costs the process.
+fn fault_4k(r: &Value) -> Result<String> {
+    let suite = r
+        .get("fault_4k")
+        .context("this results file has no fault-4k suite (hugevmm bench fault-4k writes one)")?;
+    Ok(super::fault_4k::tables_from_json(suite)?
         .iter()
         .map(super::report::Table::markdown)
         .collect())

@@ -140,6 +140,20 @@ fn fault_4k_tiny_rows_are_present_and_positive() {
         let v = one["metrics"][metric]["median"].as_f64().unwrap_or(0.0);
         assert!(v > 0.0, "file-1v {metric} is not positive: {one}");
     }
+    // The tables the docs publish are rendered from the file alone, and
+    // say what the run printed.
+    let rendered = bench::render::block(&json, "fault-4k").expect("the fault-4k block renders");
+    for title in [
+        "fault-4k: where a 4 KiB store fault's time goes (us)",
+        "fault-4k: what one fault costs the hugevmm process",
+    ] {
+        assert!(rendered.contains(title), "no {title:?} in\n{rendered}");
+    }
+    let part = rows[0]["part"].as_str().expect("a part");
+    assert!(
+        stdout.contains(part) && rendered.contains(part),
+        "the first row, {part:?}, is in the printed and the rendered tables"
+    );
     let runs = suite["runs"].as_array().expect("fault_4k.runs");
     assert_eq!(runs.len(), 5, "one run per VM variant: {runs:?}");
     for run in runs {

@@ -6,7 +6,9 @@
 //! for docs/KERNEL_BASELINE.md and the committed run of `hugevmm bench
 //! workloads` (docs/results/workloads-quick.json), and for
 //! docs/SELF_SIZING.md and that of `hugevmm bench self-sizing`
-//! (docs/results/self-sizing-quick.json).
+//! (docs/results/self-sizing-quick.json), and for the 4 KiB fault
+//! breakdown in docs/BENCHMARKS.md and that of `hugevmm bench fault-4k`
+//! (docs/results/fault-4k-quick.json).
 
 use std::path::{Path, PathBuf};
 
@@ -83,4 +85,23 @@ fn the_self_sizing_tables_are_rendered_from_the_committed_self_sizing_run() {
             "the committed run has no {key}: it must come from `hugevmm bench self-sizing`"
         );
     }
+}
+
+#[test]
+fn the_fault_4k_breakdown_is_rendered_from_the_committed_fault_4k_run() {
+    let committed = repo().join("docs/results/fault-4k-quick.json");
+    let stale = bench::render::stale_docs(&repo(), &committed).unwrap();
+    assert!(
+        stale.is_empty(),
+        "these tables differ from {}: {}; run `hugevmm bench report --render docs/results/fault-4k-quick.json` from the repository's top directory",
+        committed.display(),
+        stale.join(", ")
+    );
+    let results = bench::render::read_results(&committed).unwrap();
+    let rows = results["fault_4k"]["rows"].as_array().map_or(0, Vec::len);
+    assert!(
+        rows >= 10,
+        "{}: {rows} rows; the published breakdown must be a whole run's",
+        committed.display()
+    );
 }
