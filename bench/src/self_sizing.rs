@@ -48,6 +48,12 @@ const DOWN_SLACK: f64 = 1.25;
 /// The window over which a phase's stall is judged, seconds.
 const WINDOW_S: f64 = 1.0;
 
+/// How many times longer the phases of the follow run are than the
+/// sweep's: the sweep's phases last about a second each with no limit,
+/// shorter than the two windows a follow time needs, so the follow aim is
+/// judged on a run of its own whose phases last several seconds.
+const FOLLOW_STRETCH: u64 = 10;
+
 /// The sizes and counts of one invocation.
 struct Plan {
     rounds: usize,
@@ -95,6 +101,16 @@ impl Plan {
     fn payload_args(&self) -> String {
         format!("heap={}M phases=6 ops={} seed=1", self.heap_mib, self.ops)
     }
+
+    /// The follow run's payload: the same phases, [`FOLLOW_STRETCH`] times
+    /// longer.
+    fn follow_payload_args(&self) -> String {
+        format!(
+            "heap={}M phases=6 ops={} seed=1",
+            self.heap_mib,
+            self.ops * FOLLOW_STRETCH
+        )
+    }
 }
 
 /// One variant of the sweep.
@@ -103,6 +119,8 @@ enum Variant {
     NoLimit,
     Fixed(u64),
     Auto,
+    /// `auto` on phases long enough to time how it follows them.
+    AutoFollow,
 }
 
 impl Variant {
@@ -111,9 +129,13 @@ impl Variant {
             Variant::NoLimit => "none".into(),
             Variant::Fixed(mib) => format!("fixed-{mib}M"),
             Variant::Auto => "auto".into(),
+            Variant::AutoFollow => FOLLOW_KEY.into(),
         }
     }
 }
+
+/// The follow run's variant key in the results file.
+const FOLLOW_KEY: &str = "auto-follow";
 
 /// Runs part one, then the host-budget suite.
 pub fn run(ctx: &mut Ctx) -> Result<()> {
@@ -125,6 +147,8 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
     let mut variants = vec![Variant::NoLimit];
     variants.extend(plan.ladder_mib.iter().map(|&mib| Variant::Fixed(mib)));
     variants.push(Variant::Auto);
+    // Last in odd rounds, first in even ones (the order is reversed).
+    variants.push(Variant::AutoFollow);
     ctx.progress.plan(plan.rounds * variants.len());
     let mut records = Vec::new();
     for round in 0..plan.rounds {
@@ -136,13 +160,17 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             let spec = RunSpec {
                 name: format!("self-sizing-r{}-{}", round + 1, variant.key()),
                 payload: "phases",
-                payload_args: plan.payload_args(),
+                payload_args: if variant == Variant::AutoFollow {
+                    plan.follow_payload_args()
+                } else {
+                    plan.payload_args()
+                },
                 vcpus: plan.vcpus,
                 mem: plan.mem.into(),
                 mem_limit: match variant {
                     Variant::NoLimit => None,
                     Variant::Fixed(mib) => Some(format!("{mib}M")),
-                    Variant::Auto => Some("auto".into()),
+                    Variant::Auto | Variant::AutoFollow => Some("auto".into()),
                 },
                 store: "default".into(),
                 unit: "auto",
@@ -178,14 +206,23 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             "mem": plan.mem,
             "heap_bytes": plan.heap_mib << 20,
             "payload_args": plan.payload_args(),
+            "follow_payload_args": plan.follow_payload_args(),
             "ladder_bytes": plan.ladder_mib.iter().map(|m| m << 20).collect::<Vec<_>>(),
             "interval_ms": plan.interval_ms,
             "timeout_s": plan.timeout_s,
         },
         "runs": records,
     });
-    for (i, run) in auto_runs(&suite).into_iter().enumerate() {
-        let path = ctx.out_dir.join(format!("self-sizing-auto-{}.svg", i + 1));
+    let plotted = auto_runs(&suite).into_iter().map(|r| ("auto", r)).chain(
+        runs_of(&suite, FOLLOW_KEY)
+            .into_iter()
+            .map(|r| ("follow", r)),
+    );
+    let mut numbers = std::collections::HashMap::new();
+    for (kind, run) in plotted {
+        let n = numbers.entry(kind).or_insert(0);
+        *n += 1;
+        let path = ctx.out_dir.join(format!("self-sizing-{kind}-{n}.svg"));
         if let Err(e) = plot_auto(&suite, run, &path) {
             ctx.report.failures.push(format!("self-sizing plot: {e:#}"));
         }
@@ -230,7 +267,7 @@ fn record(run: &RunResult, variant: Variant, round: usize) -> Result<Value> {
     let mean_limit = match variant {
         Variant::NoLimit => num(stats, "/mem_bytes"),
         Variant::Fixed(mib) => (mib << 20) as f64,
-        Variant::Auto => num(stats, "/mem_limit_auto/mean_bytes"),
+        Variant::Auto | Variant::AutoFollow => num(stats, "/mem_limit_auto/mean_bytes"),
     };
     Ok(json!({
         "round": round,
@@ -308,6 +345,17 @@ fn runs_of<'a>(suite: &'a Value, variant: &str) -> Vec<&'a Value> {
 
 fn auto_runs(suite: &Value) -> Vec<&Value> {
     runs_of(suite, "auto")
+}
+
+/// The runs the follow aim is judged on: the follow runs, or in a file
+/// from before them, the auto runs of the sweep.
+fn follow_runs(suite: &Value) -> Vec<&Value> {
+    let follow = runs_of(suite, FOLLOW_KEY);
+    if follow.is_empty() {
+        auto_runs(suite)
+    } else {
+        follow
+    }
 }
 
 /// The stall target the auto runs aimed for, percent.
@@ -521,7 +569,7 @@ pub fn headlines(suite: &Value) -> Vec<Headline> {
         Headline::new(
             "self_sizing_auto_follow_worst_s",
             "--mem-limit auto: the slowest phase change followed, s",
-            autos
+            follow_runs(suite)
                 .iter()
                 .filter_map(|r| {
                     follows_of(suite, r)
@@ -531,7 +579,10 @@ pub fn headlines(suite: &Value) -> Vec<Headline> {
                 })
                 .collect(),
             Some(Aim::AtMost(FOLLOW_AIM_S)),
-            how,
+            match suite["plan"]["follow_payload_args"].as_str() {
+                Some(args) => format!("{how}; timed on its own run of phases {args} under auto"),
+                None => how,
+            },
         ),
     ]
 }
@@ -618,8 +669,14 @@ pub fn tables_from_json(suite: &Value) -> Result<Vec<Table>> {
             "no fixed limit of the ladder had a median slowdown within {target} %"
         )),
     }
+    let title = match plan["follow_payload_args"].as_str() {
+        Some(args) => format!(
+            "--mem-limit auto following the phase changes (its own run: phases {args}, {FOLLOW_STRETCH}x the sweep's operations per phase)"
+        ),
+        None => "--mem-limit auto following the phase changes".into(),
+    };
     let mut phases = Table::new(
-        "--mem-limit auto following the phase changes",
+        &title,
         &[
             "round",
             "phase",
@@ -630,7 +687,7 @@ pub fn tables_from_json(suite: &Value) -> Result<Vec<Table>> {
             "limit down to the set after s",
         ],
     );
-    for run in auto_runs(suite) {
+    for run in follow_runs(suite) {
         for f in follows_of(suite, run) {
             let not_within = format!("not within the phase (> {:.1})", f.length_s);
             phases.row(vec![
@@ -683,7 +740,12 @@ fn plot_auto(suite: &Value, run: &Value, path: &std::path::Path) -> Result<()> {
     plots::limits_and_stall(
         path,
         &format!(
-            "phases under --mem-limit auto, round {} (phase changes as grey lines)",
+            "phases under --mem-limit auto{}, round {} (phase changes as grey lines)",
+            if run["variant"] == FOLLOW_KEY {
+                format!(", {FOLLOW_STRETCH}x longer")
+            } else {
+                String::new()
+            },
             run["round"]
         ),
         &[("limit".into(), col(1)), ("resident".into(), col(2))],

@@ -40,7 +40,7 @@ fn self_sizing_tiny_rows_records_plots_and_render() {
     let runs = json["self_sizing"]["runs"]
         .as_array()
         .expect("self_sizing.runs");
-    assert_eq!(runs.len(), 4, "{runs:?}");
+    assert_eq!(runs.len(), 5, "{runs:?}");
     for run in runs {
         assert_eq!(run["end"], "ok", "{run}");
         let phases = run["phases"].as_array().expect("phases");
@@ -69,6 +69,17 @@ fn self_sizing_tiny_rows_records_plots_and_render() {
         auto["stall_target_pct"].as_f64().is_some(),
         "auto reports its target: {auto}"
     );
+    // The follow run: auto on the same phases, each ten times longer.
+    let follow = runs.iter().find(|r| r["variant"] == "auto-follow").unwrap();
+    let length = |r: &serde_json::Value| {
+        r["phases"].as_array().unwrap().last().unwrap()["end_s"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        length(follow) > 3.0 * length(auto),
+        "the follow run's phases are longer: {follow}"
+    );
     let rounds = json["host_budget"]["rounds"]
         .as_array()
         .expect("host rounds");
@@ -85,7 +96,11 @@ fn self_sizing_tiny_rows_records_plots_and_render() {
             json["headline"]
         );
     }
-    for plot in ["self-sizing-auto-1.svg", "host-budget-round-1.svg"] {
+    for plot in [
+        "self-sizing-auto-1.svg",
+        "self-sizing-follow-1.svg",
+        "host-budget-round-1.svg",
+    ] {
         let text = std::fs::read_to_string(out.join(plot)).unwrap_or_default();
         assert!(text.contains("<svg"), "{plot} is not drawn");
     }
