@@ -40,12 +40,18 @@ fn scenario(quick: bool) -> (u64, Vec<VmSpec>) {
         (false, false) => 6_000_000,
     };
     let mut vms = vec![
-        // Its large phases (96 MiB) and its scattered one (8 pages in
-        // every chunk of 384 MiB) want more than a fair share.
+        // Its large phases (128 MiB of a 512 MiB heap) and the guest's own
+        // memory beside them do not fit a fair share of 128 MiB: measured
+        // alone on this host (quick ops, auto unit), 90 s at 128 MiB
+        // against 4.8 s at 180 MiB. A heap of 384 MiB (large phases of
+        // 96 MiB, the scenario until 2026-12-07) fitted its share, 5.6 s
+        // at 128 MiB against 5.0 s with no limit: with every set inside
+        // its share there was nothing for the host to give, and the aim
+        // of 1.25x could not be reached by any division of the budget.
         VmSpec {
             name: "big",
-            mem: "448M",
-            args: format!("heap=384M phases=6 ops={ops} seed=1"),
+            mem: "576M",
+            args: format!("heap=512M phases=6 ops={ops} seed=1"),
         },
         // All of it fits in a fair share, with room to spare.
         VmSpec {
