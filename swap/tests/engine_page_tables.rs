@@ -1,25 +1,26 @@
 //! A chunk that leaves memory whole (moved out to the store, dropped by a
-//! balloon, or a split chunk dropped) keeps an empty page table, so that
-//! the guest's next write there does not make the kernel allocate and zero
-//! a 2 MiB huge page before it hands the fault to the engine
-//! (docs/KERNEL_FACTS.md, "A write fault over no page table"). The kernel
-//! counts that wasted allocation in `/proc/vmstat`'s `thp_fault_alloc`;
-//! over a prepared table the write allocates no huge page at all.
+//! balloon, or a split chunk dropped) is given an empty page table, so
+//! that the guest's next write there does not make the kernel allocate
+//! and zero a 2 MiB huge page before it hands the fault to the engine
+//! (docs/KERNEL_FACTS.md, "A write fault over no page table"). The other
+//! half of that mechanism is what this test checks: a huge page moved
+//! onto a table is split, so the table must go just before the engine
+//! moves the chunk's huge page back in, and after the write the chunk is
+//! mapped huge again (PAGEMAP_SCAN). Taking that removal out fails every
+//! write of every case here.
 //!
-//! The counter is the host's, so another process's THP faults can add to
-//! it: each case takes the smallest increase over a few writes. Without
-//! a prepared table every write to a moved-out or balloon-dropped chunk
-//! adds one, so that minimum is then at least one and the test fails
-//! (checked by taking the preparations out: the dropped chunk's write
-//! allocated one each time). A split chunk the balloon drops allocated
-//! none even without its preparation on this host (its page table
-//! outlived the discard); the case stays, as the property the engine
-//! promises whatever the kernel does with that table.
+//! The kernel's wasted zeroing itself is not asserted: it shows in time
+//! (measured with perf and a timed test program, docs/KERNEL_FACTS.md),
+//! and `/proc/vmstat`'s `thp_fault_alloc` does not count it. Checked on
+//! this host's 6.18: with every preparation taken out, no write here
+//! moved that counter; what had moved it in an earlier form of this test
+//! (one write in four) was the engine's own restore-buffer refills.
 
 mod common;
 
 use common::*;
 use guestmem::addr::RegionOffset;
+use guestmem::host::PagemapScanner;
 use std::sync::Arc;
 use swap::chunk::Tag;
 use swap::engine::SwapUnit;
@@ -27,16 +28,9 @@ use swap::store::{Codec, MemStore};
 
 const MB: u64 = 1 << 20;
 const CHUNK: u64 = 2 * MB;
-const TRIES: usize = 5;
+const TRIES: u64 = 5;
 
-fn thp_fault_allocs() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/vmstat").ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix("thp_fault_alloc "))
-        .and_then(|n| n.trim().parse().ok())
-}
-
-/// Why huge pages cannot be counted here, if they cannot.
+/// Why huge mappings cannot be checked here, if they cannot.
 fn missing() -> Option<String> {
     let enabled =
         std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
@@ -45,39 +39,40 @@ fn missing() -> Option<String> {
             "transparent huge pages are off (/sys/kernel/mm/transparent_hugepage/enabled)".into(),
         );
     }
-    if thp_fault_allocs().is_none() {
-        return Some("/proc/vmstat has no thp_fault_alloc".into());
+    if let Err(e) = PagemapScanner::open() {
+        return Some(format!("this kernel answers no PAGEMAP_SCAN: {e}"));
     }
     None
 }
 
-/// The smallest increase of `thp_fault_alloc` across a guest write to
-/// `chunk`, each of [`TRIES`] times after `empty` took the chunk out of
-/// memory whole.
-fn huge_allocs_per_write(g: &Guest, chunk: u64, empty: &dyn Fn(&Guest)) -> u64 {
+/// How many of [`TRIES`] guest writes to `chunk`, each after `empty` took
+/// the chunk out of memory whole, left it mapped by anything other than
+/// one huge page.
+fn writes_mapped_small(g: &Guest, chunk: u64, empty: &dyn Fn(&Guest)) -> u64 {
+    let pagemap = PagemapScanner::open().expect("PAGEMAP_SCAN (checked by missing())");
+    let offset = RegionOffset::new(chunk * CHUNK);
     (0..TRIES)
-        .map(|round| {
+        .filter(|&round| {
             empty(g);
             assert_ne!(
-                g.engine()
-                    .unit_state(RegionOffset::new(chunk * CHUNK))
-                    .tag(),
+                g.engine().unit_state(offset).tag(),
                 Tag::Resident,
                 "the chunk left memory"
             );
-            let before = thp_fault_allocs().unwrap_or(0);
             let addr = g.base() + chunk * CHUNK + 4096 * 7;
-            std::thread::spawn(move || put(addr, round as u64 + 1))
+            std::thread::spawn(move || put(addr, round + 1))
                 .join()
                 .unwrap();
-            thp_fault_allocs().unwrap_or(0).saturating_sub(before)
+            assert_eq!(get(addr), round + 1);
+            !pagemap
+                .is_huge(g.mem.range(), offset, CHUNK)
+                .unwrap_or(false)
         })
-        .min()
-        .unwrap_or(u64::MAX)
+        .count() as u64
 }
 
 #[test]
-fn a_chunk_that_left_memory_whole_costs_its_next_write_no_huge_page() {
+fn a_chunk_that_left_memory_whole_comes_back_huge_over_its_empty_page_table() {
     if let Some(why) = missing() {
         println!("SKIP: {why}");
         return;
@@ -90,17 +85,17 @@ fn a_chunk_that_left_memory_whole_costs_its_next_write_no_huge_page() {
         .join()
         .unwrap();
 
-    let evicted = huge_allocs_per_write(&g, 1, &|g| {
+    let evicted = writes_mapped_small(&g, 1, &|g| {
         g.engine()
             .evict_range(RegionOffset::new(CHUNK), CHUNK)
             .unwrap();
     });
-    let discarded = huge_allocs_per_write(&g, 2, &|g| {
+    let discarded = writes_mapped_small(&g, 2, &|g| {
         g.engine()
             .discard_range(RegionOffset::new(2 * CHUNK), CHUNK)
             .unwrap();
     });
-    let split_discarded = huge_allocs_per_write(&g, 3, &|g| {
+    let split_discarded = writes_mapped_small(&g, 3, &|g| {
         g.engine()
             .split_range(RegionOffset::new(3 * CHUNK), CHUNK)
             .unwrap();
@@ -113,10 +108,14 @@ fn a_chunk_that_left_memory_whole_costs_its_next_write_no_huge_page() {
             .unwrap();
     });
     println!(
-        "huge pages the kernel allocated for a write (least of {TRIES}): evicted {evicted}, discarded {discarded}, split and discarded {split_discarded}"
+        "writes of {TRIES} that left the chunk mapped small: evicted {evicted}, discarded {discarded}, split and discarded {split_discarded}"
     );
     assert_eq!(evicted, 0, "a chunk moved out to the store");
     assert_eq!(discarded, 0, "a chunk the balloon dropped");
     assert_eq!(split_discarded, 0, "a split chunk the balloon dropped");
+    // The other chunks kept their content through all of it.
+    for c in [0u64, 4, 5, 6, 7] {
+        assert!(all_equal(base + c * CHUNK, CHUNK, c as u8 + 1), "chunk {c}");
+    }
     assert!(g.fatal_messages().is_empty(), "{:?}", g.fatal_messages());
 }
