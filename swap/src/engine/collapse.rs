@@ -172,9 +172,10 @@ impl Collapser {
             allow_src_holes: true,
             dont_wake: false,
         };
+        let mut stray_checked = false;
         // SAFETY: this thread owns the chunk (Loading, every page locked) and
         // parking slot `p`; both are reached through raw addresses only.
-        if let Err(e) = unsafe {
+        while let Err(e) = unsafe {
             s.installer
                 .uffd
                 .move_all(dst, src, s.geo.unit_bytes, options)
@@ -197,9 +198,22 @@ impl Collapser {
                 give_back(merging, CollapseFailure::Pinned);
                 return Ok(());
             }
+            // The slot was taken free, so it should be empty: stray zero
+            // pages are dropped and the move tried once more; pages with
+            // data end the VM, named, since whose they are is not known.
+            let why = if e.is_eexist() && !stray_checked {
+                stray_checked = true;
+                let what = format!("a collapse of the chunk at {}", s.geo.unit_name(chunk));
+                match s.parking.clear_strays_for_move(p, &what) {
+                    Ok(()) => continue,
+                    Err(held) => format!(": {held}"),
+                }
+            } else {
+                String::new()
+            };
             return Err(SwapError::uffd(
                 format!(
-                    "moving out the split chunk at {} to collapse it",
+                    "moving out the split chunk at {} to collapse it{why}",
                     s.geo.unit_name(chunk)
                 ),
                 e,

@@ -34,6 +34,41 @@ pub struct Parking {
 struct FreeSlots {
     stack: Vec<ParkingSlot>,
     is_free: Vec<bool>,
+    /// How each slot was last released: a page found in a free slot names
+    /// the path that should have emptied it.
+    last_release: Vec<Release>,
+}
+
+/// How a slot was last released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Never taken.
+    Never,
+    /// Discarded ([`Parking::release`]).
+    Discarded,
+    /// Taken as empty without a discard ([`Parking::release_empty`]: a
+    /// move took every page out).
+    Emptied,
+}
+
+impl std::fmt::Display for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Release::Never => "never taken before",
+            Release::Discarded => "last released by a discard",
+            Release::Emptied => "last released as emptied by a move (not discarded)",
+        })
+    }
+}
+
+/// The pages a slot held when it should have been empty, after
+/// [`Parking::drop_stray_zero_pages`] dropped the zero ones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StrayPages {
+    /// Zero pages, dropped.
+    pub zero_dropped: usize,
+    /// Pages holding data, left in place (page indexes in the slot).
+    pub with_data: Vec<u64>,
 }
 
 impl FreeSlots {
@@ -62,6 +97,7 @@ impl Parking {
             free: Mutex::new(FreeSlots {
                 stack: (0..slots as u32).rev().map(ParkingSlot::new).collect(),
                 is_free: vec![true; slots],
+                last_release: vec![Release::Never; slots],
             }),
             freed: Condvar::new(),
         })
@@ -132,7 +168,7 @@ impl Parking {
         assert_taken(taken, slot);
         // Discarding makes the slot a valid (empty) move destination again.
         let _ = self.raw().discard(self.offset(slot), self.slot_bytes);
-        self.release_empty(slot);
+        self.release_as(slot, Release::Discarded);
     }
 
     /// Makes an already-empty slot available again.
@@ -143,13 +179,101 @@ impl Parking {
     /// this message (engine-thread panics are fatal) before a second owner
     /// could move a unit onto the first one's pages.
     pub fn release_empty(&self, slot: ParkingSlot) {
+        self.release_as(slot, Release::Emptied);
+    }
+
+    fn release_as(&self, slot: ParkingSlot, how: Release) {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let is_free = &mut free.is_free[slot.index()];
         assert_taken(!*is_free, slot);
         *is_free = true;
+        free.last_release[slot.index()] = how;
         free.stack.push(slot);
         drop(free);
         self.freed.notify_one();
+    }
+
+    /// How slot `slot` was last released.
+    pub fn last_release(&self, slot: ParkingSlot) -> Release {
+        self.free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .last_release[slot.index()]
+    }
+
+    /// Drops page `page` of slot `slot` if it holds only zeros; true when
+    /// it did. A zero page where the slot should be empty loses nothing
+    /// when dropped: an empty parking page reads as zeros to anyone.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the slot, and the page is populated (a move into it
+    /// failed with `EEXIST`, or `mincore` says so): reading it cannot fault
+    /// into the userfaultfd.
+    pub unsafe fn drop_zero_page(&self, slot: ParkingSlot, page: u64) -> bool {
+        let offset = self
+            .offset(slot)
+            .offset_by(page * guestmem::host::PAGE_BYTES);
+        // SAFETY: as the caller promises.
+        let data = unsafe { self.raw().slice(offset, guestmem::host::PAGE_BYTES) };
+        super::hash::scan(data).zero
+            && self
+                .raw()
+                .discard(offset, guestmem::host::PAGE_BYTES)
+                .is_ok()
+    }
+
+    /// For a move into slot `slot` that failed with `EEXIST`, the slot
+    /// having been taken free: drops its stray zero pages
+    /// ([`Parking::drop_stray_zero_pages`]) and logs them, `Ok` when the
+    /// move may be tried again (every stray page was zero), else what the
+    /// slot held, for the error. `what`: the move, for the log ("a
+    /// collapse of the chunk at ...").
+    pub fn clear_strays_for_move(&self, slot: ParkingSlot, what: &str) -> Result<(), String> {
+        match self.drop_stray_zero_pages(slot) {
+            Ok(stray) if stray.with_data.is_empty() => {
+                log::warn!(
+                    "swap engine: parking slot {slot} ({}) held {} stray zero page(s) when {what} moved into it; dropped them and moved again",
+                    self.last_release(slot),
+                    stray.zero_dropped
+                );
+                Ok(())
+            }
+            Ok(stray) => Err(format!(
+                "parking slot {slot} ({}) was not empty: {} zero page(s), dropped, and {} with data, first page {} (an engine bug)",
+                self.last_release(slot),
+                stray.zero_dropped,
+                stray.with_data.len(),
+                stray.with_data[0]
+            )),
+            Err(e) => Err(format!(
+                "parking slot {slot} was not empty (an engine bug; mincore failed: {e})"
+            )),
+        }
+    }
+
+    /// Finds the pages of slot `slot`, which the caller owns and which
+    /// should be empty, drops those that hold only zeros (see
+    /// [`Parking::drop_zero_page`]) and names the others.
+    pub fn drop_stray_zero_pages(&self, slot: ParkingSlot) -> std::io::Result<StrayPages> {
+        let mut residency = Vec::new();
+        self.raw()
+            .residency(self.offset(slot), self.slot_bytes, &mut residency)?;
+        let mut stray = StrayPages::default();
+        for (page, present) in residency.iter().enumerate() {
+            if present & 1 == 0 {
+                continue;
+            }
+            let page = page as u64;
+            // SAFETY: the caller owns the slot; mincore says the page is
+            // present.
+            if unsafe { self.drop_zero_page(slot, page) } {
+                stray.zero_dropped += 1;
+            } else {
+                stray.with_data.push(page);
+            }
+        }
+        Ok(stray)
     }
 }
 
@@ -209,5 +333,51 @@ mod tests {
     fn releasing_a_free_slot_is_caught_before_its_pages_are_discarded() {
         let parking = Parking::new(2, 4096).unwrap();
         parking.release(ParkingSlot::new(0));
+    }
+
+    #[test]
+    fn a_slot_says_how_it_was_last_released() {
+        let parking = Parking::new(2, 4096).unwrap();
+        let a = parking.try_acquire().unwrap();
+        assert_eq!(parking.last_release(a), Release::Never);
+        parking.release(a);
+        assert_eq!(parking.last_release(a), Release::Discarded);
+        let a = parking.try_acquire().unwrap();
+        parking.release_empty(a);
+        assert_eq!(parking.last_release(a), Release::Emptied);
+    }
+
+    #[test]
+    fn stray_zero_pages_are_dropped_and_pages_with_data_named() {
+        let page = guestmem::host::PAGE_BYTES;
+        let parking = Parking::new(2, 4 * page).unwrap();
+        let _first = parking.try_acquire().unwrap();
+        let slot = parking.try_acquire().unwrap();
+        let at = parking.offset(slot);
+        // SAFETY: a plain anonymous mapping (not registered with a
+        // userfaultfd here), owned by this test.
+        let bytes = unsafe { parking.raw().slice_mut(at, 4 * page) };
+        let page_bytes = page as usize;
+        bytes[page_bytes..2 * page_bytes].fill(0);
+        bytes[2 * page_bytes + 7] = 1;
+        assert_eq!(
+            parking.drop_stray_zero_pages(slot).unwrap(),
+            StrayPages {
+                zero_dropped: 1,
+                with_data: vec![2],
+            },
+            "page 1 was zero, page 2 held data, pages 0 and 3 were never touched"
+        );
+        assert_eq!(
+            parking.clear_strays_for_move(slot, "a test").unwrap_err(),
+            format!("parking slot {slot} (never taken before) was not empty: 0 zero page(s), dropped, and 1 with data, first page 2 (an engine bug)")
+        );
+        bytes[2 * page_bytes + 7] = 0;
+        assert_eq!(parking.clear_strays_for_move(slot, "a test"), Ok(()));
+        assert_eq!(
+            parking.drop_stray_zero_pages(slot).unwrap(),
+            StrayPages::default(),
+            "the slot is empty"
+        );
     }
 }

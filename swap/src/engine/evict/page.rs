@@ -173,24 +173,21 @@ impl Evictor<'_> {
     /// a page once (engine_split's forced splits, 2026-12-06; not
     /// reproduced in 45 runs here): a fault on an empty parking page is
     /// resolved with the zero page (`Installer::resolve_stray`), and a
-    /// late one lands in whatever slot owns the page by then. Dropping a
-    /// zero page loses nothing: an empty parking page reads as zeros to
-    /// anyone. A page holding data is left alone, and the move's failure
-    /// stays fatal.
+    /// late one lands in whatever slot owns the page by then. A page
+    /// holding data is left alone, and the move's failure stays fatal.
     fn drop_stray_zero_page(&self, p: ParkingSlot, index: PageIndex) -> bool {
         let s = self.s;
-        let offset = s.parking.offset(p).offset_by(index.offset_bytes());
         // SAFETY: this evictor owns slot `p`, and the page is populated (the
-        // move into it failed with EEXIST), so reading it cannot fault.
-        let data = unsafe { s.parking.raw().slice(offset, PAGE_BYTES) };
-        if !scan(data).zero {
-            return false;
+        // move into it failed with EEXIST).
+        let dropped = unsafe { s.parking.drop_zero_page(p, index.get() as u64) };
+        if dropped {
+            log::warn!(
+                "swap engine: page {} of parking slot {p} ({}) held a stray zero page when a page eviction moved into it; dropped it and moved again",
+                index.get(),
+                s.parking.last_release(p)
+            );
         }
-        log::warn!(
-            "swap engine: page {} of parking slot {p} held a stray zero page when a page eviction moved into it; dropped it and moved again",
-            index.get()
-        );
-        s.parking.raw().discard(offset, PAGE_BYTES).is_ok()
+        dropped
     }
 
     /// Moves an evicted page back from its parking page `parked` into the

@@ -84,11 +84,46 @@ impl Evictor<'_> {
                     dont_wake: false,
                 };
                 let mut tries = 0;
+                let mut stray_checked = false;
                 loop {
                     // SAFETY: this evictor owns the unit (Evicting) and the
                     // parking slot; both are reached through raw addresses.
                     match unsafe { s.uffd.move_all(dst, src, len, options) } {
                         Ok(()) => break,
+                        // The slot was taken free, so it should be empty:
+                        // stray zero pages are dropped and the move tried
+                        // again (nothing moved: the first page found in
+                        // the way ends a move, and one that moved part is
+                        // put back first).
+                        Err(e) if e.is_eexist() && !stray_checked => {
+                            stray_checked = true;
+                            let moved = e.done_bytes();
+                            if moved > 0 {
+                                // SAFETY: as for the move above, reversed.
+                                unsafe { s.uffd.move_all(src, dst, moved, options) }.map_err(
+                                    |e| {
+                                        SwapError::uffd(
+                                            format!(
+                                                "putting back the partly moved chunk at {}",
+                                                s.geo.unit_name(unit)
+                                            ),
+                                            e,
+                                        )
+                                    },
+                                )?;
+                            }
+                            let what =
+                                format!("an eviction of the chunk at {}", s.geo.unit_name(unit));
+                            if let Err(held) = s.parking.clear_strays_for_move(p, &what) {
+                                return Err(SwapError::uffd(
+                                    format!(
+                                        "moving out the chunk at {}: {held}",
+                                        s.geo.unit_name(unit)
+                                    ),
+                                    e,
+                                ));
+                            }
+                        }
                         Err(e)
                             if e.errno() == Some(libc::EBUSY)
                                 && e.done_bytes() == 0
@@ -121,7 +156,7 @@ impl Evictor<'_> {
                         Err(e) => {
                             let why = if e.is_eexist() {
                                 format!(
-                                    " into parking slot {p}, which was not empty (an engine bug)"
+                                    " into parking slot {p}, which was not empty again after its stray zero pages were dropped (an engine bug)"
                                 )
                             } else {
                                 String::new()
