@@ -167,7 +167,11 @@ impl Parking {
         let taken = !self.free.lock().unwrap_or_else(|e| e.into_inner()).is_free[slot.index()];
         assert_taken(taken, slot);
         // Discarding makes the slot a valid (empty) move destination again.
-        let _ = self.raw().discard(self.offset(slot), self.slot_bytes);
+        // A failure would leave its pages for the next owner's move to
+        // find (EEXIST): say so where it happens.
+        if let Err(e) = self.raw().discard(self.offset(slot), self.slot_bytes) {
+            log::warn!("swap engine: emptying parking slot {slot} failed: {e}");
+        }
         self.release_as(slot, Release::Discarded);
     }
 
