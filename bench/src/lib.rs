@@ -514,28 +514,19 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             mode.name()
         );
     }
-    if args.suite == Suite::Workloads && ctx.report.failures.is_empty() {
+    // The suites whose results file renders into a doc of its own: how to
+    // publish a run that had no failure.
+    let own_doc = match args.suite {
+        Suite::Workloads => Some(("docs/KERNEL_BASELINE.md", "workloads")),
+        Suite::Fault4k => Some(("docs/BENCHMARKS.md", "fault-4k")),
+        Suite::SelfSizing => Some(("docs/SELF_SIZING.md", "self-sizing")),
+        _ => None,
+    };
+    if let (Some((doc, file)), true) = (own_doc, ctx.report.failures.is_empty()) {
+        let committed = format!("docs/results/{file}-{}.json", mode.name());
         eprintln!(
-            "hugevmm bench: to publish this run's tables in docs/KERNEL_BASELINE.md: cp {} docs/results/workloads-{}.json && hugevmm bench report --render docs/results/workloads-{}.json",
+            "hugevmm bench: to publish this run's tables in {doc}: cp {} {committed} && hugevmm bench report --render {committed}",
             ctx.out_dir.join("results.json").display(),
-            mode.name(),
-            mode.name()
-        );
-    }
-    if args.suite == Suite::Fault4k && ctx.report.failures.is_empty() {
-        eprintln!(
-            "hugevmm bench: to publish this run's tables in docs/BENCHMARKS.md: cp {} docs/results/fault-4k-{}.json && hugevmm bench report --render docs/results/fault-4k-{}.json",
-            ctx.out_dir.join("results.json").display(),
-            mode.name(),
-            mode.name()
-        );
-    }
-    if args.suite == Suite::SelfSizing && ctx.report.failures.is_empty() {
-        eprintln!(
-            "hugevmm bench: to publish this run's tables in docs/SELF_SIZING.md: cp {} docs/results/self-sizing-{}.json && hugevmm bench report --render docs/results/self-sizing-{}.json",
-            ctx.out_dir.join("results.json").display(),
-            mode.name(),
-            mode.name()
         );
     }
     eprintln!(

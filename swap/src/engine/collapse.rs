@@ -204,7 +204,9 @@ impl Collapser {
             let why = if e.is_eexist() && !stray_checked {
                 stray_checked = true;
                 let what = format!("a collapse of the chunk at {}", s.geo.unit_name(chunk));
-                match s.parking.clear_strays_for_move(p, &what) {
+                // SAFETY: this thread owns slot `p` (taken above, not yet
+                // released) and nothing else moves into it meanwhile.
+                match unsafe { s.parking.clear_strays_for_move(p, &what) } {
                     Ok(()) => continue,
                     Err(held) => format!(": {held}"),
                 }

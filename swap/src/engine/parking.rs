@@ -233,8 +233,17 @@ impl Parking {
     /// move may be tried again (every stray page was zero), else what the
     /// slot held, for the error. `what`: the move, for the log ("a
     /// collapse of the chunk at ...").
-    pub fn clear_strays_for_move(&self, slot: ParkingSlot, what: &str) -> Result<(), String> {
-        match self.drop_stray_zero_pages(slot) {
+    ///
+    /// # Safety
+    ///
+    /// As [`Parking::drop_stray_zero_pages`].
+    pub unsafe fn clear_strays_for_move(
+        &self,
+        slot: ParkingSlot,
+        what: &str,
+    ) -> Result<(), String> {
+        // SAFETY: as the caller promises.
+        match unsafe { self.drop_stray_zero_pages(slot) } {
             Ok(stray) if stray.with_data.is_empty() => {
                 log::warn!(
                     "swap engine: parking slot {slot} ({}) held {} stray zero page(s) when {what} moved into it; dropped them and moved again",
@@ -256,10 +265,15 @@ impl Parking {
         }
     }
 
-    /// Finds the pages of slot `slot`, which the caller owns and which
-    /// should be empty, drops those that hold only zeros (see
-    /// [`Parking::drop_zero_page`]) and names the others.
-    pub fn drop_stray_zero_pages(&self, slot: ParkingSlot) -> std::io::Result<StrayPages> {
+    /// Finds the pages of slot `slot`, which should be empty, drops those
+    /// that hold only zeros (see [`Parking::drop_zero_page`]) and names the
+    /// others.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the slot: no other thread moves pages into it or
+    /// out of it, or discards it, meanwhile (its pages are read).
+    pub unsafe fn drop_stray_zero_pages(&self, slot: ParkingSlot) -> std::io::Result<StrayPages> {
         let mut residency = Vec::new();
         self.raw()
             .residency(self.offset(slot), self.slot_bytes, &mut residency)?;
@@ -269,8 +283,8 @@ impl Parking {
                 continue;
             }
             let page = page as u64;
-            // SAFETY: the caller owns the slot; mincore says the page is
-            // present.
+            // SAFETY: the caller owns the slot (no one changes it
+            // meanwhile), and mincore says the page is present.
             if unsafe { self.drop_zero_page(slot, page) } {
                 stray.zero_dropped += 1;
             } else {
@@ -358,14 +372,24 @@ mod tests {
         let _first = parking.try_acquire().unwrap();
         let slot = parking.try_acquire().unwrap();
         let at = parking.offset(slot);
-        // SAFETY: a plain anonymous mapping (not registered with a
-        // userfaultfd here), owned by this test.
-        let bytes = unsafe { parking.raw().slice_mut(at, 4 * page) };
-        let page_bytes = page as usize;
-        bytes[page_bytes..2 * page_bytes].fill(0);
-        bytes[2 * page_bytes + 7] = 1;
+        let write = |offset: u64, byte: u8| {
+            // SAFETY: a plain anonymous mapping (not registered with a
+            // userfaultfd here), owned by this test; no slice outlives
+            // the write.
+            let bytes = unsafe { parking.raw().slice_mut(at.offset_by(offset), 1) };
+            bytes[0] = byte;
+        };
+        let strays = || {
+            // SAFETY: this test owns the slot, and nothing else touches the
+            // mapping meanwhile.
+            unsafe { parking.drop_stray_zero_pages(slot) }.unwrap()
+        };
+        // SAFETY: as above.
+        let clear = || unsafe { parking.clear_strays_for_move(slot, "a test") };
+        write(page, 0);
+        write(2 * page + 7, 1);
         assert_eq!(
-            parking.drop_stray_zero_pages(slot).unwrap(),
+            strays(),
             StrayPages {
                 zero_dropped: 1,
                 with_data: vec![2],
@@ -373,15 +397,11 @@ mod tests {
             "page 1 was zero, page 2 held data, pages 0 and 3 were never touched"
         );
         assert_eq!(
-            parking.clear_strays_for_move(slot, "a test").unwrap_err(),
+            clear().unwrap_err(),
             format!("parking slot {slot} (never taken before) was not empty: 0 zero page(s), dropped, and 1 with data, first page 2 (an engine bug)")
         );
-        bytes[2 * page_bytes + 7] = 0;
-        assert_eq!(parking.clear_strays_for_move(slot, "a test"), Ok(()));
-        assert_eq!(
-            parking.drop_stray_zero_pages(slot).unwrap(),
-            StrayPages::default(),
-            "the slot is empty"
-        );
+        write(2 * page + 7, 0);
+        assert_eq!(clear(), Ok(()));
+        assert_eq!(strays(), StrayPages::default(), "the slot is empty");
     }
 }

@@ -114,7 +114,10 @@ impl Evictor<'_> {
                             }
                             let what =
                                 format!("an eviction of the chunk at {}", s.geo.unit_name(unit));
-                            if let Err(held) = s.parking.clear_strays_for_move(p, &what) {
+                            // SAFETY: this evictor owns slot `p` (taken for
+                            // this unit, not yet released).
+                            if let Err(held) = unsafe { s.parking.clear_strays_for_move(p, &what) }
+                            {
                                 return Err(SwapError::uffd(
                                     format!(
                                         "moving out the chunk at {}: {held}",
