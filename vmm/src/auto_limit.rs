@@ -15,8 +15,14 @@ use swap::engine::{MemLimit, SwapEngine};
 
 /// How often the controller decides: PSI's shortest window (10 s) is too
 /// slow for a guest whose working set moves in seconds, and much shorter
-/// periods hold too few faults to tell stall from noise.
-pub const PERIOD: Duration = Duration::from_secs(1);
+/// periods hold too few faults to tell stall from noise (at a 2 % target
+/// half a second holds 10 ms of stall per vCPU, a handful of 2 MiB store
+/// faults). Half a second rather than one: letting go of a set that
+/// shrank takes five or six quiet periods of cuts; under the same rules,
+/// the phases payload's 64-to-16 MiB change was followed in 3.3 s with
+/// half-second periods and not within its 7 s phase with one-second ones
+/// (single runs of `hugevmm bench self-sizing`'s follow payload).
+pub const PERIOD: Duration = Duration::from_millis(500);
 
 /// How often the guest's growth is checked between periods
 /// (`LimitController::on_growth`): a guest loads hundreds of MiB within

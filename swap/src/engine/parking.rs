@@ -39,25 +39,23 @@ struct FreeSlots {
     last_release: Vec<Release>,
 }
 
-/// How a slot was last released.
+/// How a slot was last released. Every release discards, so a page in a
+/// free slot came after its release: the releasing call names the owner
+/// that still had a hand on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Release {
     /// Never taken.
     Never,
-    /// Discarded ([`Parking::release`]).
-    Discarded,
-    /// Taken as empty without a discard ([`Parking::release_empty`]: a
-    /// move took every page out).
-    Emptied,
+    /// Discarded by [`Parking::release`], called from there.
+    Discarded(&'static std::panic::Location<'static>),
 }
 
 impl std::fmt::Display for Release {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Release::Never => "never taken before",
-            Release::Discarded => "last released by a discard",
-            Release::Emptied => "last released as emptied by a move (not discarded)",
-        })
+        match self {
+            Release::Never => f.write_str("never taken before"),
+            Release::Discarded(at) => write!(f, "last released by a discard at {at}"),
+        }
     }
 }
 
@@ -135,7 +133,41 @@ impl Parking {
 
     /// Takes a free slot, if any.
     pub fn try_acquire(&self) -> Option<ParkingSlot> {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()
+        let slot = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
+        self.check_empty(slot);
+        Some(slot)
+    }
+
+    /// Says so when slot `slot`, just taken free, holds pages. Why here and
+    /// not only where a move into it fails (`EEXIST`): a move may touch
+    /// only some of the slot's pages, and by then the owner that left the
+    /// page is long gone; this names its release. The moves still handle
+    /// what they find ([`Parking::clear_strays_for_move`]). Cost: one
+    /// `mincore` per slot taken, against a 2 MiB move.
+    fn check_empty(&self, slot: ParkingSlot) {
+        if let Some(report) = self.pages_held(slot) {
+            log::error!("swap engine: {report}: an engine bug");
+        }
+    }
+
+    /// What slot `slot` holds, if anything, with its last release; None
+    /// when it is empty (or `mincore` failed: nothing to say then).
+    fn pages_held(&self, slot: ParkingSlot) -> Option<String> {
+        let mut residency = Vec::new();
+        self.raw()
+            .residency(self.offset(slot), self.slot_bytes, &mut residency)
+            .ok()?;
+        let mut present = residency
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| *r & 1 != 0)
+            .map(|(page, _)| page);
+        let first = present.next()?;
+        Some(format!(
+            "parking slot {slot}, taken free, holds {} page(s), the first page {first} ({})",
+            present.count() + 1,
+            self.last_release(slot)
+        ))
     }
 
     /// Takes a free slot, waiting up to `wait` for one.
@@ -148,7 +180,10 @@ impl Parking {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        free.pop()
+        let slot = free.pop()?;
+        drop(free);
+        self.check_empty(slot);
+        Some(slot)
     }
 
     /// Slots taken and not released yet.
@@ -157,12 +192,18 @@ impl Parking {
         free.is_free.len() - free.stack.len()
     }
 
-    /// Empties a slot's pages and makes it available again.
+    /// Empties a slot's pages and makes it available again. Always a
+    /// discard, even after a move took every page out (a few µs on an
+    /// empty range): a slot released without one, trusting the move,
+    /// could not be told apart from a slot a late owner filled again.
     ///
     /// # Panics
     ///
-    /// As [`Parking::release_empty`], and before discarding anything: a
-    /// free slot may already hold another unit's pages.
+    /// If the slot is free already, before discarding anything (a free
+    /// slot may already hold another unit's pages): an engine bug, which
+    /// ends the VM with this message (engine-thread panics are fatal)
+    /// before a second owner could move a unit onto the first one's pages.
+    #[track_caller]
     pub fn release(&self, slot: ParkingSlot) {
         let taken = !self.free.lock().unwrap_or_else(|e| e.into_inner()).is_free[slot.index()];
         assert_taken(taken, slot);
@@ -172,18 +213,7 @@ impl Parking {
         if let Err(e) = self.raw().discard(self.offset(slot), self.slot_bytes) {
             log::warn!("swap engine: emptying parking slot {slot} failed: {e}");
         }
-        self.release_as(slot, Release::Discarded);
-    }
-
-    /// Makes an already-empty slot available again.
-    ///
-    /// # Panics
-    ///
-    /// If the slot is free already: an engine bug, which ends the VM with
-    /// this message (engine-thread panics are fatal) before a second owner
-    /// could move a unit onto the first one's pages.
-    pub fn release_empty(&self, slot: ParkingSlot) {
-        self.release_as(slot, Release::Emptied);
+        self.release_as(slot, Release::Discarded(std::panic::Location::caller()));
     }
 
     fn release_as(&self, slot: ParkingSlot, how: Release) {
@@ -332,8 +362,8 @@ mod tests {
         assert_eq!(parking.try_acquire(), None);
         parking.release(a);
         assert_eq!(parking.try_acquire(), Some(a));
-        parking.release_empty(b);
-        parking.release_empty(a);
+        parking.release(b);
+        parking.release(a);
         assert!(parking.acquire_timeout(Duration::from_millis(1)).is_some());
     }
 
@@ -342,8 +372,8 @@ mod tests {
     fn a_slot_released_twice_is_caught() {
         let parking = Parking::new(2, 4096).unwrap();
         let slot = parking.try_acquire().unwrap();
-        parking.release_empty(slot);
-        parking.release_empty(slot);
+        parking.release(slot);
+        parking.release(slot);
     }
 
     #[test]
@@ -358,11 +388,44 @@ mod tests {
         let parking = Parking::new(2, 4096).unwrap();
         let a = parking.try_acquire().unwrap();
         assert_eq!(parking.last_release(a), Release::Never);
+        let line = line!() + 1;
         parking.release(a);
-        assert_eq!(parking.last_release(a), Release::Discarded);
-        let a = parking.try_acquire().unwrap();
-        parking.release_empty(a);
-        assert_eq!(parking.last_release(a), Release::Emptied);
+        let said = parking.last_release(a).to_string();
+        assert!(
+            said.starts_with(&format!(
+                "last released by a discard at {}:{line}:",
+                file!()
+            )),
+            "the releasing call, not the release itself: {said}"
+        );
+    }
+
+    #[test]
+    fn a_slot_taken_free_with_pages_in_it_names_its_last_release() {
+        let page = guestmem::host::PAGE_BYTES;
+        let parking = Parking::new(1, 4 * page).unwrap();
+        let slot = parking.try_acquire().unwrap();
+        assert_eq!(parking.pages_held(slot), None, "a fresh slot is empty");
+        let line = line!() + 1;
+        parking.release(slot);
+        // A late owner writes into the free slot (a plain anonymous
+        // mapping here, not registered with a userfaultfd).
+        // SAFETY: this test owns the mapping; no slice outlives the write.
+        let bytes = unsafe {
+            parking
+                .raw()
+                .slice_mut(parking.offset(slot).offset_by(2 * page), 1)
+        };
+        bytes[0] = 9;
+        assert_eq!(parking.try_acquire(), Some(slot));
+        let said = parking.pages_held(slot).unwrap();
+        assert!(
+            said.starts_with(&format!(
+                "parking slot {slot}, taken free, holds 1 page(s), the first page 2 (last released by a discard at {}:{line}:",
+                file!()
+            )),
+            "{said}"
+        );
     }
 
     #[test]
