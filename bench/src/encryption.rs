@@ -78,6 +78,7 @@ fn spec(p: &Plan, encrypt: bool, pair: usize) -> RunSpec {
         timeline_ms: None,
         timeout_s: 1800.0,
         allow_timeout: false,
+        extra_args: Vec::new(),
     }
 }
 

@@ -130,6 +130,7 @@ fn spec(d: &RunDef) -> RunSpec {
         timeline_ms: None,
         timeout_s: d.timeout_s.unwrap_or(900.0),
         allow_timeout: d.timeout_s.is_some(),
+        extra_args: Vec::new(),
     }
 }
 

@@ -134,6 +134,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
             timeline_ms: None,
             timeout_s: 900.0,
             allow_timeout: false,
+            extra_args: Vec::new(),
             encrypt: false,
         };
         let label = format!("seqwrite on {uri}, run {}", i + 1);

@@ -44,6 +44,7 @@ fn spec(store: &str, rep: usize) -> RunSpec {
         timeline_ms: None,
         timeout_s: 300.0,
         allow_timeout: false,
+        extra_args: Vec::new(),
     }
 }
 

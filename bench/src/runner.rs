@@ -48,6 +48,8 @@ pub struct RunSpec {
     /// failure: for workloads that may thrash (random writes over a working
     /// set larger than memory) the time bound is the point.
     pub allow_timeout: bool,
+    /// Further `hugevmm run` options, as typed (e.g. working-set sampling).
+    pub extra_args: Vec<String>,
 }
 
 impl RunSpec {
@@ -92,6 +94,7 @@ impl RunSpec {
             a.push("--stats-interval".into());
             a.push(ms.to_string());
         }
+        a.extend(self.extra_args.iter().cloned());
         a
     }
 
@@ -111,6 +114,10 @@ impl RunSpec {
             s += " --swap-encrypt";
         } else if self.store.starts_with("nbd") {
             s += " --swap-encrypt=false";
+        }
+        for arg in &self.extra_args {
+            s += " ";
+            s += arg;
         }
         s
     }

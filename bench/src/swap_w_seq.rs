@@ -63,6 +63,7 @@ impl Workload {
             // minutes here; a hang must still end.
             timeout_s: self.time_bound_s.unwrap_or(1800.0),
             allow_timeout: self.time_bound_s.is_some(),
+            extra_args: Vec::new(),
         }
     }
 

@@ -368,6 +368,7 @@ fn run_one(
         timeline_ms: None,
         timeout_s: workload.timeout_s,
         allow_timeout: false,
+        extra_args: Vec::new(),
         encrypt: false,
     };
     let daemon_cpu_before_s = daemon.as_ref().map(Daemon::cpu_s).transpose()?;

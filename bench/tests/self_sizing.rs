@@ -1,5 +1,6 @@
 //! The `self-sizing` suite end to end on its tiny plan (one round of a
-//! small phases run with no limit, two fixed limits and auto, then one
+//! small phases run with no limit, two fixed limits, auto, auto on long
+//! phases and working-set sampling on long phases, then one
 //! round of the host budget): every variant gets a row and a record with
 //! its phases and timeline, the plots are drawn, and the results file
 //! renders the docs' blocks. It asserts no times. It needs KVM and the
@@ -40,7 +41,7 @@ fn self_sizing_tiny_rows_records_plots_and_render() {
     let runs = json["self_sizing"]["runs"]
         .as_array()
         .expect("self_sizing.runs");
-    assert_eq!(runs.len(), 5, "{runs:?}");
+    assert_eq!(runs.len(), 6, "{runs:?}");
     for run in runs {
         assert_eq!(run["end"], "ok", "{run}");
         let phases = run["phases"].as_array().expect("phases");
@@ -80,6 +81,24 @@ fn self_sizing_tiny_rows_records_plots_and_render() {
         length(follow) > 3.0 * length(auto),
         "the follow run's phases are longer: {follow}"
     );
+    // The working-set run: no limit, sampling on, on the long phases,
+    // with an estimate over time and the sampling's figures.
+    let ws = runs.iter().find(|r| r["variant"] == "working-set").unwrap();
+    assert!(length(ws) > 3.0 * length(auto), "long phases: {ws}");
+    assert_eq!(ws["working_set"]["sampling"], true, "{ws}");
+    assert_eq!(ws["working_set"]["window_ms"], 100, "{ws}");
+    assert!(
+        ws["working_set"]["samples"].as_u64().unwrap_or(0) > 0,
+        "it sampled: {ws}"
+    );
+    assert!(
+        ws["timeline"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s[4].as_f64().is_some()),
+        "an estimate in its timeline: {ws}"
+    );
     let rounds = json["host_budget"]["rounds"]
         .as_array()
         .expect("host rounds");
@@ -87,6 +106,7 @@ fn self_sizing_tiny_rows_records_plots_and_render() {
     for key in [
         "self_sizing_auto_footprint_over_best_fixed",
         "self_sizing_auto_slowdown_pct",
+        "self_sizing_working_set_cost_pct",
         "host_budget_total_progress",
         "host_budget_least_vm_progress",
     ] {
@@ -99,6 +119,7 @@ fn self_sizing_tiny_rows_records_plots_and_render() {
     for plot in [
         "self-sizing-auto-1.svg",
         "self-sizing-follow-1.svg",
+        "self-sizing-working-set-1.svg",
         "host-budget-round-1.svg",
     ] {
         let text = std::fs::read_to_string(out.join(plot)).unwrap_or_default();

@@ -277,6 +277,41 @@ fn working_set_sampling_options_are_checked() {
             vec!["--swap-store", "default", "--working-set-sampling", "often"],
             "--working-set-sampling",
         ),
+        (
+            vec!["--swap-store", "default", "--working-set-window-ms", "1000"],
+            "give --working-set-sampling UNITS_PER_S too",
+        ),
+        (
+            vec![
+                "--swap-store",
+                "default",
+                "--working-set-horizon-ms",
+                "1000",
+            ],
+            "give --working-set-sampling UNITS_PER_S too",
+        ),
+        (
+            vec![
+                "--swap-store",
+                "default",
+                "--working-set-sampling",
+                "2",
+                "--working-set-window-ms",
+                "0",
+            ],
+            "working-set window of 0 ms: give at least 1 ms",
+        ),
+        (
+            vec![
+                "--swap-store",
+                "default",
+                "--working-set-sampling",
+                "2",
+                "--working-set-horizon-ms",
+                "100000000",
+            ],
+            "working-set horizon of 100000000 ms: give at least 1 ms and at most 86400000 ms",
+        ),
     ] {
         let mut full = vec!["run", "--payload", "hello", "--mem", "128M"];
         full.extend_from_slice(&args);

@@ -234,11 +234,30 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
         "--working-set-sampling",
         for_engine,
     )?;
-    let working_set = args
-        .flags
-        .working_set_sampling
-        .map(working_set_config)
-        .transpose()?;
+    let working_set = match args.flags.working_set_sampling {
+        Some(units_per_second) => Some(working_set_config(
+            units_per_second,
+            args.flags.working_set_window_ms,
+            args.flags.working_set_horizon_ms,
+        )?),
+        None => {
+            for (given, flag) in [
+                (
+                    args.flags.working_set_window_ms.is_some(),
+                    "--working-set-window-ms",
+                ),
+                (
+                    args.flags.working_set_horizon_ms.is_some(),
+                    "--working-set-horizon-ms",
+                ),
+            ] {
+                if given {
+                    bail!("{flag} sets up working-set sampling: give --working-set-sampling UNITS_PER_S too (2 is a good start), or leave {flag} out");
+                }
+            }
+            None
+        }
+    };
     if args.flags.prefetch == Some(true)
         && matches!(
             args.flags.swap_unit,
@@ -391,16 +410,26 @@ fn validate(args: &RunArgs) -> Result<(Guest, Option<SwapOptions>, u32)> {
     Ok((guest, swap, balloon_target_pages))
 }
 
-/// `--working-set-sampling`'s configuration: the rate given, the default
-/// window and horizon.
-fn working_set_config(units_per_second: f64) -> Result<swap::engine::WorkingSetConfig> {
+/// `--working-set-sampling`'s configuration: the rate given, the window
+/// and horizon given or the defaults.
+fn working_set_config(
+    units_per_second: f64,
+    window_ms: Option<u64>,
+    horizon_ms: Option<u64>,
+) -> Result<swap::engine::WorkingSetConfig> {
+    let default = swap::engine::WorkingSetConfig::default();
     let config = swap::engine::WorkingSetConfig {
         units_per_second,
-        ..Default::default()
+        window: window_ms.map_or(default.window, std::time::Duration::from_millis),
+        horizon: horizon_ms.map_or(default.horizon, std::time::Duration::from_millis),
     };
-    config
-        .check()
-        .map_err(|e| anyhow::anyhow!("--working-set-sampling {units_per_second}: {e}"))?;
+    config.check().map_err(|e| {
+        anyhow::anyhow!(
+            "--working-set-sampling {units_per_second}{}{}: {e}",
+            window_ms.map_or(String::new(), |w| format!(" --working-set-window-ms {w}")),
+            horizon_ms.map_or(String::new(), |h| format!(" --working-set-horizon-ms {h}")),
+        )
+    })?;
     Ok(config)
 }
 

@@ -365,6 +365,20 @@ pub struct RunFlags {
     #[arg(long, value_name = "UNITS_PER_S")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub working_set_sampling: Option<f64>,
+    /// With --working-set-sampling: a sample that faults back within this
+    /// many milliseconds was active. A shorter window counts memory the
+    /// guest touches less often than once a window as idle, and lets the
+    /// estimate follow a change sooner [default: 10000].
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub working_set_window_ms: Option<u64>,
+    /// With --working-set-sampling: the estimate is the mean over the
+    /// samples whose window ended within this many milliseconds. A shorter
+    /// horizon follows a change sooner, from fewer samples (a wider
+    /// standard error, which the stats give) [default: 60000].
+    #[arg(long, value_name = "MS")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub working_set_horizon_ms: Option<u64>,
     /// Run without the per-thread seccomp filters (docs/SECURITY.md), for
     /// debugging: e.g. under strace, or to tell whether a failure is a
     /// system call the filters lack; --no-seccomp=false turns off a file's.
@@ -434,6 +448,8 @@ impl RunFlags {
             force_split_every,
             prefetch,
             working_set_sampling,
+            working_set_window_ms,
+            working_set_horizon_ms,
             no_seccomp,
             dumpable,
             quiet,
@@ -507,6 +523,8 @@ impl RunFlags {
             force_split_every: force_split_every.or(file.force_split_every),
             prefetch: prefetch.or(file.prefetch),
             working_set_sampling: working_set_sampling.or(file.working_set_sampling),
+            working_set_window_ms: working_set_window_ms.or(file.working_set_window_ms),
+            working_set_horizon_ms: working_set_horizon_ms.or(file.working_set_horizon_ms),
             no_seccomp: no_seccomp.or(file.no_seccomp),
             dumpable: dumpable.or(file.dumpable),
             quiet: quiet.or(file.quiet),
@@ -908,6 +926,10 @@ mod tests {
             "--prefetch=false",
             "--working-set-sampling",
             "4",
+            "--working-set-window-ms",
+            "2000",
+            "--working-set-horizon-ms",
+            "6000",
             "--no-seccomp",
             "--dumpable",
             "--quiet",

@@ -59,6 +59,10 @@ pub const MIN_SAMPLES: u64 = 16;
 /// estimate within any run, and its interval would not fit a `Duration`).
 pub const MIN_UNITS_PER_SECOND: f64 = 1.0 / 3600.0;
 
+/// The longest window or horizon: a day (a sample's times are kept in
+/// milliseconds, and a longer span gives no estimate within any run).
+pub const MAX_SPAN: Duration = Duration::from_secs(24 * 3600);
+
 /// How the sampler samples (`EngineConfig::working_set`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkingSetConfig {
@@ -90,8 +94,14 @@ impl WorkingSetConfig {
                 self.units_per_second
             ));
         }
-        if self.window.is_zero() || self.horizon.is_zero() {
-            return Err("working-set window and horizon must be longer than 0".into());
+        for (name, span) in [("window", self.window), ("horizon", self.horizon)] {
+            if span < Duration::from_millis(1) || span > MAX_SPAN {
+                return Err(format!(
+                    "working-set {name} of {} ms: give at least 1 ms and at most {} ms (a day)",
+                    span.as_millis(),
+                    MAX_SPAN.as_millis()
+                ));
+            }
         }
         Ok(())
     }
