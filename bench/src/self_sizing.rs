@@ -61,9 +61,11 @@ const FOLLOW_STRETCH: u64 = 10;
 
 /// The working-set run's sampling: units taken out a second, the window
 /// within which a sample that comes back was active, and the horizon the
-/// estimate averages over. The window and horizon fit inside one of the
-/// follow run's phases (5-7 s here), so that the estimate at a phase's
-/// end rests on samples of that phase alone. The window is short because
+/// estimate averages over. The window and horizon fit inside the part of
+/// one of the follow run's phases that every vCPU spends in it (4-8 s
+/// here: the phases last 6-24 s, and one vCPU may change phase up to 3 s
+/// before the other), so that the estimate at a phase's end rests on
+/// samples of that phase alone. The window is short because
 /// every phase touches its whole set many times a second. The rate:
 /// after the scattered phase all of the heap is resident, and the small
 /// set that follows is estimated well only once sampling has taken the
@@ -74,7 +76,7 @@ const FOLLOW_STRETCH: u64 = 10;
 /// mostly a parking fault, its write not done yet: 0.5 ms on average).
 const WS_UNITS_PER_S: f64 = 40.0;
 const WS_WINDOW_MS: u64 = 1000;
-const WS_HORIZON_MS: u64 = 4000;
+const WS_HORIZON_MS: u64 = 3000;
 
 /// The working-set estimate's aim: within this share of the set, in
 /// every phase judged.
@@ -393,6 +395,9 @@ fn record(run: &RunResult, variant: Variant, round: usize) -> Result<Value> {
 /// Each phase's set, hot bytes and span in seconds from the vCPUs' start:
 /// every vCPU's phases follow one another, so a phase starts where the
 /// vCPU's previous ones' cycles end; the span is the mean over vCPUs.
+/// The vCPUs do not wait for each other between phases, and one can be
+/// seconds ahead: `all_start_s` and `all_end_s` bound the time every vCPU
+/// was in the phase (the last vCPU's start, the first one's end).
 fn phase_times(run: &RunResult, tsc_hz: f64) -> Option<Vec<Value>> {
     if tsc_hz <= 0.0 {
         return None;
@@ -407,10 +412,17 @@ fn phase_times(run: &RunResult, tsc_hz: f64) -> Option<Vec<Value>> {
     let mut out = Vec::new();
     for p in 0..phases {
         let (mut start, mut end) = (0.0, 0.0);
+        let (mut all_start, mut all_end) = (0.0f64, f64::INFINITY);
         for lines in per_vcpu.values() {
             let before: u64 = lines[..p].iter().map(|l| l.cycles).sum();
-            start += before as f64 / tsc_hz / n;
-            end += (before + lines[p].cycles) as f64 / tsc_hz / n;
+            let (vcpu_start, vcpu_end) = (
+                before as f64 / tsc_hz,
+                (before + lines[p].cycles) as f64 / tsc_hz,
+            );
+            start += vcpu_start / n;
+            end += vcpu_end / n;
+            all_start = all_start.max(vcpu_start);
+            all_end = all_end.min(vcpu_end);
         }
         let first = per_vcpu.values().next()?[p];
         out.push(json!({
@@ -419,6 +431,8 @@ fn phase_times(run: &RunResult, tsc_hz: f64) -> Option<Vec<Value>> {
             "hot_bytes": first.hot_bytes,
             "start_s": start,
             "end_s": end,
+            "all_start_s": all_start,
+            "all_end_s": all_end,
         }));
     }
     (!out.is_empty()).then_some(out)
@@ -655,9 +669,12 @@ struct PhaseEstimate {
     /// scattered set touches every 2 MiB chunk of the heap, so all of it.
     active_bytes: f64,
     length_s: f64,
+    /// How long every vCPU was in the phase at once.
+    shared_s: f64,
     /// The last estimate within the phase that rests on samples of the
-    /// phase alone (taken a window and a horizon after its start); None:
-    /// the phase is too short for one, or no estimate was out.
+    /// phase alone (taken a window and a horizon after every vCPU had
+    /// started it, before the first left it); None: the phase is too short
+    /// for one, or no estimate was out.
     estimate_bytes: Option<f64>,
 }
 
@@ -689,10 +706,10 @@ fn phase_estimates(
         .into_iter()
         .flatten()
         .map(|p| {
-            let (start, end) = (
-                p["start_s"].as_f64().unwrap_or(0.0),
-                p["end_s"].as_f64().unwrap_or(0.0),
-            );
+            // Every vCPU in the phase; a file from before those bounds
+            // has the mean over vCPUs.
+            let bound = |all: &str, mean: &str| p[all].as_f64().or(p[mean].as_f64()).unwrap_or(0.0);
+            let (start, end) = (bound("all_start_s", "start_s"), bound("all_end_s", "end_s"));
             let set = p["set"].as_str().unwrap_or("").to_string();
             let set_bytes = if set == "scattered" {
                 heap_bytes
@@ -708,7 +725,8 @@ fn phase_estimates(
                 phase: p["phase"].as_u64().unwrap_or(0),
                 set,
                 active_bytes: set_bytes + overhead_bytes,
-                length_s: end - start,
+                length_s: p["end_s"].as_f64().unwrap_or(0.0) - p["start_s"].as_f64().unwrap_or(0.0),
+                shared_s: (end - start).max(0.0),
                 estimate_bytes,
             }
         })
@@ -988,6 +1006,7 @@ pub fn tables_from_json(suite: &Value) -> Result<Vec<Table>> {
             "estimate MiB",
             "error %",
             "phase s",
+            "all vCPUs in it s",
             "sampling cost % of vCPU time",
         ],
     );
@@ -1003,12 +1022,13 @@ pub fn tables_from_json(suite: &Value) -> Result<Vec<Table>> {
                     .map_or("- (phase too short)".into(), |b| format!("{:.1}", b / MIB)),
                 e.error_pct().map_or("-".into(), |p| format!("{p:+.1}")),
                 format!("{:.1}", e.length_s),
+                format!("{:.1}", e.shared_s),
                 cost.clone(),
             ]);
         }
     }
     estimates.note(&format!(
-        "active: the phase's set at the unit the engine holds memory in (the scattered set touches every 2 MiB chunk of the heap: all of it) and the guest's overhead beside its heap (the no-limit run's most resident memory less the heap); estimate: the last one of the phase that rests on the phase's samples alone ({:.0} s, a window and a horizon, after its start); aims: within {WS_ERROR_AIM_PCT} % in every phase, sampling cost under {WS_COST_AIM_PCT} % of vCPU time (the waits of the faults that brought samples back)",
+        "active: the phase's set at the unit the engine holds memory in (the scattered set touches every 2 MiB chunk of the heap: all of it) and the guest's overhead beside its heap (the no-limit run's most resident memory less the heap); estimate: the last one while every vCPU was in the phase that rests on the phase's samples alone ({:.0} s, a window and a horizon, after the last vCPU entered it; the vCPUs do not wait for each other between phases, and a phase they shared for less has none); aims: within {WS_ERROR_AIM_PCT} % in every phase, sampling cost under {WS_COST_AIM_PCT} % of vCPU time (the waits of the faults that brought samples back)",
         ws_span_s(suite)
     ));
     let mut tables = vec![sweep, phases];
@@ -1185,39 +1205,48 @@ mod tests {
 
     #[test]
     fn a_phase_s_estimate_is_the_last_that_rests_on_its_own_samples() {
-        // Two 6 s phases, an estimate every 0.5 s: 100 MiB through the
-        // first, 30 MiB from 8 s on; span 5 s, overhead 4 MiB.
+        // Three phases, an estimate every 0.5 s of t * 10 MiB (so the
+        // figure names its sample); span 5 s, overhead 4 MiB.
         let phases = vec![
             json!({"phase": 0, "set": "large", "hot_bytes": 64.0 * MIB, "start_s": 0.0, "end_s": 6.0}),
-            json!({"phase": 1, "set": "scattered", "hot_bytes": 8.0 * MIB, "start_s": 6.0, "end_s": 12.0}),
-            json!({"phase": 2, "set": "small", "hot_bytes": 16.0 * MIB, "start_s": 12.0, "end_s": 14.0}),
+            // The vCPUs shared it from 6.5 to 11.6 s only.
+            json!({"phase": 1, "set": "scattered", "hot_bytes": 8.0 * MIB, "start_s": 6.0, "end_s": 12.0,
+                   "all_start_s": 6.5, "all_end_s": 11.6}),
+            json!({"phase": 2, "set": "small", "hot_bytes": 16.0 * MIB, "start_s": 12.0, "end_s": 18.0,
+                   "all_start_s": 13.5, "all_end_s": 17.0}),
         ];
-        let timeline: Vec<Value> = (1..=28)
+        let timeline: Vec<Value> = (1..=36)
             .map(|i| {
                 let t = i as f64 * 0.5;
-                let e = if t < 8.0 { 100.0 * MIB } else { 266.0 * MIB };
                 json!([
                     t,
                     0.0,
                     0.0,
                     0.0,
-                    if t < 5.0 { Value::Null } else { json!(e) }
+                    if t < 5.0 {
+                        Value::Null
+                    } else {
+                        json!(t * 10.0 * MIB)
+                    }
                 ])
             })
             .collect();
         let run = json!({"phases": phases, "timeline": timeline});
         let e = phase_estimates(&run, 256.0 * MIB, 4.0 * MIB, 5.0);
         assert_eq!(e.len(), 3);
-        // Phase 0: the estimate at 5.0-6.0 s, the last at 6.0 s.
+        // Phase 0 (no bounds of its own: the mean): the sample at 6.0 s.
         assert_eq!(e[0].active_bytes, 68.0 * MIB);
-        assert_eq!(e[0].estimate_bytes, Some(100.0 * MIB));
-        assert!((e[0].error_pct().unwrap() - 47.06).abs() < 0.01);
-        // Phase 1 is scattered: all of the heap is active at 2 MiB.
+        assert_eq!(e[0].estimate_bytes, Some(60.0 * MIB));
+        assert!((e[0].error_pct().unwrap() + 11.76).abs() < 0.01);
+        // Phase 1 is scattered: all of the heap is active at 2 MiB. Its
+        // last sample while both vCPUs were in it: 11.5 s.
         assert_eq!(e[1].active_bytes, 260.0 * MIB);
-        assert_eq!(e[1].estimate_bytes, Some(266.0 * MIB));
-        // Phase 2 is shorter than the span: no estimate of its own.
+        assert_eq!(e[1].estimate_bytes, Some(115.0 * MIB));
+        assert!((e[1].shared_s - 5.1).abs() < 1e-9);
+        // Phase 2 was shared for 3.5 s, less than the span: no estimate.
         assert_eq!(e[2].estimate_bytes, None);
         assert_eq!(e[2].error_pct(), None);
+        assert_eq!(e[2].length_s, 6.0);
     }
 
     #[test]

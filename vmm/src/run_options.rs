@@ -358,7 +358,8 @@ pub struct RunFlags {
     pub prefetch: Option<bool>,
     /// Estimate the guest's working set by sampling (docs/ARCHITECTURE.md,
     /// "Working-set estimation"): take this many resident units a second
-    /// out to the store and count those that fault back within 10 s. The
+    /// out to the store and count those that fault back within the window
+    /// (--working-set-window-ms, 10 s unless given). The
     /// estimate and the memory idle for 10, 60 and 300 s are in the stats
     /// and metrics; idle samples stay in the store. 2 is a good start
     /// [default: off].
