@@ -70,10 +70,11 @@ const FOLLOW_STRETCH: u64 = 10;
 /// after the scattered phase all of the heap is resident, and the small
 /// set that follows is estimated well only once sampling has taken the
 /// idle rest out (a sample of an idle unit leaves it in the store). Single
-/// runs here (2026-12-07): 10, 20 and 40 units a second put that phase's
-/// estimate 40, 38 and 9 % above its set, every other phase within 10 %,
-/// at 0.32, 0.45 and 0.92 % of vCPU time (a sample that comes back is
-/// mostly a parking fault, its write not done yet: 0.5 ms on average).
+/// runs here (2026-12-07, a 4 s horizon): 10, 20 and 40 units a second
+/// put that phase's estimate 40, 38 and 9 % above its set, every other
+/// phase within 10 %, at 0.32, 0.45 and 0.92 % of vCPU time (a sample
+/// that comes back is mostly a parking fault, its write not done yet:
+/// 0.5 ms on average).
 const WS_UNITS_PER_S: f64 = 40.0;
 const WS_WINDOW_MS: u64 = 1000;
 const WS_HORIZON_MS: u64 = 3000;
