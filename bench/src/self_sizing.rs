@@ -367,10 +367,9 @@ fn record(run: &RunResult, variant: Variant, round: usize) -> Result<Value> {
         None => bail!("the phases payload printed no phase lines"),
     };
     let mean_limit = match variant {
-        Variant::NoLimit => num(stats, "/mem_bytes"),
+        Variant::NoLimit | Variant::WorkingSet => num(stats, "/mem_bytes"),
         Variant::Fixed(mib) => (mib << 20) as f64,
         Variant::Auto | Variant::AutoFollow => num(stats, "/mem_limit_auto/mean_bytes"),
-        Variant::WorkingSet => num(stats, "/mem_bytes"),
     };
     Ok(json!({
         "round": round,

@@ -251,8 +251,7 @@ impl LimitController {
         if !quiet {
             self.quiet_cuts = 0;
         } else if binding && self.failed_at_bytes.is_some_and(|f| limit <= f) {
-            self.undos = 0;
-            self.failed_at_bytes = None;
+            self.end_backoff();
         }
         let cut_from_bytes = self.cut_from_bytes.take();
         let after_undo = std::mem::take(&mut self.after_undo);
@@ -306,8 +305,10 @@ impl LimitController {
         sizing
     }
 
-    /// A raise for stall or growth that no cut caused: the guest's set
-    /// changed, and what the undone cuts said of it no longer holds.
+    /// Ends the probe backoff: on a raise for stall or growth that no cut
+    /// caused (the guest's set changed, and what the undone cuts said of
+    /// it no longer holds), or on a quiet binding period at or below the
+    /// level a cut failed at (the set shrank below it).
     fn end_backoff(&mut self) {
         self.undos = 0;
         self.failed_at_bytes = None;
