@@ -214,6 +214,74 @@ impl Drop for StoreFile {
     }
 }
 
+/// 2 MiB hugetlb pages the store's shared buffers take (its 24 MiB of
+/// data buffers and its rings), with room to spare.
+const SHARED_HUGE_PAGES: u64 = 16;
+
+/// The host's 2 MiB hugetlb pool, grown for the suite where it had too few
+/// free pages and given back when dropped, so the host is left as found.
+struct HugePool {
+    /// `nr_hugepages` before the suite grew it.
+    restore_to: Option<u64>,
+}
+
+const HUGE_POOL_DIR: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
+
+fn huge_pool_read(file: &str) -> Result<u64> {
+    let path = format!("{HUGE_POOL_DIR}/{file}");
+    std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {path}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{path} is not a number"))
+}
+
+impl HugePool {
+    /// Makes sure `pages` free 2 MiB hugetlb pages exist, growing the pool
+    /// (as root) if not; what the suite's shared buffers are in, as the
+    /// results say it: the store takes hugetlb pages where the pool has
+    /// them, else 4 KiB pages (slower: blockio's `SharedArea`).
+    fn ensure(pages: u64) -> (HugePool, String) {
+        let mut pool = HugePool { restore_to: None };
+        let outcome = (|| -> Result<String> {
+            let free = huge_pool_read("free_hugepages")?;
+            if free >= pages {
+                return Ok(format!(
+                    "2 MiB hugetlb pages (the host's pool had {free} free)"
+                ));
+            }
+            let total = huge_pool_read("nr_hugepages")?;
+            let want = total + (pages - free);
+            std::fs::write(format!("{HUGE_POOL_DIR}/nr_hugepages"), want.to_string())
+                .with_context(|| format!("cannot grow the hugetlb pool to {want} pages"))?;
+            pool.restore_to = Some(total);
+            let free = huge_pool_read("free_hugepages")?;
+            if free < pages {
+                bail!("the hugetlb pool has {free} free pages after growing it to {want}");
+            }
+            Ok(format!(
+                "2 MiB hugetlb pages (the suite grew the host's pool by {} pages for it and shrank it back after)",
+                want - total
+            ))
+        })();
+        let note = outcome.unwrap_or_else(|e| {
+            format!("4 KiB pages ({e:#}: the store falls back to them, and each 2 MiB request is slower)")
+        });
+        (pool, note)
+    }
+}
+
+impl Drop for HugePool {
+    fn drop(&mut self) {
+        if let Some(total) = self.restore_to {
+            let path = format!("{HUGE_POOL_DIR}/nr_hugepages");
+            if let Err(e) = std::fs::write(&path, total.to_string()) {
+                eprintln!("hugevmm bench: cannot shrink the hugetlb pool back to {total} pages ({path}: {e}); do it by hand");
+            }
+        }
+    }
+}
+
 /// Writes the first `bytes` of `file` through once with fio.
 fn fill(file: &Path, bytes: u64) -> Result<()> {
     let target = [
@@ -263,6 +331,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         .with_context(|| format!("cannot create the store file {}", store_file.0.display()))?;
     let socket = ctx.raw_path("vhost-user.sock");
     let shape = EngineShape::of_engine();
+    let (_huge_pool, shared_pages) = HugePool::ensure(SHARED_HUGE_PAGES);
     ctx.progress
         .plan(plan.rounds * (plan.workloads.len() * STORES.len() + 1));
 
@@ -315,6 +384,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         "vcpus": plan.vcpus,
         "daemon": format!("qemu-storage-daemon {}", daemon_args(Path::new("FILE"), Path::new("SOCKET")).join(" ")),
         "fio_shape": shape.text(),
+        "shared_pages": shared_pages,
         "workloads": plan.workloads.iter().map(|w| json!({
             "name": w.name, "payload": w.payload, "args": w.args, "mem": w.mem, "limit": w.limit,
         })).collect::<Vec<_>>(),
@@ -546,6 +616,11 @@ pub fn tables_from_json(suite: &Value) -> Vec<Table> {
         "backend: {}; file store: file:FILE,overwrite; before each variant fio writes the file through, so every variant overwrites allocated blocks",
         suite["daemon"].as_str().unwrap_or("")
     ));
+    if let Some(pages) = suite["shared_pages"].as_str() {
+        t.note(&format!(
+            "the vhost-user store's buffers shared with the daemon: {pages}"
+        ));
+    }
     t.note(&format!(
         "host CPU: user + system seconds of `hugevmm run` (vCPUs included) plus the daemon's over the same run, over store bytes read + written; {}",
         suite["fio_shape"].as_str().unwrap_or("")

@@ -7,6 +7,7 @@
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use vhost::vhost_user::message::{
@@ -56,8 +57,9 @@ pub(crate) struct Queue {
 pub(crate) struct Session {
     /// The protocol endpoint (its socket is watched for hang-ups).
     pub(crate) frontend: Frontend,
-    /// The memory the backend shares.
-    pub(crate) area: SharedArea,
+    /// The memory the backend shares; callers hold it while they copy
+    /// data in and out without the client's lock.
+    pub(crate) area: Arc<SharedArea>,
     /// The request queues.
     pub(crate) queues: Vec<Queue>,
     /// Allocation of the data area.
@@ -284,7 +286,7 @@ fn set_up(stream: UnixStream, want: Want) -> Result<Session, String> {
     }
     Ok(Session {
         frontend,
-        area,
+        area: Arc::new(area),
         queues: made,
         data: DataPages::new(data_pages),
         data_offset,

@@ -20,12 +20,30 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 /// Bytes of one allocation page of the data area.
 pub(crate) const DATA_PAGE_BYTES: usize = 4096;
 
+/// Bytes of a 2 MiB hugetlb page, the area's page where the host has them.
+const HUGE_PAGE_BYTES: usize = 2 << 20;
+
 /// A memfd and its shared mapping; unmapped when dropped (the backend's
 /// own mapping keeps the pages until it lets go too).
+///
+/// In 2 MiB hugetlb pages where the host's pool can reserve them, else in
+/// 4 KiB pages. Why: the backend reads and writes these pages with
+/// O_DIRECT, and a 2 MiB unit in 4 KiB pages is 512 pages to pin and 512
+/// segments, more than one request of a disk takes (128 segments on this
+/// host's virtio disk), where in one huge page it is one segment. Measured
+/// (seqwrite `bytes=768M passes=3`, 2 vCPUs, `--mem-limit 256M`,
+/// qemu-storage-daemon on an O_DIRECT file, alternated runs): 2.09 and
+/// 2.18 s with huge pages against 2.77 and 2.92 s without, the file store
+/// on the same file 1.56-1.79 s. Shared memory cannot have transparent
+/// huge pages unless the host enables them for shmem (`never` by
+/// default), so hugetlb is the way; SPDK's backends need a hugetlb pool
+/// anyway.
 pub(crate) struct SharedArea {
     file: File,
     base: *mut u8,
     len_bytes: usize,
+    /// Why the area is in 4 KiB pages, when it is.
+    small_pages_why: Option<String>,
 }
 
 // SAFETY: the mapping is plain shared memory; every access goes through
@@ -37,12 +55,37 @@ unsafe impl Send for SharedArea {}
 unsafe impl Sync for SharedArea {}
 
 impl SharedArea {
-    /// A new zeroed area of `len_bytes` (a multiple of the page size).
+    /// A new zeroed area of at least `len_bytes` (a multiple of 4 KiB):
+    /// in 2 MiB hugetlb pages (the length rounded up to them) if the
+    /// host's pool can reserve them, else in 4 KiB pages.
     pub(crate) fn new(len_bytes: usize) -> io::Result<SharedArea> {
+        let huge_len_bytes = len_bytes.next_multiple_of(HUGE_PAGE_BYTES);
+        match SharedArea::with_pages(huge_len_bytes, true) {
+            Ok(area) => Ok(area),
+            Err(huge_error) => {
+                let mut area = SharedArea::with_pages(len_bytes, false)?;
+                area.small_pages_why = Some(format!(
+                    "the host's pool could not reserve {} free 2 MiB hugetlb pages for it ({huge_error}); as root, `echo $(( $(cat /proc/sys/vm/nr_hugepages) + {} )) > /proc/sys/vm/nr_hugepages` adds them",
+                    huge_len_bytes / HUGE_PAGE_BYTES,
+                    huge_len_bytes / HUGE_PAGE_BYTES
+                ));
+                Ok(area)
+            }
+        }
+    }
+
+    /// A new zeroed area of exactly `len_bytes`, in hugetlb pages or not.
+    /// A hugetlb mapping reserves its pages at `mmap` (it fails with
+    /// `ENOMEM` when the pool is short), so a later touch cannot fail.
+    fn with_pages(len_bytes: usize, huge: bool) -> io::Result<SharedArea> {
+        let flags = if huge {
+            libc::MFD_CLOEXEC | libc::MFD_HUGETLB | libc::MFD_HUGE_2MB
+        } else {
+            libc::MFD_CLOEXEC
+        };
         // SAFETY: memfd_create reads a NUL-terminated name we own and
         // returns a new descriptor or -1.
-        let fd =
-            unsafe { libc::memfd_create(c"hugevmm-vhost-user-blk".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(c"hugevmm-vhost-user-blk".as_ptr(), flags) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -68,7 +111,14 @@ impl SharedArea {
             file,
             base: base.cast(),
             len_bytes,
+            small_pages_why: None,
         })
+    }
+
+    /// Why the area is in 4 KiB pages rather than 2 MiB ones; `None` when
+    /// it is in 2 MiB pages.
+    pub(crate) fn small_pages_why(&self) -> Option<&str> {
+        self.small_pages_why.as_deref()
     }
 
     /// The memfd, for `SET_MEM_TABLE`.
@@ -195,14 +245,24 @@ mod tests {
 
     #[test]
     fn the_area_is_shared_through_its_memfd() {
-        let area = SharedArea::new(2 * DATA_PAGE_BYTES).unwrap();
-        // SAFETY: inside our own mapping; nothing else uses it.
-        unsafe { area.at(DATA_PAGE_BYTES).write(7) };
-        let mut byte = [0u8; 1];
-        let copy = area.file.try_clone().unwrap();
-        std::os::unix::fs::FileExt::read_exact_at(&copy, &mut byte, DATA_PAGE_BYTES as u64)
-            .unwrap();
-        assert_eq!(byte[0], 7);
-        assert_eq!(area.len_bytes(), 2 * DATA_PAGE_BYTES);
+        let any = SharedArea::new(2 * DATA_PAGE_BYTES).unwrap();
+        match any.small_pages_why() {
+            None => assert_eq!(any.len_bytes(), HUGE_PAGE_BYTES),
+            Some(why) => {
+                assert!(why.contains("nr_hugepages"), "{why}");
+                assert_eq!(any.len_bytes(), 2 * DATA_PAGE_BYTES);
+            }
+        }
+        let small = SharedArea::with_pages(2 * DATA_PAGE_BYTES, false).unwrap();
+        assert_eq!(small.len_bytes(), 2 * DATA_PAGE_BYTES);
+        for area in [any, small] {
+            // SAFETY: inside our own mapping; nothing else uses it.
+            unsafe { area.at(DATA_PAGE_BYTES).write(7) };
+            let mut byte = [0u8; 1];
+            let copy = area.file.try_clone().unwrap();
+            std::os::unix::fs::FileExt::read_exact_at(&copy, &mut byte, DATA_PAGE_BYTES as u64)
+                .unwrap();
+            assert_eq!(byte[0], 7);
+        }
     }
 }

@@ -328,12 +328,17 @@ impl StoreSpec {
                 let block = BlockFile::open_vhost_user_blk(path, &opts)?;
                 let client = block.vhost_user_blk().expect("a vhost-user-blk block file");
                 let description = format!(
-                    "vhost-user-blk:{} ({} bytes in blocks of {}, {} queue{})",
+                    "vhost-user-blk:{} ({} bytes in blocks of {}, {} queue{}, buffers shared in {} pages)",
                     path.display(),
                     client.capacity_bytes(),
                     block.offset_align_bytes(),
                     opts.queues,
-                    if opts.queues == 1 { "" } else { "s" }
+                    if opts.queues == 1 { "" } else { "s" },
+                    if client.shared_pages_huge().is_ok() {
+                        "2 MiB"
+                    } else {
+                        "4 KiB"
+                    }
                 );
                 remote_block_store(
                     block,
