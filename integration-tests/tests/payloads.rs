@@ -189,10 +189,13 @@ fn seqwrite_on_hugetlb_is_mapped_2mib_by_kvm() {
     if skip_without_kvm("seqwrite_on_hugetlb") {
         return;
     }
-    if let Err(reason) = ensure_hugetlb_pages(256) {
-        skip("seqwrite_on_hugetlb", Resource::Hugetlb, reason);
-        return;
-    }
+    let _pages = match ensure_hugetlb_pages(256) {
+        Ok(pages) => pages,
+        Err(reason) => {
+            skip("seqwrite_on_hugetlb", Resource::Hugetlb, reason);
+            return;
+        }
+    };
     let run = seqwrite_256m("hugetlb");
     assert_mostly_huge(run.stat("/kvm/pages_2m"), 128, "seqwrite 256M on hugetlb");
 }

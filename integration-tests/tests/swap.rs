@@ -308,10 +308,13 @@ fn refaulted_chunks_are_mapped_2mib_on_hugetlb() {
     if skip_without_kvm("refaulted_chunks_hugetlb") {
         return;
     }
-    if let Err(reason) = ensure_hugetlb_pages(512 + 8) {
-        skip("refaulted_chunks_hugetlb", Resource::Hugetlb, reason);
-        return;
-    }
+    let _pages = match ensure_hugetlb_pages(512 + 8) {
+        Ok(pages) => pages,
+        Err(reason) => {
+            skip("refaulted_chunks_hugetlb", Resource::Hugetlb, reason);
+            return;
+        }
+    };
     seqwrite_refaulted("hugetlb");
 }
 
@@ -399,10 +402,13 @@ fn verify_on_four_vcpus_on_hugetlb() {
     if skip_without_kvm("verify_on_four_vcpus_on_hugetlb") {
         return;
     }
-    if let Err(reason) = ensure_hugetlb_pages(512 + 64) {
-        skip("verify_on_four_vcpus_on_hugetlb", Resource::Hugetlb, reason);
-        return;
-    }
+    let _pages = match ensure_hugetlb_pages(512 + 64) {
+        Ok(pages) => pages,
+        Err(reason) => {
+            skip("verify_on_four_vcpus_on_hugetlb", Resource::Hugetlb, reason);
+            return;
+        }
+    };
     verify_overcommitted("4", &["--backing", "hugetlb"]);
 }
 
