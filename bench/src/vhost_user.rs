@@ -218,67 +218,28 @@ impl Drop for StoreFile {
 /// data buffers and its rings), with room to spare.
 const SHARED_HUGE_PAGES: u64 = 16;
 
-/// The host's 2 MiB hugetlb pool, grown for the suite where it had too few
-/// free pages and given back when dropped, so the host is left as found.
-struct HugePool {
-    /// `nr_hugepages` before the suite grew it.
-    restore_to: Option<u64>,
-}
-
-const HUGE_POOL_DIR: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
-
-fn huge_pool_read(file: &str) -> Result<u64> {
-    let path = format!("{HUGE_POOL_DIR}/{file}");
-    std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read {path}"))?
-        .trim()
-        .parse()
-        .with_context(|| format!("{path} is not a number"))
-}
-
-impl HugePool {
-    /// Makes sure `pages` free 2 MiB hugetlb pages exist, growing the pool
-    /// (as root) if not; what the suite's shared buffers are in, as the
-    /// results say it: the store takes hugetlb pages where the pool has
-    /// them, else 4 KiB pages (slower: blockio's `SharedArea`).
-    fn ensure(pages: u64) -> (HugePool, String) {
-        let mut pool = HugePool { restore_to: None };
-        let outcome = (|| -> Result<String> {
-            let free = huge_pool_read("free_hugepages")?;
-            if free >= pages {
-                return Ok(format!(
-                    "2 MiB hugetlb pages (the host's pool had {free} free)"
-                ));
-            }
-            let total = huge_pool_read("nr_hugepages")?;
-            let want = total + (pages - free);
-            std::fs::write(format!("{HUGE_POOL_DIR}/nr_hugepages"), want.to_string())
-                .with_context(|| format!("cannot grow the hugetlb pool to {want} pages"))?;
-            pool.restore_to = Some(total);
-            let free = huge_pool_read("free_hugepages")?;
-            if free < pages {
-                bail!("the hugetlb pool has {free} free pages after growing it to {want}");
-            }
-            Ok(format!(
+/// Makes sure the pool has the store's hugetlb pages free, growing it (as
+/// root) for the suite if not, given back when the returned value drops;
+/// and what the suite's shared buffers are in, as the results say it: the
+/// store takes hugetlb pages where the pool has them, else 4 KiB pages
+/// (slower: blockio's `SharedArea`).
+fn shared_huge_pages(pages: u64) -> (Option<test_resources::hugetlb::HugetlbPages>, String) {
+    match test_resources::hugetlb::reserve(pages) {
+        Ok(reserved) if reserved.added_pages() == 0 => (
+            Some(reserved),
+            "2 MiB hugetlb pages (the host's pool had them free)".to_string(),
+        ),
+        Ok(reserved) => {
+            let note = format!(
                 "2 MiB hugetlb pages (the suite grew the host's pool by {} pages for it and shrank it back after)",
-                want - total
-            ))
-        })();
-        let note = outcome.unwrap_or_else(|e| {
-            format!("4 KiB pages ({e:#}: the store falls back to them, and each 2 MiB request is slower)")
-        });
-        (pool, note)
-    }
-}
-
-impl Drop for HugePool {
-    fn drop(&mut self) {
-        if let Some(total) = self.restore_to {
-            let path = format!("{HUGE_POOL_DIR}/nr_hugepages");
-            if let Err(e) = std::fs::write(&path, total.to_string()) {
-                eprintln!("hugevmm bench: cannot shrink the hugetlb pool back to {total} pages ({path}: {e}); do it by hand");
-            }
+                reserved.added_pages()
+            );
+            (Some(reserved), note)
         }
+        Err(why) => (
+            None,
+            format!("4 KiB pages ({why}: the store falls back to them, and each 2 MiB request is slower)"),
+        ),
     }
 }
 
@@ -331,7 +292,7 @@ pub fn run(ctx: &mut Ctx) -> Result<()> {
         .with_context(|| format!("cannot create the store file {}", store_file.0.display()))?;
     let socket = ctx.raw_path("vhost-user.sock");
     let shape = EngineShape::of_engine();
-    let (_huge_pool, shared_pages) = HugePool::ensure(SHARED_HUGE_PAGES);
+    let (_huge_pages, shared_pages) = shared_huge_pages(SHARED_HUGE_PAGES);
     ctx.progress
         .plan(plan.rounds * (plan.workloads.len() * STORES.len() + 1));
 

@@ -364,75 +364,11 @@ pub fn temp_path(name: &str) -> PathBuf {
     unique_path(name)
 }
 
-/// Hugetlb tests of one test process run one at a time: each counts the
-/// pool's free pages, and two at once would count the same ones.
-static HUGETLB_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-/// The 2 MiB hugetlb pages a test made sure of, held for the test's
-/// duration ([`ensure_hugetlb_pages`]). Dropped, it shrinks the pool by
-/// what it grew it by, so the host is left as the test found it (pages
-/// still in use by then are freed by the kernel as they are let go).
-pub struct HugetlbPages {
-    added: u64,
-    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
-}
-
-const HUGETLB_POOL_DIR: &str = "/sys/kernel/mm/hugepages/hugepages-2048kB";
-
-fn hugetlb_pool_read(file: &str) -> Result<u64, String> {
-    std::fs::read_to_string(format!("{HUGETLB_POOL_DIR}/{file}"))
-        .map_err(|e| format!("cannot read {HUGETLB_POOL_DIR}/{file}: {e}"))?
-        .trim()
-        .parse()
-        .map_err(|e| format!("{HUGETLB_POOL_DIR}/{file}: {e}"))
-}
-
-impl Drop for HugetlbPages {
-    fn drop(&mut self) {
-        if self.added == 0 {
-            return;
-        }
-        let shrunk = hugetlb_pool_read("nr_hugepages")
-            .map(|total| total.saturating_sub(self.added))
-            .and_then(|total| {
-                std::fs::write("/proc/sys/vm/nr_hugepages", total.to_string())
-                    .map_err(|e| format!("cannot write /proc/sys/vm/nr_hugepages: {e}"))
-            });
-        if let Err(e) = shrunk {
-            eprintln!(
-                "cannot give back the {} hugetlb pages this test reserved: {e}",
-                self.added
-            );
-        }
-    }
-}
-
 /// Makes sure `pages` free 2 MiB hugetlb pages exist, reserving them when
-/// running as root, for as long as the returned value lives (see
-/// [`HugetlbPages`]). Returns why not otherwise.
-pub fn ensure_hugetlb_pages(pages: u64) -> Result<HugetlbPages, String> {
-    let one_at_a_time = HUGETLB_TESTS.lock().unwrap_or_else(|e| e.into_inner());
-    let free = hugetlb_pool_read("free_hugepages")?;
-    if free >= pages {
-        return Ok(HugetlbPages {
-            added: 0,
-            _one_at_a_time: one_at_a_time,
-        });
-    }
-    let total = hugetlb_pool_read("nr_hugepages")?;
-    let want = total + (pages - free);
-    std::fs::write("/proc/sys/vm/nr_hugepages", want.to_string())
-        .map_err(|e| format!("need {pages} free 2 MiB hugetlb pages, {free} free; cannot reserve more ({e}); run as root or `echo {want} > /proc/sys/vm/nr_hugepages`"))?;
-    let reserved = HugetlbPages {
-        added: hugetlb_pool_read("nr_hugepages")?.saturating_sub(total),
-        _one_at_a_time: one_at_a_time,
-    };
-    let free = hugetlb_pool_read("free_hugepages")?;
-    if free >= pages {
-        Ok(reserved)
-    } else {
-        Err(format!("need {pages} free 2 MiB hugetlb pages; after asking for {want} the kernel has {free} free (memory too fragmented?)"))
-    }
+/// running as root, for as long as the returned value lives (the pool
+/// shrinks back when it is dropped). Returns why not otherwise.
+pub fn ensure_hugetlb_pages(pages: u64) -> Result<test_resources::hugetlb::HugetlbPages, String> {
+    test_resources::hugetlb::reserve(pages)
 }
 
 /// Builds a payload from assembly or C sources with the system gcc.

@@ -21,6 +21,8 @@
 use std::fmt::Display;
 use std::io::Write;
 
+pub mod hugetlb;
+
 /// The variable naming the resources a run requires.
 pub const REQUIRE_VAR: &str = "HUGEVMM_REQUIRE_RESOURCES";
 /// The variable naming the file skips are logged to.

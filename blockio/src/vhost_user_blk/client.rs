@@ -8,11 +8,14 @@
 //! on the call eventfds and the socket, takes used chains, frees a
 //! write's pages and wakes the callers; a caller copies its read's data
 //! out of the pages and then frees them. The copies run without the
-//! lock: a 2 MiB copy takes about 0.2 ms here, and an evictor placing a
-//! batch of eight writes with the copies under the lock held every fault's
-//! read (its placement, and the worker's completion of it) for over a
-//! millisecond (measured: seqwrite on this store at 0.56 of the file
-//! store's speed with the copies under the lock). A request whose chain
+//! lock, on the threads that asked for the I/O: a 2 MiB copy takes about
+//! 0.2 ms here, and with the copies under the lock an evictor placing a
+//! batch of eight writes held every fault's read (its placement, and the
+//! worker's completion of it) for over a millisecond, while one worker
+//! thread made every read's copy. Measured on seqwrite (2 vCPUs, 256 MiB
+//! limit), this alone changed nothing: 2.81-2.85 s against 2.77-2.92 s;
+//! what the store's 2 MiB requests wait on is the backend's pinning of
+//! 4 KiB pages ([`super::shared`]). A request whose chain
 //! was never completed when its session ended (the backend died, or kept
 //! it past the timeout) loses its placement and is placed again by its
 //! caller on the next session: the backend (QEMU's among them) offers no
