@@ -112,7 +112,9 @@ fn plan(mode: Mode) -> Plan {
         // 2m and auto runs last a quarter of a second to a few seconds,
         // and one run of each decided auto over 2m at 1.25 in one report
         // and 0.53 in the next with nothing changed on their path (by
-        // hand, alternated, either unit took 0.23-0.56 s). Randwrite's
+        // hand, alternated, either unit took 0.17-0.67 s: with 4 vCPUs on
+        // 2 cores, how much is swapped at all depends on how the vCPUs
+        // take turns, 44 to 290 MiB read for the same unit). Randwrite's
         // 2m and 4k runs end at their 20 s bound, so one round.
         Mode::Quick => Plan {
             seq: Workload {

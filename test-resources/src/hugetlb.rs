@@ -96,32 +96,21 @@ mod tests {
 
     #[test]
     fn a_reservation_leaves_the_pool_as_it_found_it() {
-        let before = match read("nr_hugepages") {
-            Ok(pages) => pages,
+        const TEST: &str = "a_reservation_leaves_the_pool_as_it_found_it";
+        let reserved = read("nr_hugepages").and_then(|before| {
+            let want = available_pages()? + 2;
+            Ok((before, want, reserve(want)?))
+        });
+        let (before, want, pages) = match reserved {
+            Ok(reserved) => reserved,
             Err(why) => {
-                crate::skip(
-                    "a_reservation_leaves_the_pool_as_it_found_it",
-                    crate::Resource::Hugetlb,
-                    why,
-                );
+                crate::skip(TEST, crate::Resource::Hugetlb, why);
                 return;
             }
         };
-        let want = available_pages().unwrap() + 2;
-        match reserve(want) {
-            Ok(pages) => {
-                assert!(available_pages().unwrap() >= want);
-                assert!(pages.added_pages() >= 2, "{}", pages.added_pages());
-            }
-            Err(why) => {
-                crate::skip(
-                    "a_reservation_leaves_the_pool_as_it_found_it",
-                    crate::Resource::Hugetlb,
-                    why,
-                );
-                return;
-            }
-        }
+        assert!(available_pages().unwrap() >= want);
+        assert!(pages.added_pages() >= 2, "{}", pages.added_pages());
+        drop(pages);
         assert_eq!(read("nr_hugepages").unwrap(), before);
     }
 }

@@ -914,6 +914,12 @@ fn reconnect(inner: &Inner) {
                 inner.path.display(),
                 started.elapsed().as_secs_f64()
             );
+            if let (Some(why), None) = (session.area.small_pages_why(), &inner.small_pages_why) {
+                log::warn!(
+                    "vhost-user-blk backend {}: the new session's shared buffers are in 4 KiB pages (the first session's were in 2 MiB pages), so its 2 MiB requests are slower: {why}",
+                    inner.path.display()
+                );
+            }
             state.generation += 1;
             state.session = Some(session);
         }
