@@ -1,7 +1,8 @@
 //! The host's pool of 2 MiB hugetlb pages, grown for a test or a bench
 //! that needs free pages and shrunk back after it, so the host is left as
-//! it was found (the tests once left it at 1,024 pages, 2 GiB of memory
-//! nobody else could use).
+//! it was found (the tests grew it and never shrank it back; `.ci/run`,
+//! which reserves 1,024 pages for the whole run, gives those back at its
+//! end too).
 
 use std::sync::{Mutex, MutexGuard};
 
