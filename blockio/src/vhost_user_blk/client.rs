@@ -352,9 +352,10 @@ impl Client {
         lock(&self.inner).generation
     }
 
-    /// Why the first session's shared buffers are in 4 KiB pages; `None`
-    /// when they are in 2 MiB hugetlb pages.
-    pub(crate) fn small_pages_why(&self) -> Option<&str> {
+    /// Why the first session's buffers shared with the backend are in
+    /// 4 KiB pages (the host's hugetlb pool had none free, which makes
+    /// every 2 MiB request slower); `None` when they are in 2 MiB pages.
+    pub fn small_pages_why(&self) -> Option<&str> {
         self.inner.small_pages_why.as_deref()
     }
 

@@ -141,16 +141,6 @@ impl Client {
         self.device().max_write_zeroes_sectors > 0
     }
 
-    /// Whether the buffers shared with the backend are in 2 MiB hugetlb
-    /// pages (`Ok`) or in 4 KiB pages, with why (`Err`): the host's pool
-    /// had none free, which makes every 2 MiB request slower.
-    pub fn shared_pages_huge(&self) -> Result<(), &str> {
-        match self.small_pages_why() {
-            None => Ok(()),
-            Some(why) => Err(why),
-        }
-    }
-
     /// Requests the backend completed so far.
     pub fn completed_requests(&self) -> u64 {
         self.completed()

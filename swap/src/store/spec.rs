@@ -334,7 +334,7 @@ impl StoreSpec {
                     block.offset_align_bytes(),
                     opts.queues,
                     if opts.queues == 1 { "" } else { "s" },
-                    if client.shared_pages_huge().is_ok() {
+                    if client.small_pages_why().is_none() {
                         "2 MiB"
                     } else {
                         "4 KiB"
