@@ -389,6 +389,7 @@ impl SwapEngine {
         let granularity: Arc<dyn GranularityPolicy> = if auto {
             Arc::new(granularity::refault_distance::RefaultDistance::new(
                 table.units(),
+                config.vcpus,
             ))
         } else {
             Arc::new(Fixed)
