@@ -31,19 +31,21 @@
 //! its cold pages then leave one by one and its hot pages come back
 //! alone. A split chunk whose page faults make a burst of
 //! `DENSE_BURST_FAULTS` is collapsed (its stored pages read in one I/O),
-//! and so is one that never flipped whose last `FAST_RUN_FAULTS` page
-//! faults came back to back, one vCPU's alone (a pass over it).
+//! and so is one whose last `FAST_RUN_FAULTS` page faults (a quarter of
+//! its burst) came back to back, one vCPU's alone (a pass over it).
 //!
 //! The cost of changing its mind is bounded per chunk, in the manner of
 //! ski rental: a split costs nothing up front (one page installed) and is
 //! never worse than the 4 KiB unit on that chunk, while a collapse bets
 //! 2 MiB of memory and a 2 MiB read that the chunk is dense. So a chunk
 //! the policy collapsed and then had to split again (a flip) needs a burst
-//! twice as long before its next collapse: 16, 32, ... 512. Past
-//! `MAX_COLLAPSE_BACKOFF` flips a collapse needs a burst of a whole chunk's
-//! worth of page faults, so every later flip follows at least 512 page
-//! faults on that chunk and costs no more than a small share of them,
-//! however its use alternates. Hysteresis on the split side as well: a
+//! twice as long before its next collapse: 16, 32, ... 512 (and a run
+//! twice as long: 4, 8, ... 128). Past `MAX_COLLAPSE_BACKOFF` flips a
+//! collapse needs a burst of a whole chunk's worth of page faults or a run
+//! of a quarter of it, so every later flip follows at least 127 page
+//! faults on that chunk and costs no more than a share of them (about 1.4
+//! times their time here, docs/GRANULARITY.md), however its use
+//! alternates. Hysteresis on the split side as well: a
 //! chunk collapsed once needs a refault distance four times shorter to
 //! split again.
 
@@ -97,18 +99,22 @@ pub(crate) const DENSE_BURST_FAULTS: u64 = 16;
 /// worth of page faults.
 const BURST_DRAIN_FAULTS: u64 = 64;
 
-/// A run of page faults on one split chunk that never flipped, each
-/// following the chunk's previous one with no more faults between than
-/// the guest has other vCPUs, from which it is collapsed at once, before
-/// its burst reaches [`DENSE_BURST_FAULTS`]. Such a run means one vCPU
-/// works on the chunk back to back while the others each fault at most
-/// once meanwhile: a pass over it (the verify job's vCPUs each take a
-/// chunk in turn, in a permuted order of its pages). A leaky bucket alone
-/// made every such chunk pay 16 page faults and more before its collapse:
-/// measured on the workloads suite's verify (2 vCPUs, 256 MiB under 128
-/// MiB), 2,760-3,360 faults a run against 820 for the 2m unit, about 16
-/// page faults on each of its 130 splits, and 0.4-0.6 s of page stall.
-/// With the run: 1,720-2,050 faults, 0.36-0.41 s (docs/GRANULARITY.md).
+/// A run of page faults on one split chunk, each following the chunk's
+/// previous one with no more faults between than the guest has other
+/// vCPUs, from which it is collapsed at once, before its burst reaches
+/// [`DENSE_BURST_FAULTS`]: 4 on a chunk that never flipped, and a quarter
+/// of the chunk's burst after flips (8, 16, ... 128: the same ladder). Such
+/// a run means one vCPU works on the chunk back to back while the others
+/// each fault at most once meanwhile: a pass over it (the verify job's
+/// vCPUs each take a chunk in turn, in a permuted order of its pages). A
+/// leaky bucket alone made every such chunk pay 16 page faults and more
+/// before its collapse: measured on the workloads suite's verify (2 vCPUs,
+/// 256 MiB under 128 MiB), 2,760-3,360 faults a run against 820 for the
+/// 2m unit, about 16 page faults on each of its 130 splits, and 0.4-0.6 s
+/// of page stall. With the run before the first flip only: 1,620-2,050
+/// faults; with the run on the ladder too (verify's ~20 flipped chunks are
+/// passed over again): 1,180-1,210 faults, 0.21-0.25 s
+/// (docs/GRANULARITY.md).
 ///
 /// Why no wider gap: with one more fault allowed between per vCPU (gap 4
 /// on 2 vCPUs), the key-value workload's freshly split chunks, whose hot
@@ -118,9 +124,8 @@ const BURST_DRAIN_FAULTS: u64 = 64;
 /// the gap at the other vCPUs' count, 5-27 (median 6).
 ///
 /// What a wrong call costs: a 2 MiB read and the memory of its cold pages
-/// until the chunk is split again. The rule applies only before a chunk's
-/// first flip, so a chunk pays it at most once; later collapses take the
-/// bucket's ladder.
+/// until the chunk is split again, which doubles the run its next collapse
+/// needs, as it doubles the burst.
 pub(crate) const FAST_RUN_FAULTS: u8 = 4;
 
 /// Refaults in a row at a medium distance (between the short threshold
@@ -246,6 +251,8 @@ impl RefaultDistance {
             Some((now << BURST_LEVEL_BITS) | level)
         });
         if let Some(run) = self.runs.get(chunk.get()) {
+            // Two vCPUs faulting on one chunk at once may lose one of
+            // their updates: a run one fault shorter, a sample lost.
             let length = if close {
                 run.load(Ordering::Relaxed).saturating_add(1)
             } else {
@@ -256,17 +263,15 @@ impl RefaultDistance {
         level.div_ceil(BURST_DRAIN_FAULTS)
     }
 
-    /// Whether `chunk`, never flipped, is in a run of close page faults.
+    /// Whether `chunk` is in a run of close page faults long enough to
+    /// collapse it: a quarter of the burst it would need (see
+    /// [`FAST_RUN_FAULTS`]).
     fn in_fast_run(&self, chunk: UnitIndex) -> bool {
-        let never_flipped = self
-            .collapse_backoff
+        let needed =
+            self.dense_burst_faults(chunk) * u64::from(FAST_RUN_FAULTS) / DENSE_BURST_FAULTS;
+        self.runs
             .get(chunk.get())
-            .is_some_and(|b| b.load(Ordering::Relaxed) == 0);
-        never_flipped
-            && self
-                .runs
-                .get(chunk.get())
-                .is_some_and(|r| r.load(Ordering::Relaxed) >= FAST_RUN_FAULTS)
+            .is_some_and(|run| u64::from(run.load(Ordering::Relaxed)) >= needed)
     }
 
     /// Notes that the policy splits `chunk` again after collapsing it.
@@ -423,7 +428,8 @@ impl GranularityPolicy for RefaultDistance {
     }
 
     /// Dense: the chunk's page faults made a burst of
-    /// [`RefaultDistance::dense_burst_faults`].
+    /// [`RefaultDistance::dense_burst_faults`], or a run of a quarter of
+    /// that (see [`FAST_RUN_FAULTS`]).
     fn should_collapse(&self, chunk: UnitIndex, _page: PageIndex, _pages: &PageTable) -> bool {
         self.note_burst(chunk) >= self.dense_burst_faults(chunk) || self.in_fast_run(chunk)
     }
@@ -634,21 +640,24 @@ mod tests {
         assert_eq!(fault(250), 10 - 5 + 1);
     }
 
+    /// A page fault on `unit` as the fault service reports it to the
+    /// policy: whether it collapses the chunk.
+    fn page_fault(g: &RefaultDistance, pages: &PageTable, unit: usize) -> bool {
+        let unit = UnitIndex::new(unit);
+        g.note_fault(unit, PageIndex::new(7));
+        g.should_collapse(unit, PageIndex::new(7), pages)
+    }
+
     #[test]
     fn a_pass_by_one_vcpu_collapses_a_chunk_at_once_and_hot_pages_coming_back_do_not() {
+        let pages = PageTable::new(300);
         let g = RefaultDistance::new(300, 2);
-        let chunk = UnitIndex::new(5);
-        let page_fault = |unit: usize| {
-            let unit = UnitIndex::new(unit);
-            g.note_fault(unit, PageIndex::new(7));
-            g.should_collapse(unit, PageIndex::new(7), &PageTable::new(300))
-        };
         // A pass over chunk 5 while the other vCPU faults elsewhere: one
         // fault of the other between each two of its own.
         let verdicts: Vec<bool> = (0..FAST_RUN_FAULTS)
             .map(|_| {
-                let collapse = page_fault(5);
-                page_fault(100);
+                let collapse = page_fault(&g, &pages, 5);
+                page_fault(&g, &pages, 100);
                 collapse
             })
             .collect();
@@ -656,35 +665,29 @@ mod tests {
         // Hot pages of three freshly split chunks coming back in turn: two
         // faults between each of a chunk's own, never a run.
         let g = RefaultDistance::new(300, 2);
-        let page_fault = |unit: usize| {
-            let unit = UnitIndex::new(unit);
-            g.note_fault(unit, PageIndex::new(7));
-            g.should_collapse(unit, PageIndex::new(7), &PageTable::new(300))
-        };
         for _ in 0..(DENSE_BURST_FAULTS - 1) {
             for unit in [10, 11, 12] {
-                assert!(!page_fault(unit));
+                assert!(!page_fault(&g, &pages, unit));
             }
         }
-        // A chunk that flipped takes the bucket's ladder, runs or not.
+        // A chunk that flipped needs a run twice as long, as it needs a
+        // burst twice as long.
         let g = RefaultDistance::new(300, 2);
         assert_eq!(
-            g.on_refault(short_refault(chunk, stored(true, true))),
+            g.on_refault(short_refault(UnitIndex::new(5), stored(true, true))),
             Refault::Split
         );
-        let page_fault = |unit: usize| {
-            let unit = UnitIndex::new(unit);
-            g.note_fault(unit, PageIndex::new(7));
-            g.should_collapse(unit, PageIndex::new(7), &PageTable::new(300))
-        };
-        let first = (1..=2 * DENSE_BURST_FAULTS).find(|_| page_fault(5));
-        assert_eq!(first, Some(2 * DENSE_BURST_FAULTS));
+        let first = (1..=2 * DENSE_BURST_FAULTS).find(|_| {
+            let collapse = page_fault(&g, &pages, 5);
+            page_fault(&g, &pages, 100);
+            collapse
+        });
+        assert_eq!(first, Some(2 * u64::from(FAST_RUN_FAULTS)));
         // With four vCPUs a run may have three other faults between each
         // two of its own.
         let g = RefaultDistance::new(300, 4);
         let collapsed_after = (1..=DENSE_BURST_FAULTS).find(|_| {
-            g.note_fault(chunk, PageIndex::new(1));
-            let collapse = g.should_collapse(chunk, PageIndex::new(1), &PageTable::new(300));
+            let collapse = page_fault(&g, &pages, 5);
             for other in 200..203 {
                 g.note_fault(UnitIndex::new(other), PageIndex::new(1));
             }
