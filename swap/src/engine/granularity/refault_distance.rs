@@ -121,7 +121,8 @@ const BURST_DRAIN_FAULTS: u64 = 64;
 /// pages come back one after another while only a few chunks fault,
 /// formed runs too and collapsed only to be split again: 9-98 flips a run
 /// at 96 MiB (median 23) against 3-26 (median 6) without the rule. With
-/// the gap at the other vCPUs' count, 5-27 (median 6).
+/// the gap at the other vCPUs' count, 4-75 (median 7; key-value's flips
+/// are bimodal, the late ones in its final check over the whole heap).
 ///
 /// What a wrong call costs: a 2 MiB read and the memory of its cold pages
 /// until the chunk is split again, which doubles the run its next collapse
