@@ -267,9 +267,10 @@ impl RefaultDistance {
     /// Whether `chunk` is in a run of close page faults long enough to
     /// collapse it: a quarter of the burst it would need (see
     /// [`FAST_RUN_FAULTS`]).
-    fn in_fast_run(&self, chunk: UnitIndex) -> bool {
-        let needed =
-            self.dense_burst_faults(chunk) * u64::from(FAST_RUN_FAULTS) / DENSE_BURST_FAULTS;
+    /// `burst_needed` is the chunk's [`RefaultDistance::dense_burst_faults`],
+    /// which the caller has already read.
+    fn in_fast_run(&self, chunk: UnitIndex, burst_needed: u64) -> bool {
+        let needed = burst_needed * u64::from(FAST_RUN_FAULTS) / DENSE_BURST_FAULTS;
         self.runs
             .get(chunk.get())
             .is_some_and(|run| u64::from(run.load(Ordering::Relaxed)) >= needed)
@@ -432,7 +433,8 @@ impl GranularityPolicy for RefaultDistance {
     /// [`RefaultDistance::dense_burst_faults`], or a run of a quarter of
     /// that (see [`FAST_RUN_FAULTS`]).
     fn should_collapse(&self, chunk: UnitIndex, _page: PageIndex, _pages: &PageTable) -> bool {
-        self.note_burst(chunk) >= self.dense_burst_faults(chunk) || self.in_fast_run(chunk)
+        let burst_needed = self.dense_burst_faults(chunk);
+        self.note_burst(chunk) >= burst_needed || self.in_fast_run(chunk, burst_needed)
     }
 
     fn prefetch_pays(&self) -> bool {
